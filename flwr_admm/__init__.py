@@ -1,0 +1,43 @@
+"""flwr-admm: approximate (inexact) consensus ADMM for Flower.
+
+`FedADMM` (strategy, server-held duals) + `ADMMClient` (penalized local loop), rho
+schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
+"""
+
+from flwr_admm.client import ADMMClient, evaluate_model
+from flwr_admm.consensus import ConsensusADMM, Reply, RoundReport
+from flwr_admm.local_solver import LocalPlan, LocalResult, penalized_local_solve
+from flwr_admm.regularizers import L1, L2, Regularizer
+from flwr_admm.schedules import (
+    Constant,
+    Geometric,
+    ResidualBalancing,
+    RhoSchedule,
+    RoundResiduals,
+    StallIncrease,
+    make_schedule,
+)
+from flwr_admm.strategy import FedADMM
+
+__all__ = [
+    "L1",
+    "L2",
+    "ADMMClient",
+    "ConsensusADMM",
+    "Constant",
+    "FedADMM",
+    "Geometric",
+    "LocalPlan",
+    "LocalResult",
+    "Regularizer",
+    "Reply",
+    "ResidualBalancing",
+    "RhoSchedule",
+    "RoundReport",
+    "RoundResiduals",
+    "StallIncrease",
+    "evaluate_model",
+    "make_schedule",
+    "penalized_local_solve",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,234 @@
+"""ADMMClient: one NumPyClient for FedADMM, FedProx and FedAvg.
+
+The client reads the server's fit config:
+
+- ``rho`` present: ADMM. The received parameters are the prox center v_i = z - u_i;
+  run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
+- only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
+- neither: FedAvg. Plain local gradient steps from the received parameters.
+
+``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
+override the constructor values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+from numpy.typing import NDArray
+from sklearn.metrics import roc_auc_score
+
+from flwr_admm.local_solver import LocalPlan, ProxStep, penalized_local_solve
+from flwr_admm.models.base import Model, Params
+
+LocalInit = Literal["previous", "center"]
+LOCAL_INITS = ("previous", "center")
+STATE_W = "flwr_admm.w"
+STATE_META = "flwr_admm.meta"
+
+
+class ADMMClient(NumPyClient):
+    """NumPyClient running the penalized local loop of inexact ADMM.
+
+    Parameters
+    ----------
+    model : Model
+        A `flwr_admm.models` model (or anything with the same contract).
+    X, y : array
+        Local training data; labels must be valid for the model.
+    local_steps, local_epochs : int
+        Length of the local loop: steps (full or mini batches) or epochs; set one.
+    learning_rate : float
+        Local step size lr.
+    batch_size : int, optional
+        Minibatch size; None = full batch.
+    local_init : {"previous", "center"}
+        ADMM warm start: the client's own last w_i (kept in ``context.state``) or v_i.
+    prox_step : {"exact", "gradient"}
+        Proximal-gradient step (stable for any rho) or the seed's explicit step.
+    grad_tol : float, optional
+        Stop once ||grad f_i(w) + rho (w - v)|| <= grad_tol.
+    context : flwr.common.Context, optional
+        Flower context: its ``state`` keeps w_i across rounds, its node_config gives
+        ``partition-id``. Without it the client object itself keeps w_i.
+    X_val, y_val : array, optional
+        Evaluation data; the training data when absent.
+    client_key : str, optional
+        Stable key the server uses for this client's dual (default: partition-id).
+    seed : int
+        Seed of the minibatch order (combined with the round and the partition-id).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        X: NDArray[np.generic],
+        y: NDArray[np.generic],
+        *,
+        local_steps: int | None = 10,
+        learning_rate: float = 0.1,
+        batch_size: int | None = None,
+        local_epochs: int | None = None,
+        local_init: LocalInit = "previous",
+        prox_step: ProxStep = "exact",
+        grad_tol: float | None = None,
+        context: Context | None = None,
+        X_val: NDArray[np.generic] | None = None,
+        y_val: NDArray[np.generic] | None = None,
+        client_key: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if local_init not in LOCAL_INITS:
+            raise ValueError(f"local_init: must be one of {list(LOCAL_INITS)}, got {local_init!r}")
+        self.model = model
+        self.X = model.check_data(X, field="X")
+        self.y = model.encode_labels(y)
+        if self.y.shape[0] != self.X.shape[0]:
+            raise ValueError(f"y: expected {self.X.shape[0]} labels (rows of X), got {self.y.shape[0]}")
+        if (X_val is None) != (y_val is None):
+            raise ValueError("X_val / y_val: give both or neither")
+        self.X_val = self.X if X_val is None else model.check_data(X_val, field="X_val")
+        self.y_val = self.y if y_val is None else model.encode_labels(y_val)
+        if self.y_val.shape[0] != self.X_val.shape[0]:
+            raise ValueError("y_val: must have one label per row of X_val")
+        self.plan = LocalPlan(
+            learning_rate=learning_rate,
+            steps=None if local_epochs is not None else local_steps,
+            epochs=local_epochs,
+            batch_size=batch_size,
+            prox_step=prox_step,
+            grad_tol=grad_tol,
+        )
+        self.local_init = local_init
+        self.context = context
+        self.seed = int(seed)
+        node_config = context.node_config if context is not None else {}
+        self.partition_id = node_config.get("partition-id")
+        self.client_key = client_key
+        self._w: Params | None = None  # used only without a context
+        self._fits = 0
+
+    # -------------------------------------------------------------- NumPyClient
+    def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        """The model's initial parameters."""
+        return self.model.init_params(getattr(self.model, "seed", 0))
+
+    def fit(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Run the local loop for the algorithm the config implies."""
+        received = [np.asarray(p, dtype=np.float64) for p in parameters]
+        self.model.check_params(received, field="parameters")
+        plan = self._plan(config)
+        server_round = int(config.get("server_round", self._fit_count() + 1))
+        if "rho" in config:
+            rho = _nonnegative(config["rho"], "rho")
+            start = self._previous(server_round) if self.local_init == "previous" else None
+            start = received if start is None else start
+        else:
+            rho = _nonnegative(config.get("proximal_mu", 0.0), "proximal_mu")
+            start = received
+        rng = np.random.default_rng([self.seed, int(self.partition_id or 0), server_round])
+        result = penalized_local_solve(
+            self.model, start, self.X, self.y, plan, center=received, rho=rho, rng=rng
+        )
+        keep = "rho" in config and self.local_init == "previous"
+        self._remember(result.params if keep else None, server_round)
+        metrics: dict[str, Scalar] = {
+            "loss": float(result.loss),
+            "local_steps": int(result.steps),
+            "grad_norm": float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
+        }
+        if self.partition_id is not None:
+            metrics["partition-id"] = int(self.partition_id)
+        if self.client_key is not None:
+            metrics["client-key"] = str(self.client_key)
+        return list(result.params), int(self.X.shape[0]), metrics
+
+    def evaluate(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[float, int, dict[str, Scalar]]:
+        """Loss, accuracy (and AUC for binary tasks) on the validation data."""
+        params = [np.asarray(p, dtype=np.float64) for p in parameters]
+        self.model.check_params(params, field="parameters")
+        return evaluate_model(self.model, params, self.X_val, self.y_val)
+
+    # ----------------------------------------------------------------- helpers
+    def _plan(self, config: dict[str, Scalar]) -> LocalPlan:
+        plan = self.plan
+        lr = float(config.get("learning_rate", plan.learning_rate))
+        epochs = config.get("local_epochs", plan.epochs)
+        steps = config.get("local_steps", plan.steps)
+        if "local_epochs" in config and "local_steps" not in config:
+            steps = None
+        elif "local_steps" in config and "local_epochs" not in config:
+            epochs = None
+        batch = config.get("batch_size", plan.batch_size)
+        if isinstance(batch, int | float) and not isinstance(batch, bool) and batch <= 0:
+            batch = None  # 0 in a run config means "full batch"
+        return LocalPlan(
+            learning_rate=lr,
+            steps=None if steps is None else int(steps),  # type: ignore[arg-type]
+            epochs=None if epochs is None else int(epochs),  # type: ignore[arg-type]
+            batch_size=None if batch is None else int(batch),  # type: ignore[arg-type]
+            prox_step=plan.prox_step,
+            grad_tol=plan.grad_tol,
+        )
+
+    def _fit_count(self) -> int:
+        if self.context is not None and STATE_META in self.context.state.config_records:
+            return int(self.context.state.config_records[STATE_META]["fits"])  # type: ignore[arg-type]
+        return self._fits
+
+    def _previous(self, server_round: int) -> Params | None:
+        """Last local w_i, if any and if it matches the model's shapes."""
+        if self.context is None:
+            return None if self._w is None else [p.copy() for p in self._w]
+        record = self.context.state.array_records.get(STATE_W)
+        if record is None:
+            return None
+        previous = [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
+        try:
+            self.model.check_params(previous)
+        except ValueError:
+            return None
+        return previous
+
+    def _remember(self, params: Params | None, server_round: int) -> None:
+        """Write state last, tagged with its round (a failed fit leaves it as it was)."""
+        self._fits = self._fit_count() + 1
+        if self.context is None:
+            if params is not None:
+                self._w = [p.copy() for p in params]
+            return
+        if params is not None:
+            self.context.state.array_records[STATE_W] = ArrayRecord([p.copy() for p in params])
+        self.context.state.config_records[STATE_META] = ConfigRecord(
+            {"round": int(server_round), "fits": int(self._fits)}
+        )
+
+
+def _nonnegative(value: Scalar, field: str) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{field}: must be a number >= 0, got {value!r}") from error
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{field}: must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def evaluate_model(
+    model: Model, params: Params, X: NDArray[np.float64], y: NDArray[np.int64]
+) -> tuple[float, int, dict[str, Scalar]]:
+    """Loss, n and {accuracy, auc (binary, both classes present)} of `params` on (X, y)."""
+    loss = model.loss(params, X, y)
+    proba = model.predict_proba(params, X)
+    metrics: dict[str, Scalar] = {"accuracy": float(np.mean(proba.argmax(axis=1) == y))}
+    if proba.shape[1] == 2 and np.unique(y).size == 2:
+        metrics["auc"] = float(roc_auc_score(y, proba[:, 1]))
+    return float(loss), int(X.shape[0]), metrics

@@ -1,0 +1,134 @@
+"""The penalized local loop a client runs: inexact minimization of the augmented term.
+
+    min_w  f_i(w) + rho/2 ||w - v||^2
+
+with v the prox center (v = z - u_i for ADMM, v = received model for FedProx, no
+penalty for FedAvg). Two update rules for one step with gradient g = grad f_i(w):
+
+- ``"gradient"`` (seed 000): w <- w - lr (g + rho (w - v))
+- ``"exact"`` (proximal gradient, the quadratic solved in closed form):
+  w <- (w - lr g + lr rho v) / (1 + lr rho), stable for every rho >= 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_admm.models.base import Model, Params
+
+ProxStep = Literal["gradient", "exact"]
+PROX_STEPS = ("gradient", "exact")
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """Outcome of the local loop."""
+
+    params: Params
+    steps: int
+    loss: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """How long and how to run the loop: `steps` full/mini-batch steps or `epochs`."""
+
+    learning_rate: float
+    steps: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    prox_step: ProxStep = "exact"
+    grad_tol: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(
+                f"learning_rate: must be a finite number > 0, got {self.learning_rate!r}"
+            )
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("local_steps / local_epochs: set exactly one of them")
+        for name in ("steps", "epochs", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"local_{name}: must be an integer >= 1, got {value!r}")
+        if self.prox_step not in PROX_STEPS:
+            raise ValueError(f"prox_step: must be one of {list(PROX_STEPS)}, got {self.prox_step!r}")
+        if self.grad_tol is not None and not (math.isfinite(self.grad_tol) and self.grad_tol >= 0):
+            raise ValueError(f"grad_tol: must be a finite number >= 0, got {self.grad_tol!r}")
+
+    def batches(
+        self, n: int, rng: np.random.Generator
+    ) -> list[NDArray[np.intp] | None]:
+        """Index sets per step; None means the full batch."""
+        if self.batch_size is None or self.batch_size >= n:
+            count = self.steps if self.steps is not None else self.epochs
+            return [None] * int(count or 0)
+        batches: list[NDArray[np.intp] | None] = []
+        if self.epochs is not None:
+            for _ in range(self.epochs):
+                order = rng.permutation(n)
+                batches.extend(order[i : i + self.batch_size] for i in range(0, n, self.batch_size))
+            return batches
+        order = rng.permutation(n)
+        position = 0
+        assert self.steps is not None
+        for _ in range(self.steps):
+            if position + self.batch_size > n:
+                order, position = rng.permutation(n), 0
+            batches.append(order[position : position + self.batch_size])
+            position += self.batch_size
+        return batches
+
+
+def penalized_local_solve(
+    model: Model,
+    start: Params,
+    X: NDArray[np.float64],
+    y: NDArray[np.int64],
+    plan: LocalPlan,
+    *,
+    center: Params | None = None,
+    rho: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> LocalResult:
+    """Run the local loop from `start`; `center=None` or rho=0 is plain gradient descent.
+
+    Returns the final parameters, the number of steps taken, f_i at the final
+    parameters (on the full local data) and the norm of the last penalized gradient.
+    """
+    if rho < 0 or not math.isfinite(rho):
+        raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
+    penalized = center is not None and rho > 0.0
+    lr = plan.learning_rate
+    w = [np.array(t, dtype=np.float64) for t in start]
+    rng = rng if rng is not None else np.random.default_rng(0)
+    steps, grad_norm = 0, math.nan
+    for index in plan.batches(X.shape[0], rng):
+        Xb, yb = (X, y) if index is None else (X[index], y[index])
+        _, grads = model.loss_and_grad(w, Xb, yb)
+        if penalized:
+            assert center is not None
+            pen = [g + rho * (wk - vk) for g, wk, vk in zip(grads, w, center, strict=True)]
+        else:
+            pen = grads
+        grad_norm = math.sqrt(sum(float(np.vdot(g, g)) for g in pen))
+        if plan.grad_tol is not None and grad_norm <= plan.grad_tol:
+            break
+        if penalized and plan.prox_step == "exact":
+            assert center is not None
+            shrink = 1.0 / (1.0 + lr * rho)
+            for wk, g, vk in zip(w, grads, center, strict=True):
+                wk -= lr * g
+                wk += (lr * rho) * vk
+                wk *= shrink
+        else:
+            for wk, g in zip(w, pen, strict=True):
+                wk -= lr * g
+        steps += 1
+    return LocalResult(params=w, steps=steps, loss=model.loss(w, X, y), grad_norm=grad_norm)

@@ -1,0 +1,186 @@
+"""Penalty (rho) schedules: small pure rules ``rho', state' = schedule.update(rho, state, r)``.
+
+Every schedule keeps its state in a plain JSON-serializable dict so the server state
+can be checkpointed; tests compare generated sequences with hand-computed ones.
+Because the server stores unscaled duals y_i = rho u_i, a change of rho needs no
+explicit rescaling: the scaled dual u_i = y_i / rho is rescaled by rho_old / rho_new
+automatically (Boyd et al. 2011, sec. 3.4.1).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+ScheduleState = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RoundResiduals:
+    """What a schedule may look at after round `server_round`'s aggregation."""
+
+    server_round: int
+    primal_residual: float
+    dual_residual: float
+    objective: float | None = None
+
+
+def _check_positive(value: float, field: str) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{field}: must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _check_factor(value: float, field: str) -> float:
+    value = _check_positive(value, field)
+    if value <= 1.0:
+        raise ValueError(f"{field}: must be > 1, got {value!r}")
+    return value
+
+
+class RhoSchedule(ABC):
+    """A rule that maps (rho, state, residuals of the round) to the next rho."""
+
+    def init(self) -> ScheduleState:
+        """Initial schedule state (JSON-serializable)."""
+        return {}
+
+    @abstractmethod
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Return the rho for the next round and the new state."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name and parameters, for config fingerprints."""
+        return {"name": type(self).__name__, **vars(self)}
+
+
+class Constant(RhoSchedule):
+    """rho_{k+1} = rho_k."""
+
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Keep rho."""
+        return rho, state
+
+
+class Geometric(RhoSchedule):
+    """Step schedule: every `every` rounds multiply rho by `factor`, clipped to bounds.
+
+    rho_{k+1} = clip(rho_k * factor, rho_min, rho_max) if k % every == 0 else rho_k.
+    factor < 1 decays rho (large early pull, fine late adjustment, seed 000's advice).
+    """
+
+    def __init__(
+        self,
+        factor: float,
+        every: int = 1,
+        rho_min: float = 1e-6,
+        rho_max: float = 1e6,
+    ) -> None:
+        self.factor = _check_positive(factor, "factor")
+        if isinstance(every, bool) or int(every) != every or every < 1:
+            raise ValueError(f"every: must be an integer >= 1, got {every!r}")
+        self.every = int(every)
+        self.rho_min = _check_positive(rho_min, "rho_min")
+        self.rho_max = _check_positive(rho_max, "rho_max")
+        if self.rho_min > self.rho_max:
+            raise ValueError(f"rho_min: must be <= rho_max ({rho_max}), got {rho_min}")
+
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Multiply by `factor` on rounds divisible by `every`."""
+        if residuals.server_round % self.every == 0:
+            rho = min(max(rho * self.factor, self.rho_min), self.rho_max)
+        return rho, state
+
+
+class StallIncrease(RhoSchedule):
+    """Seed 001's rule: grow rho when the objective stalls, capped.
+
+    if k > window and F_k > threshold * F_{k-window}: rho <- min(factor * rho, rho_max).
+    F is the round objective the strategy reports (weighted client loss plus g(z)).
+    """
+
+    def __init__(
+        self,
+        factor: float = 1.1,
+        window: int = 10,
+        threshold: float = 0.9,
+        rho_max: float = 10.0,
+    ) -> None:
+        self.factor = _check_factor(factor, "factor")
+        if isinstance(window, bool) or int(window) != window or window < 1:
+            raise ValueError(f"window: must be an integer >= 1, got {window!r}")
+        self.window = int(window)
+        self.threshold = _check_positive(threshold, "threshold")
+        self.rho_max = _check_positive(rho_max, "rho_max")
+
+    def init(self) -> ScheduleState:
+        """History of objectives, oldest first."""
+        return {"objectives": []}
+
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Compare this round's objective with the one `window` rounds ago."""
+        history = list(state.get("objectives", []))
+        if residuals.objective is None or not math.isfinite(residuals.objective):
+            return rho, {"objectives": history}
+        history = [*history, float(residuals.objective)][-(self.window + 1) :]
+        if len(history) == self.window + 1 and history[-1] > self.threshold * history[0]:
+            rho = min(rho * self.factor, self.rho_max)
+        return rho, {"objectives": history}
+
+
+class ResidualBalancing(RhoSchedule):
+    """Residual balancing (Boyd et al. 2011, eq. 3.13).
+
+    rho <- tau * rho if r > mu * s;  rho <- rho / tau if s > mu * r;  else unchanged,
+    clipped to [rho_min, rho_max].
+    """
+
+    def __init__(
+        self,
+        mu: float = 10.0,
+        tau: float = 2.0,
+        rho_min: float = 1e-6,
+        rho_max: float = 1e6,
+    ) -> None:
+        self.mu = _check_factor(mu, "mu")
+        self.tau = _check_factor(tau, "tau")
+        self.rho_min = _check_positive(rho_min, "rho_min")
+        self.rho_max = _check_positive(rho_max, "rho_max")
+        if self.rho_min > self.rho_max:
+            raise ValueError(f"rho_min: must be <= rho_max ({rho_max}), got {rho_min}")
+
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Balance the primal residual r against the dual residual s."""
+        r, s = residuals.primal_residual, residuals.dual_residual
+        if r > self.mu * s:
+            rho *= self.tau
+        elif s > self.mu * r:
+            rho /= self.tau
+        return min(max(rho, self.rho_min), self.rho_max), state
+
+
+SCHEDULES: dict[str, type[RhoSchedule]] = {
+    "constant": Constant,
+    "geometric": Geometric,
+    "stall": StallIncrease,
+    "residual-balancing": ResidualBalancing,
+}
+
+
+def make_schedule(name: str, **kwargs: Any) -> RhoSchedule:
+    """Build a schedule from its name (`constant`, `geometric`, `stall`, `residual-balancing`)."""
+    if name not in SCHEDULES:
+        raise ValueError(f"rho_schedule: must be one of {sorted(SCHEDULES)}, got {name!r}")
+    return SCHEDULES[name](**kwargs)

@@ -1,0 +1,248 @@
+"""FedADMM: Flower strategy for inexact consensus ADMM with server-held duals.
+
+The strategy is a thin adapter over `flwr_admm.consensus.ConsensusADMM`:
+
+- ``configure_fit`` sends client i its prox center v_i = z - u_i as the parameters and
+  ``rho`` (and ``proximal_mu`` = rho) in the config. An unmodified FedProx client, one
+  that starts at the received parameters and adds proximal_mu/2 ||w - received||^2,
+  therefore runs a valid inexact ADMM w-step with FedADMM out of the box.
+- ``aggregate_fit`` validates every reply, keys it by the client's ``client-key`` or
+  ``partition-id`` metric (else ``ClientProxy.cid``), and runs the z- and dual steps.
+
+Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_i.
+"""
+
+from __future__ import annotations
+
+import math
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from flwr_admm.consensus import CLIENT_RHO_MODES, ClientRho, ConsensusADMM, Reply, natural_key
+from flwr_admm.regularizers import Regularizer
+from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.validation import reply_problem
+
+
+class FedADMM(FedAvg):
+    """Federated inexact consensus ADMM (server-held duals).
+
+    Takes every keyword of Flower's `FedAvg` plus:
+
+    Parameters
+    ----------
+    rho : float
+        Penalty rho >= 0 (rho = 0 reproduces FedAvg).
+    rho_schedule : RhoSchedule or str, optional
+        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or
+        one of their names.
+    regularizer : Regularizer, optional
+        Server regularizer g (`L1`, `L2`); the z-step is its prox.
+    client_rho : {"uniform", "data_size"}
+        rho_i = rho or rho * n_i / max_j n_j.
+    eps_abs, eps_rel : float
+        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    stop_on_convergence : bool
+        Sample no clients once r <= eps_pri and s <= eps_dual.
+    sampling_seed : int or None
+        Seeded client sampling (clients ordered by key, then cid); None uses
+        Flower's unseeded `ClientManager.sample`.
+    """
+
+    def __init__(
+        self,
+        *,
+        rho: float = 1.0,
+        rho_schedule: RhoSchedule | str | None = None,
+        regularizer: Regularizer | None = None,
+        client_rho: ClientRho = "uniform",
+        eps_abs: float = 1e-6,
+        eps_rel: float = 1e-4,
+        stop_on_convergence: bool = False,
+        sampling_seed: int | None = 0,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        super().__init__(**fedavg_kwargs)
+        if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
+            raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
+        if isinstance(rho_schedule, str):
+            rho_schedule = make_schedule(rho_schedule)
+        if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
+            raise ValueError(
+                f"rho_schedule: must be a RhoSchedule or a schedule name, got {rho_schedule!r}"
+            )
+        if regularizer is not None and not isinstance(regularizer, Regularizer):
+            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
+        if client_rho not in CLIENT_RHO_MODES:
+            raise ValueError(f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {client_rho!r}")
+        for name, fraction in (("fraction_fit", self.fraction_fit),
+                               ("fraction_evaluate", self.fraction_evaluate)):
+            if not 0.0 <= fraction <= 1.0:
+                raise ValueError(f"{name}: must lie in [0, 1], got {fraction!r}")
+        self.rho = float(rho)
+        self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
+        self.regularizer = regularizer
+        self.client_rho: ClientRho = client_rho
+        self.eps_abs, self.eps_rel = eps_abs, eps_rel
+        self.stop_on_convergence = stop_on_convergence
+        self.sampling_seed = sampling_seed
+        # Build once to validate the combination (rho=0 with a regularizer, eps...).
+        ConsensusADMM([np.zeros(1)], self.rho, self.rho_schedule, regularizer, client_rho,
+                      eps_abs, eps_rel)
+        self.admm: ConsensusADMM | None = None
+        self.history: list[dict[str, Scalar]] = []
+        self.converged = False
+        self._dtypes: list[np.dtype[Any]] = []
+        self._key_of_cid: dict[str, str] = {}
+        self._sent_key: dict[str, str | None] = {}
+
+    def __repr__(self) -> str:
+        return f"FedADMM(rho={self.rho}, rho_schedule={type(self.rho_schedule).__name__}, regularizer={self.regularizer!r})"
+
+    # ------------------------------------------------------------------- fit
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Send each sampled client its center v_i = z - u_i and its rho_i."""
+        admm = self._adopt(parameters)
+        if self.stop_on_convergence and self.converged:
+            log(INFO, "FedADMM: converged (r <= eps_pri, s <= eps_dual); no clients sampled")
+            return []
+        config: dict[str, Scalar] = {}
+        if self.on_fit_config_fn is not None:
+            config = dict(self.on_fit_config_fn(server_round))
+        sample_size, min_num = self.num_fit_clients(client_manager.num_available())
+        clients = self._sample(client_manager, sample_size, min_num, server_round)
+        instructions = []
+        for client in clients:
+            key = self._key_of_cid.get(client.cid)
+            center = admm.center(key)
+            rho_i = admm.rho_for(key)
+            payload = parameters if center is admm.z else self._to_parameters(center)
+            self._sent_key[client.cid] = key if key in admm.records else None
+            fit_config = {**config, "rho": rho_i, "proximal_mu": rho_i, "server_round": server_round}
+            instructions.append((client, FitIns(payload, fit_config)))
+        return instructions
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Validate replies, then z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z."""
+        admm = self.admm
+        counts: dict[str, Scalar] = {"num_failures": len(failures), "num_rejected": 0,
+                                     "num_resynced": 0}
+        if admm is None or (not self.accept_failures and failures):
+            return None, counts
+        replies = self._accepted_replies(results, admm, counts)
+        if not replies:
+            log(WARNING, "FedADMM round %s: no usable reply; z, duals, rho unchanged", server_round)
+            return None, {**counts, "rho": admm.rho, "num_clients_cached": len(admm.records)}
+        report = admm.step(replies, server_round)
+        self.converged = report.converged
+        metrics: dict[str, Scalar] = {
+            "rho": report.rho,
+            "next_rho": report.next_rho,
+            "primal_residual": report.primal_residual,
+            "dual_residual": report.dual_residual,
+            "eps_primal": report.eps_primal,
+            "eps_dual": report.eps_dual,
+            "converged": int(report.converged),
+            "num_replies": report.num_replies,
+            "num_clients_cached": report.num_clients_cached,
+            **counts,
+        }
+        if report.objective is not None:
+            metrics["objective"] = report.objective
+        if self.fit_metrics_aggregation_fn is not None:
+            user = self.fit_metrics_aggregation_fn([(res.num_examples, res.metrics) for _, res in results])
+            metrics = {**user, **metrics}
+        self.history.append({"round": server_round, **metrics})
+        return self._to_parameters(admm.z), metrics
+
+    # ----------------------------------------------------------------- helpers
+    def _adopt(self, parameters: Parameters) -> ConsensusADMM:
+        z = parameters_to_ndarrays(parameters)
+        if self.admm is None:
+            self._dtypes = [np.asarray(t).dtype for t in z]
+            self.admm = ConsensusADMM(z, self.rho, self.rho_schedule, self.regularizer,
+                                      self.client_rho, self.eps_abs, self.eps_rel)
+        else:
+            self.admm.adopt_consensus(z)
+        return self.admm
+
+    def _to_parameters(self, arrays: NDArrays) -> Parameters:
+        return ndarrays_to_parameters(
+            [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
+        )
+
+    def _sample(self, client_manager: ClientManager, size: int, min_num: int,
+                server_round: int) -> list[ClientProxy]:
+        if self.sampling_seed is None:
+            return client_manager.sample(num_clients=size, min_num_clients=min_num)
+        client_manager.wait_for(min_num)
+        available = client_manager.all()
+        if size > len(available):
+            log(INFO, "FedADMM: sampling %s clients but only %s available", size, len(available))
+            return []
+        order = sorted(available, key=lambda cid: (
+            natural_key(self._key_of_cid.get(cid, "~")), natural_key(cid)))
+        if size < len(order):
+            rng = np.random.default_rng([self.sampling_seed, server_round])
+            picked = np.sort(rng.choice(len(order), size=size, replace=False))
+            order = [order[i] for i in picked]
+        return [available[cid] for cid in order]
+
+    def _client_key(self, proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
+        if "client-key" in metrics:
+            return f"client-key:{metrics['client-key']}"
+        if "partition-id" in metrics:
+            return f"partition-id:{int(metrics['partition-id'])}"
+        return f"cid:{proxy.cid}"
+
+    def _accepted_replies(self, results: list[tuple[ClientProxy, FitRes]],
+                          admm: ConsensusADMM, counts: dict[str, Scalar]) -> list[Reply]:
+        replies: dict[str, Reply] = {}
+        shapes = [t.shape for t in admm.z]
+        for proxy, res in results:
+            try:
+                key = self._client_key(proxy, res.metrics)
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = reply_problem(arrays, res.num_examples, shapes)
+            except Exception as error:  # a malformed reply must not stop the server
+                key, problem = f"cid:{proxy.cid}", f"unreadable reply ({error!r})"
+            if problem is None and key in replies:
+                problem = "duplicate client key in this round"
+                replies.pop(key)
+            if problem is not None:
+                log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
+                counts["num_rejected"] = int(counts["num_rejected"]) + 1
+                continue
+            self._key_of_cid[proxy.cid] = key
+            if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
+                # It trained around a center that was not its own (new node id after
+                # a restart): keep its dual and cached share, send the right center next.
+                log(INFO, "FedADMM: %s re-identified under cid %s; resynced", key, proxy.cid)
+                counts["num_resynced"] = int(counts["num_resynced"]) + 1
+                continue
+            loss = res.metrics.get("loss")
+            replies[key] = Reply(key, arrays, int(res.num_examples),
+                                 float(loss) if isinstance(loss, int | float) else None)
+        return list(replies.values())
