@@ -61,6 +61,7 @@ class ADMMClient(NumPyClient):
         Stable key the server uses for this client's dual (default: partition-id).
     seed : int
         Seed of the minibatch order (combined with the round and the partition-id).
+
     """
 
     def __init__(
@@ -88,7 +89,9 @@ class ADMMClient(NumPyClient):
         self.X = model.check_data(X, field="X")
         self.y = model.encode_labels(y)
         if self.y.shape[0] != self.X.shape[0]:
-            raise ValueError(f"y: expected {self.X.shape[0]} labels (rows of X), got {self.y.shape[0]}")
+            raise ValueError(
+                f"y: expected {self.X.shape[0]} labels (rows of X), got {self.y.shape[0]}"
+            )
         if (X_val is None) != (y_val is None):
             raise ValueError("X_val / y_val: give both or neither")
         self.X_val = self.X if X_val is None else model.check_data(X_val, field="X_val")

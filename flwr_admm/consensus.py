@@ -113,6 +113,7 @@ class ConsensusADMM:
         Per-client rho_i = rho * s_i with s_i = 1 or s_i = n_i / max_j n_j (seed 001).
     eps_abs, eps_rel : float
         Absolute and relative tolerances of the stopping thresholds.
+
     """
 
     z: Arrays
@@ -132,9 +133,7 @@ class ConsensusADMM:
                 f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {self.client_rho!r}"
             )
         if self.rho == 0 and (self.regularizer is not None or self.client_rho != "uniform"):
-            raise ValueError(
-                "rho: must be > 0 with a regularizer or client_rho='data_size', got 0"
-            )
+            raise ValueError("rho: must be > 0 with a regularizer or client_rho='data_size', got 0")
         for name in ("eps_abs", "eps_rel"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
@@ -273,7 +272,7 @@ class ConsensusADMM:
                 acc += record.num_examples * y
 
     def _z_step(self) -> Arrays:
-        """z = prox_{g/rho_bar}((rho S_w + S_y) / (rho S_s)), S_w = sum n_i s_i w_i."""
+        """Z = prox_{g/rho_bar}((rho S_w + S_y) / (rho S_s)), S_w = sum n_i s_i w_i."""
         rho = self.rho
         if rho == 0.0:
             z = [acc / self._sum_ns for acc in self._sum_nsw]

@@ -58,13 +58,13 @@ class LocalPlan:
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
                 raise ValueError(f"local_{name}: must be an integer >= 1, got {value!r}")
         if self.prox_step not in PROX_STEPS:
-            raise ValueError(f"prox_step: must be one of {list(PROX_STEPS)}, got {self.prox_step!r}")
+            raise ValueError(
+                f"prox_step: must be one of {list(PROX_STEPS)}, got {self.prox_step!r}"
+            )
         if self.grad_tol is not None and not (math.isfinite(self.grad_tol) and self.grad_tol >= 0):
             raise ValueError(f"grad_tol: must be a finite number >= 0, got {self.grad_tol!r}")
 
-    def batches(
-        self, n: int, rng: np.random.Generator
-    ) -> list[NDArray[np.intp] | None]:
+    def batches(self, n: int, rng: np.random.Generator) -> list[NDArray[np.intp] | None]:
         """Index sets per step; None means the full batch."""
         if self.batch_size is None or self.batch_size >= n:
             count = self.steps if self.steps is not None else self.epochs

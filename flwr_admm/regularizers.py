@@ -43,7 +43,7 @@ class L1(Regularizer):
     """g(z) = strength * ||z||_1; prox = soft-threshold at strength / rho."""
 
     def value(self, z: Arrays) -> float:
-        """strength * sum |z|."""
+        """Strength * sum |z|."""
         return self.strength * float(sum(np.abs(t).sum() for t in z))
 
     def prox_(self, a: Arrays, rho: float) -> Arrays:

@@ -15,6 +15,7 @@ Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_
 from __future__ import annotations
 
 import math
+from collections import Counter
 from logging import INFO, WARNING
 from typing import Any
 
@@ -62,6 +63,7 @@ class FedADMM(FedAvg):
     sampling_seed : int or None
         Seeded client sampling (clients ordered by key, then cid); None uses
         Flower's unseeded `ClientManager.sample`.
+
     """
 
     def __init__(
@@ -89,9 +91,13 @@ class FedADMM(FedAvg):
         if regularizer is not None and not isinstance(regularizer, Regularizer):
             raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
         if client_rho not in CLIENT_RHO_MODES:
-            raise ValueError(f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {client_rho!r}")
-        for name, fraction in (("fraction_fit", self.fraction_fit),
-                               ("fraction_evaluate", self.fraction_evaluate)):
+            raise ValueError(
+                f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {client_rho!r}"
+            )
+        for name, fraction in (
+            ("fraction_fit", self.fraction_fit),
+            ("fraction_evaluate", self.fraction_evaluate),
+        ):
             if not 0.0 <= fraction <= 1.0:
                 raise ValueError(f"{name}: must lie in [0, 1], got {fraction!r}")
         self.rho = float(rho)
@@ -102,8 +108,9 @@ class FedADMM(FedAvg):
         self.stop_on_convergence = stop_on_convergence
         self.sampling_seed = sampling_seed
         # Build once to validate the combination (rho=0 with a regularizer, eps...).
-        ConsensusADMM([np.zeros(1)], self.rho, self.rho_schedule, regularizer, client_rho,
-                      eps_abs, eps_rel)
+        ConsensusADMM(
+            [np.zeros(1)], self.rho, self.rho_schedule, regularizer, client_rho, eps_abs, eps_rel
+        )
         self.admm: ConsensusADMM | None = None
         self.history: list[dict[str, Scalar]] = []
         self.converged = False
@@ -112,7 +119,8 @@ class FedADMM(FedAvg):
         self._sent_key: dict[str, str | None] = {}
 
     def __repr__(self) -> str:
-        return f"FedADMM(rho={self.rho}, rho_schedule={type(self.rho_schedule).__name__}, regularizer={self.regularizer!r})"
+        schedule = type(self.rho_schedule).__name__
+        return f"FedADMM(rho={self.rho}, rho_schedule={schedule}, regularizer={self.regularizer!r})"
 
     # ------------------------------------------------------------------- fit
     def configure_fit(
@@ -135,7 +143,12 @@ class FedADMM(FedAvg):
             rho_i = admm.rho_for(key)
             payload = parameters if center is admm.z else self._to_parameters(center)
             self._sent_key[client.cid] = key if key in admm.records else None
-            fit_config = {**config, "rho": rho_i, "proximal_mu": rho_i, "server_round": server_round}
+            fit_config = {
+                **config,
+                "rho": rho_i,
+                "proximal_mu": rho_i,
+                "server_round": server_round,
+            }
             instructions.append((client, FitIns(payload, fit_config)))
         return instructions
 
@@ -147,8 +160,11 @@ class FedADMM(FedAvg):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate replies, then z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z."""
         admm = self.admm
-        counts: dict[str, Scalar] = {"num_failures": len(failures), "num_rejected": 0,
-                                     "num_resynced": 0}
+        counts: dict[str, Scalar] = {
+            "num_failures": len(failures),
+            "num_rejected": 0,
+            "num_resynced": 0,
+        }
         if admm is None or (not self.accept_failures and failures):
             return None, counts
         replies = self._accepted_replies(results, admm, counts)
@@ -172,7 +188,9 @@ class FedADMM(FedAvg):
         if report.objective is not None:
             metrics["objective"] = report.objective
         if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn([(res.num_examples, res.metrics) for _, res in results])
+            user = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, res in results]
+            )
             metrics = {**user, **metrics}
         self.history.append({"round": server_round, **metrics})
         return self._to_parameters(admm.z), metrics
@@ -182,8 +200,15 @@ class FedADMM(FedAvg):
         z = parameters_to_ndarrays(parameters)
         if self.admm is None:
             self._dtypes = [np.asarray(t).dtype for t in z]
-            self.admm = ConsensusADMM(z, self.rho, self.rho_schedule, self.regularizer,
-                                      self.client_rho, self.eps_abs, self.eps_rel)
+            self.admm = ConsensusADMM(
+                z,
+                self.rho,
+                self.rho_schedule,
+                self.regularizer,
+                self.client_rho,
+                self.eps_abs,
+                self.eps_rel,
+            )
         else:
             self.admm.adopt_consensus(z)
         return self.admm
@@ -193,17 +218,20 @@ class FedADMM(FedAvg):
             [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
         )
 
-    def _sample(self, client_manager: ClientManager, size: int, min_num: int,
-                server_round: int) -> list[ClientProxy]:
+    def _sample(
+        self, client_manager: ClientManager, size: int, min_num: int, server_round: int
+    ) -> list[ClientProxy]:
         if self.sampling_seed is None:
             return client_manager.sample(num_clients=size, min_num_clients=min_num)
-        client_manager.wait_for(min_num)
+        client_manager.wait_for(min_num, timeout=86400)
         available = client_manager.all()
         if size > len(available):
             log(INFO, "FedADMM: sampling %s clients but only %s available", size, len(available))
             return []
-        order = sorted(available, key=lambda cid: (
-            natural_key(self._key_of_cid.get(cid, "~")), natural_key(cid)))
+        order = sorted(
+            available,
+            key=lambda cid: (natural_key(self._key_of_cid.get(cid, "~")), natural_key(cid)),
+        )
         if size < len(order):
             rng = np.random.default_rng([self.sampling_seed, server_round])
             picked = np.sort(rng.choice(len(order), size=size, replace=False))
@@ -212,15 +240,19 @@ class FedADMM(FedAvg):
 
     def _client_key(self, proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
         if "client-key" in metrics:
-            return f"client-key:{metrics['client-key']}"
+            return f"client-key:{metrics['client-key']!s}"
         if "partition-id" in metrics:
             return f"partition-id:{int(metrics['partition-id'])}"
         return f"cid:{proxy.cid}"
 
-    def _accepted_replies(self, results: list[tuple[ClientProxy, FitRes]],
-                          admm: ConsensusADMM, counts: dict[str, Scalar]) -> list[Reply]:
-        replies: dict[str, Reply] = {}
+    def _accepted_replies(
+        self,
+        results: list[tuple[ClientProxy, FitRes]],
+        admm: ConsensusADMM,
+        counts: dict[str, Scalar],
+    ) -> list[Reply]:
         shapes = [t.shape for t in admm.z]
+        candidates: list[tuple[ClientProxy, FitRes, str, NDArrays]] = []
         for proxy, res in results:
             try:
                 key = self._client_key(proxy, res.metrics)
@@ -228,12 +260,15 @@ class FedADMM(FedAvg):
                 problem = reply_problem(arrays, res.num_examples, shapes)
             except Exception as error:  # a malformed reply must not stop the server
                 key, problem = f"cid:{proxy.cid}", f"unreadable reply ({error!r})"
-            if problem is None and key in replies:
-                problem = "duplicate client key in this round"
-                replies.pop(key)
-            if problem is not None:
-                log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
-                counts["num_rejected"] = int(counts["num_rejected"]) + 1
+            if problem is None:
+                candidates.append((proxy, res, key, arrays))
+            else:
+                self._reject(key, problem, counts)
+        seen = Counter(key for _, _, key, _ in candidates)
+        replies: list[Reply] = []
+        for proxy, res, key, arrays in candidates:
+            if seen[key] > 1:
+                self._reject(key, f"{seen[key]} replies share this client key", counts)
                 continue
             self._key_of_cid[proxy.cid] = key
             if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
@@ -243,6 +278,12 @@ class FedADMM(FedAvg):
                 counts["num_resynced"] = int(counts["num_resynced"]) + 1
                 continue
             loss = res.metrics.get("loss")
-            replies[key] = Reply(key, arrays, int(res.num_examples),
-                                 float(loss) if isinstance(loss, int | float) else None)
-        return list(replies.values())
+            finite = isinstance(loss, int | float) and math.isfinite(loss)
+            objective = float(loss) if finite and isinstance(loss, int | float) else None
+            replies.append(Reply(key, arrays, int(res.num_examples), objective))
+        return replies
+
+    @staticmethod
+    def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
+        log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
+        counts["num_rejected"] = int(counts["num_rejected"]) + 1

@@ -27,8 +27,8 @@ from flwr.common import (
     GetPropertiesIns,
     GetPropertiesRes,
     Parameters,
-    RecordDict,
     ReconnectIns,
+    RecordDict,
     Scalar,
     Status,
 )
@@ -52,13 +52,15 @@ class InProcessClientProxy(ClientProxy):
         client = self.client_fn(self.context)
         return client.to_client() if isinstance(client, NumPyClient) else client
 
-    def get_properties(self, ins: GetPropertiesIns, timeout: float | None,
-                       group_id: int | None) -> GetPropertiesRes:
+    def get_properties(
+        self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None
+    ) -> GetPropertiesRes:
         """Forward to the client."""
         return self._client().get_properties(ins)
 
-    def get_parameters(self, ins: GetParametersIns, timeout: float | None,
-                       group_id: int | None) -> GetParametersRes:
+    def get_parameters(
+        self, ins: GetParametersIns, timeout: float | None, group_id: int | None
+    ) -> GetParametersRes:
         """Forward to the client."""
         return self._client().get_parameters(ins)
 
@@ -66,13 +68,15 @@ class InProcessClientProxy(ClientProxy):
         """Forward to the client."""
         return self._client().fit(ins)
 
-    def evaluate(self, ins: EvaluateIns, timeout: float | None,
-                 group_id: int | None) -> EvaluateRes:
+    def evaluate(
+        self, ins: EvaluateIns, timeout: float | None, group_id: int | None
+    ) -> EvaluateRes:
         """Forward to the client."""
         return self._client().evaluate(ins)
 
-    def reconnect(self, ins: ReconnectIns, timeout: float | None,
-                  group_id: int | None) -> DisconnectRes:
+    def reconnect(
+        self, ins: ReconnectIns, timeout: float | None, group_id: int | None
+    ) -> DisconnectRes:
         """Nothing to disconnect in process."""
         return DisconnectRes(reason="")
 
@@ -97,9 +101,13 @@ def make_proxies(
         InProcessClientProxy(
             str(ids[i]),
             client_fn,
-            Context(run_id=0, node_id=ids[i],
-                    node_config={"partition-id": i, "num-partitions": num_clients},
-                    state=RecordDict(), run_config={}),
+            Context(
+                run_id=0,
+                node_id=ids[i],
+                node_config={"partition-id": i, "num-partitions": num_clients},
+                state=RecordDict(),
+                run_config={},
+            ),
         )
         for i in range(num_clients)
     ]
@@ -127,16 +135,16 @@ def run_rounds(
         instructions = strategy.configure_fit(server_round, parameters, manager)
         results: list[tuple[ClientProxy, FitRes]] = []
         failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
-        for proxy, ins in instructions:
+        for client, ins in instructions:
             try:
-                res = proxy.fit(ins, None, server_round)
+                res = client.fit(ins, None, server_round)
             except Exception as error:  # Flower turns client errors into failures too
                 failures.append(error)
                 continue
             if res.status.code == Code.OK:
-                results.append((proxy, res))
+                results.append((client, res))
             else:
-                failures.append((proxy, res))
+                failures.append((client, res))
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
         if aggregated is not None:
             parameters = aggregated
@@ -148,8 +156,13 @@ def run_rounds(
     return result
 
 
-def _evaluate_round(strategy: Strategy, manager: SimpleClientManager, parameters: Parameters,
-                    server_round: int, result: RunResult) -> None:
+def _evaluate_round(
+    strategy: Strategy,
+    manager: SimpleClientManager,
+    parameters: Parameters,
+    server_round: int,
+    result: RunResult,
+) -> None:
     instructions = strategy.configure_evaluate(server_round, parameters, manager)
     replies = [(proxy, proxy.evaluate(ins, None, server_round)) for proxy, ins in instructions]
     loss, metrics = strategy.aggregate_evaluate(server_round, replies, [])

@@ -70,22 +70,20 @@ class Model(ABC):
             )
         for i, (p, shape) in enumerate(zip(params, self.shapes, strict=True)):
             if np.shape(p) != shape:
-                raise ValueError(
-                    f"{field}[{i}]: expected shape {shape}, got {np.shape(p)}"
-                )
+                raise ValueError(f"{field}[{i}]: expected shape {shape}, got {np.shape(p)}")
 
     def check_data(self, X: NDArray[np.generic], *, field: str = "X") -> NDArray[np.float64]:
         """Return X as a finite float64 matrix with `n_features` columns."""
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.n_features:
+        data: NDArray[np.float64] = np.asarray(X, dtype=np.float64)
+        if data.ndim != 2 or data.shape[1] != self.n_features:
             raise ValueError(
-                f"{field}: expected shape (n_samples, {self.n_features}), got {X.shape}"
+                f"{field}: expected shape (n_samples, {self.n_features}), got {data.shape}"
             )
-        if X.shape[0] == 0:
+        if data.shape[0] == 0:
             raise ValueError(f"{field}: must hold at least one sample")
-        if not np.all(np.isfinite(X)):
+        if not np.all(np.isfinite(data)):
             raise ValueError(f"{field}: contains NaN or inf")
-        return X
+        return data
 
 
 def l2_penalty(l2: float, coef: NDArray[np.float64]) -> float:
@@ -134,7 +132,5 @@ def encode_class_labels(y: NDArray[np.generic], n_classes: int) -> NDArray[np.in
     labels = y.astype(np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
         bad = sorted(set(np.unique(labels).tolist()) - set(range(n_classes)))
-        raise ValueError(
-            f"y: labels must lie in 0..{n_classes - 1}, found {bad[:5]}"
-        )
+        raise ValueError(f"y: labels must lie in 0..{n_classes - 1}, found {bad[:5]}")
     return labels

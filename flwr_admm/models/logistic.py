@@ -36,14 +36,15 @@ class LogisticRegression(Model):
 
     def encode_labels(self, y: NDArray[np.generic]) -> NDArray[np.int64]:
         """Map {0,1} or {-1,+1} labels to {0,1}; anything else is a ValueError."""
+        labels: NDArray[np.int64] = np.asarray(y).astype(np.int64)
         y = np.asarray(y)
         if y.ndim != 1:
             raise ValueError(f"y: expected a 1-d label vector, got shape {y.shape}")
         values = set(np.unique(y).tolist())
         if values <= {0, 1}:
-            return y.astype(np.int64)
+            return labels
         if values <= {-1, 1}:
-            return (y > 0).astype(np.int64)
+            return (labels > 0).astype(np.int64)
         raise ValueError(
             f"y: binary labels must be {{0, 1}} or {{-1, +1}}, found {sorted(values)[:5]}"
         )

@@ -88,4 +88,5 @@ class MLP(Model):
         logits = np.tanh(X @ W1 + b1) @ W2 + b2
         logits -= logits.max(axis=1, keepdims=True)
         e = np.exp(logits)
-        return e / e.sum(axis=1, keepdims=True)
+        proba: NDArray[np.float64] = e / e.sum(axis=1, keepdims=True)
+        return proba

@@ -55,4 +55,5 @@ class SoftmaxRegression(Model):
         logits = X @ params[0] + params[1]
         logits -= logits.max(axis=1, keepdims=True)
         e = np.exp(logits)
-        return e / e.sum(axis=1, keepdims=True)
+        proba: NDArray[np.float64] = e / e.sum(axis=1, keepdims=True)
+        return proba
