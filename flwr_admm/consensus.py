@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -178,6 +178,59 @@ class ConsensusADMM:
         """Take the broadcast z (e.g. after a DP wrapper added noise) as the current z."""
         self.check_shapes(z, "parameters")
         self.z = [np.array(t, dtype=np.float64) for t in z]
+
+    # ------------------------------------------------------------- persistence
+    def state_dict(self) -> tuple[dict[str, NDArray[np.float64]], dict[str, Any]]:
+        """Arrays and JSON metadata that restore this state bit for bit."""
+        keys = sorted(self.records, key=natural_key)
+        arrays: dict[str, NDArray[np.float64]] = {}
+        for j in range(len(self.z)):
+            arrays[f"z.{j}"] = self.z[j]
+            arrays[f"sum_nsw.{j}"] = self._sum_nsw[j]
+            arrays[f"sum_ny.{j}"] = self._sum_ny[j]
+            for i, key in enumerate(keys):
+                arrays[f"w.{i}.{j}"] = self.records[key].w[j]
+                arrays[f"y.{i}.{j}"] = self.records[key].y[j]
+        meta = {
+            "rho": self.rho,
+            "schedule_state": self.schedule_state,
+            "clients": [
+                {
+                    "key": k,
+                    "num_examples": self.records[k].num_examples,
+                    "scale": self.records[k].scale,
+                }
+                for k in keys
+            ],
+            "sum_ns": self._sum_ns,
+            "sum_n": self._sum_n,
+            "shapes": [list(t.shape) for t in self.z],
+        }
+        return arrays, meta
+
+    def load_state_dict(self, arrays: dict[str, NDArray[np.float64]], meta: dict[str, Any]) -> None:
+        """Restore what `state_dict` wrote; the model shapes must match."""
+        shapes = [tuple(s) for s in meta["shapes"]]
+        if shapes != [t.shape for t in self.z]:
+            raise ValueError(
+                f"checkpoint: model shapes {shapes} differ from the current model's "
+                f"{[t.shape for t in self.z]}"
+            )
+        count = len(self.z)
+
+        def take(prefix: str) -> Arrays:
+            return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(count)]
+
+        self.z, self._sum_nsw, self._sum_ny = take("z"), take("sum_nsw"), take("sum_ny")
+        self.records = {
+            c["key"]: ClientRecord(
+                take(f"w.{i}"), take(f"y.{i}"), int(c["num_examples"]), float(c["scale"])
+            )
+            for i, c in enumerate(meta["clients"])
+        }
+        self.rho = _check_rho(float(meta["rho"]), "checkpoint rho")
+        self.schedule_state = meta["schedule_state"]
+        self._sum_ns, self._sum_n = float(meta["sum_ns"]), int(meta["sum_n"])
 
     # ------------------------------------------------------------------ update
     def step(self, replies: Sequence[Reply], server_round: int) -> RoundReport:

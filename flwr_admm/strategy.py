@@ -14,9 +14,13 @@ Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from collections import Counter
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
+from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
 from flwr_admm.consensus import CLIENT_RHO_MODES, ClientRho, ConsensusADMM, Reply, natural_key
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
@@ -63,6 +68,15 @@ class FedADMM(FedAvg):
     sampling_seed : int or None
         Seeded client sampling (clients ordered by key, then cid); None uses
         Flower's unseeded `ClientManager.sample`.
+    checkpoint_dir : path, optional
+        Write the server state (z, duals, cached w_i, weights, rho and schedule state,
+        round, config fingerprint) there after every `checkpoint_every` aggregations.
+        If it already holds a checkpoint and `resume` is true, start from it.
+    checkpoint_every : int
+        Aggregations between checkpoints.
+    resume : bool
+        Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
+        damaged checkpoint is an error, never a silent fresh start).
 
     """
 
@@ -77,6 +91,9 @@ class FedADMM(FedAvg):
         eps_rel: float = 1e-4,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = True,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
@@ -117,10 +134,32 @@ class FedADMM(FedAvg):
         self._dtypes: list[np.dtype[Any]] = []
         self._key_of_cid: dict[str, str] = {}
         self._sent_key: dict[str, str | None] = {}
+        self._round_offset = 0
+        self.last_round = 0
+        if (
+            isinstance(checkpoint_every, bool)
+            or int(checkpoint_every) != checkpoint_every
+            or (checkpoint_every < 1)
+        ):
+            raise ValueError(f"checkpoint_every: must be an integer >= 1, got {checkpoint_every!r}")
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_every = int(checkpoint_every)
+        if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
+            self.load_checkpoint(self.checkpoint_dir)
 
     def __repr__(self) -> str:
         schedule = type(self.rho_schedule).__name__
         return f"FedADMM(rho={self.rho}, rho_schedule={schedule}, regularizer={self.regularizer!r})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The restored z after a resume, else Flower's `initial_parameters`."""
+        initial = super().initialize_parameters(client_manager)
+        if self.admm is None:
+            return initial
+        if initial is not None:
+            shapes = [np.shape(a) for a in parameters_to_ndarrays(initial)]
+            self.admm.check_shapes([np.empty(shape) for shape in shapes], "initial_parameters")
+        return self._to_parameters(self.admm.z)
 
     # ------------------------------------------------------------------- fit
     def configure_fit(
@@ -128,6 +167,7 @@ class FedADMM(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Send each sampled client its center v_i = z - u_i and its rho_i."""
         admm = self._adopt(parameters)
+        server_round += self._round_offset
         if self.stop_on_convergence and self.converged:
             log(INFO, "FedADMM: converged (r <= eps_pri, s <= eps_dual); no clients sampled")
             return []
@@ -159,6 +199,7 @@ class FedADMM(FedAvg):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate replies, then z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z."""
+        server_round += self._round_offset
         admm = self.admm
         counts: dict[str, Scalar] = {
             "num_failures": len(failures),
@@ -193,7 +234,69 @@ class FedADMM(FedAvg):
             )
             metrics = {**user, **metrics}
         self.history.append({"round": server_round, **metrics})
+        self.last_round = server_round
+        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir)
         return self._to_parameters(admm.z), metrics
+
+    # ------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> str:
+        """SHA-256 of the configuration a checkpoint must agree with."""
+        config = {
+            "rho": self.rho,
+            "rho_schedule": self.rho_schedule.describe(),
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "client_rho": self.client_rho,
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+        }
+        return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write the full server state to directory `path` (atomic, no pickle)."""
+        if self.admm is None:
+            raise CheckpointError("checkpoint: nothing to save before the first round")
+        arrays, meta = self.admm.state_dict()
+        manifest = {
+            "fingerprint": self.fingerprint(),
+            "admm": meta,
+            "dtypes": [str(d) for d in self._dtypes],
+            "key_of_cid": self._key_of_cid,
+            "sent_key": self._sent_key,
+            "converged": self.converged,
+        }
+        return save_checkpoint(path, arrays, manifest, self.last_round)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
+        """Restore the server state from directory `path`; return its round."""
+        arrays, manifest = load_checkpoint(path)
+        if manifest.get("fingerprint") != self.fingerprint():
+            raise CheckpointError(
+                f"checkpoint: {path} was written with another configuration (rho, "
+                "rho_schedule, regularizer, client_rho, eps_abs, eps_rel); refusing to resume"
+            )
+        try:
+            meta = manifest["admm"]
+            z0 = [np.zeros(tuple(shape)) for shape in meta["shapes"]]
+            admm = ConsensusADMM(
+                z0,
+                self.rho,
+                self.rho_schedule,
+                self.regularizer,
+                self.client_rho,
+                self.eps_abs,
+                self.eps_rel,
+            )
+            admm.load_state_dict(arrays, meta)
+            dtypes = [np.dtype(d) for d in manifest["dtypes"]]
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint: {path} is incomplete ({error!r})") from error
+        self.admm, self._dtypes = admm, dtypes
+        self._key_of_cid = dict(manifest.get("key_of_cid", {}))
+        self._sent_key = dict(manifest.get("sent_key", {}))
+        self.converged = bool(manifest.get("converged", False))
+        self.last_round = self._round_offset = int(manifest["round"])
+        return self.last_round
 
     # ----------------------------------------------------------------- helpers
     def _adopt(self, parameters: Parameters) -> ConsensusADMM:
