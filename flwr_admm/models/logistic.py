@@ -58,12 +58,16 @@ class LogisticRegression(Model):
     def loss_and_grad(
         self, params: Params, X: NDArray[np.float64], y: NDArray[np.int64]
     ) -> tuple[float, Params]:
-        """Mean log-loss plus ridge, and its gradient ``X^T (sigma(a) - t) / n + l2 coef``."""
+        """Mean log-loss plus ridge, and its gradient ``X^T (sigma(a) - t) / n + l2 coef``.
+
+        t_j = 1 for label 1 and 0 otherwise, so {0, 1} and {-1, +1} labels both work.
+        """
         a = self._margin(params, X)
-        signed = np.where(y == 1, a, -a)
+        positive = y == 1
         # log(1 + exp(-m)) without overflow for large |m|
-        loss = float(np.mean(np.logaddexp(0.0, -signed))) + l2_penalty(self.l2, params[0])
-        residual = (expit(a) - y) / X.shape[0]
+        loss = float(np.mean(np.logaddexp(0.0, np.where(positive, -a, a))))
+        loss += l2_penalty(self.l2, params[0])
+        residual = (expit(a) - positive) / X.shape[0]
         grads = [X.T @ residual + self.l2 * params[0]]
         if self.fit_intercept:
             grads.append(np.array([residual.sum()]))
