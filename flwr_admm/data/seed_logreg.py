@@ -8,26 +8,12 @@ so the draws come from ``numpy.random.default_rng(seed)`` in the seed's order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-from numpy.typing import NDArray
 from scipy.special import expit
 
+from flwr_admm.data.base import FederatedData
 
-@dataclass(frozen=True)
-class FederatedData:
-    """Per-client training data (and optional per-client test data)."""
-
-    X: list[NDArray[np.float64]]
-    y: list[NDArray[np.int64]]
-    X_test: list[NDArray[np.float64]] | None = None
-    y_test: list[NDArray[np.int64]] | None = None
-
-    @property
-    def num_clients(self) -> int:
-        """Number of clients."""
-        return len(self.X)
+__all__ = ["FederatedData", "seed_logreg"]
 
 
 def seed_logreg(
