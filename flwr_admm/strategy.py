@@ -111,12 +111,7 @@ class FedADMM(FedAvg):
             raise ValueError(
                 f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {client_rho!r}"
             )
-        for name, fraction in (
-            ("fraction_fit", self.fraction_fit),
-            ("fraction_evaluate", self.fraction_evaluate),
-        ):
-            if not 0.0 <= fraction <= 1.0:
-                raise ValueError(f"{name}: must lie in [0, 1], got {fraction!r}")
+        self._check_flower_fields(sampling_seed)
         self.rho = float(rho)
         self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
         self.regularizer = regularizer
@@ -146,6 +141,34 @@ class FedADMM(FedAvg):
         self.checkpoint_every = int(checkpoint_every)
         if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
             self.load_checkpoint(self.checkpoint_dir)
+
+    def _check_flower_fields(self, sampling_seed: int | None) -> None:
+        """Validate the FedAvg keywords Flower itself leaves unchecked."""
+        for name in ("fraction_fit", "fraction_evaluate"):
+            fraction = getattr(self, name)
+            if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
+                raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
+        for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+        if self.min_available_clients < max(self.min_fit_clients, 1):
+            raise ValueError(
+                f"min_available_clients: must be >= min_fit_clients ({self.min_fit_clients})"
+                f" and >= 1, got {self.min_available_clients}"
+            )
+        if not isinstance(self.accept_failures, bool):
+            raise ValueError(
+                f"accept_failures: must be True or False, got {self.accept_failures!r}"
+            )
+        if sampling_seed is not None and (
+            isinstance(sampling_seed, bool)
+            or not isinstance(sampling_seed, int)
+            or sampling_seed < 0
+        ):
+            raise ValueError(
+                f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}"
+            )
 
     def __repr__(self) -> str:
         schedule = type(self.rho_schedule).__name__
