@@ -197,8 +197,7 @@ class FedADMM(FedAvg):
         config: dict[str, Scalar] = {}
         if self.on_fit_config_fn is not None:
             config = dict(self.on_fit_config_fn(server_round))
-        sample_size, min_num = self.num_fit_clients(client_manager.num_available())
-        clients = self._sample(client_manager, sample_size, min_num, server_round)
+        clients = self._sample(client_manager, server_round)
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
@@ -344,12 +343,17 @@ class FedADMM(FedAvg):
             [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
         )
 
-    def _sample(
-        self, client_manager: ClientManager, size: int, min_num: int, server_round: int
-    ) -> list[ClientProxy]:
+    def _sample(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
+        """Wait for `min_available_clients`, THEN size the sample from who is there.
+
+        (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
+        still registering at round 1 in the simulation engine.)
+        """
+        _, min_num = self.num_fit_clients(client_manager.num_available())
+        client_manager.wait_for(min_num, timeout=86400)
+        size, _ = self.num_fit_clients(client_manager.num_available())
         if self.sampling_seed is None:
             return client_manager.sample(num_clients=size, min_num_clients=min_num)
-        client_manager.wait_for(min_num, timeout=86400)
         available = client_manager.all()
         if size > len(available):
             log(INFO, "FedADMM: sampling %s clients but only %s available", size, len(available))
