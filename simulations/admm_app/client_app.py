@@ -1,0 +1,56 @@
+"""ClientApp: an `ADMMClient` on partition ``partition-id`` of the configured task."""
+
+from __future__ import annotations
+
+from flwr.client import Client, ClientApp
+from flwr.common import Context, Scalar
+
+from flwr_admm import ADMMClient
+
+from .evaluation import get_task
+from .run_config import parse_run_config
+
+
+class AppClient(ADMMClient):
+    """ADMMClient that also tells the server its partition-id (for seeded sampling)."""
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """``{"partition-id": i}``."""
+        return {} if self.partition_id is None else {"partition-id": int(self.partition_id)}
+
+
+def client_fn(context: Context) -> Client:
+    """Build the client of this node's partition from the run config."""
+    settings = parse_run_config(context.run_config)
+    task = get_task(settings.task, settings.seed, settings.task_options())
+    settings = parse_run_config(context.run_config, task.defaults)
+    num_clients = task.data.num_clients
+    partition_id = int(context.node_config["partition-id"])
+    num_partitions = int(context.node_config.get("num-partitions", num_clients))
+    if num_partitions != num_clients or not 0 <= partition_id < num_clients:
+        raise ValueError(
+            f"partition-id {partition_id} of num-partitions {num_partitions}: task "
+            f"{settings.task!r} has {num_clients} clients; run with "
+            f"num-supernodes={num_clients} (simulation) or node-config "
+            f"'partition-id=0..{num_clients - 1} num-partitions={num_clients}' (deployment)"
+        )
+    data = task.data
+    has_test = data.X_test is not None and data.y_test is not None
+    return AppClient(
+        task.make_model(),
+        data.X[partition_id],
+        data.y[partition_id],
+        local_steps=settings.local_steps,
+        local_epochs=settings.local_epochs,
+        learning_rate=settings.learning_rate,
+        batch_size=settings.batch_size,
+        local_init=settings.local_init,  # type: ignore[arg-type]
+        prox_step=settings.prox_step,  # type: ignore[arg-type]
+        context=context,
+        X_val=data.X_test[partition_id] if has_test else None,  # type: ignore[index]
+        y_val=data.y_test[partition_id] if has_test else None,  # type: ignore[index]
+        seed=settings.seed,
+    ).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

@@ -1,0 +1,209 @@
+"""ServerApp (legacy ``server_fn`` API): the chosen strategy, wrapped in a recorder.
+
+Every strategy gets the same clients, the same fit config (learning rate, local
+steps/epochs, batch size), the same initial model and the same centralized evaluation;
+they differ only in what the server sends and how it aggregates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+import traceback
+from collections.abc import Mapping
+from logging import WARNING
+from pathlib import Path
+from typing import Any
+
+import flwr
+import numpy as np
+from flwr.common import Context, GetPropertiesIns, Metrics, Scalar, ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.criterion import Criterion
+from flwr.server.strategy import FedAvg, FedProx, Strategy
+
+from flwr_admm import FedADMM, Geometric, make_schedule
+from flwr_admm.data import Task
+from flwr_admm.fednova import FedNova
+
+from .evaluation import Evaluator, get_task
+from .recorder import RecordingStrategy, RunRecorder, result_paths
+from .run_config import DEFAULTS, RunSettings, fit_config, parse_run_config
+
+
+class PartitionClientManager(SimpleClientManager):
+    """Waits at most `wait_seconds` for clients; samples reproducibly by partition-id.
+
+    Node ids are random per run, so sampling among them is not reproducible. When a
+    strict subset is to be sampled, each node is asked once for its ``partition-id``
+    (``get_properties``); nodes are ordered by it and drawn with
+    ``default_rng([seed, draw])``. Full participation needs no query.
+    """
+
+    def __init__(self, wait_seconds: float, seed: int) -> None:
+        super().__init__()
+        self.wait_seconds = wait_seconds
+        self.seed = seed
+        self._draws = 0
+        self._partition_of: dict[str, int] = {}
+
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        """Wait for `num_clients` clients, at most `wait_seconds`."""
+        return super().wait_for(num_clients, math.ceil(min(timeout, self.wait_seconds)))
+
+    def sample(
+        self,
+        num_clients: int,
+        min_num_clients: int | None = None,
+        criterion: Criterion | None = None,
+    ) -> list[ClientProxy]:
+        """`num_clients` clients: all of them in cid order, or a seeded subset."""
+        self.wait_for(num_clients if min_num_clients is None else min_num_clients)
+        available = sorted(
+            cid
+            for cid, proxy in self.clients.items()
+            if criterion is None or criterion.select(proxy)
+        )
+        if num_clients > len(available):
+            log(WARNING, "sampling %s clients but only %s available", num_clients, len(available))
+            return []
+        self._draws += 1
+        if num_clients == len(available):
+            return [self.clients[cid] for cid in available]
+        order = sorted(available, key=lambda cid: (self._partition(cid), cid))
+        rng = np.random.default_rng([self.seed, self._draws])
+        picked = np.sort(rng.choice(len(order), size=num_clients, replace=False))
+        return [self.clients[order[i]] for i in picked]
+
+    def _partition(self, cid: str) -> int:
+        if cid not in self._partition_of:
+            res = self.clients[cid].get_properties(
+                GetPropertiesIns(config={}), timeout=None, group_id=None
+            )
+            value = res.properties.get("partition-id")
+            self._partition_of[cid] = int(value) if isinstance(value, int) else 1 << 30
+        return self._partition_of[cid]
+
+
+def fit_metrics(results: list[tuple[int, Metrics]]) -> Metrics:
+    """Weighted mean of the clients' local loss f_i(w_i) and mean local steps."""
+    total = sum(n for n, _ in results)
+    out: dict[str, Scalar] = {}
+    losses = [(n, m["loss"]) for n, m in results if isinstance(m.get("loss"), int | float)]
+    if losses and total > 0:
+        out["train_loss"] = float(sum(n * float(v) for n, v in losses) / total)
+    steps = [
+        float(m["local_steps"]) for _, m in results if isinstance(m.get("local_steps"), int | float)
+    ]
+    if steps:
+        out["mean_local_steps"] = sum(steps) / len(steps)
+    return out
+
+
+def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> Strategy:
+    """The configured strategy with the shared sampling, fit config and evaluation."""
+    num_clients = task.data.num_clients
+    model = task.make_model()
+    base_config = fit_config(settings)
+    common: dict[str, Any] = {
+        "fraction_fit": settings.fraction_fit,
+        "fraction_evaluate": 0.0,
+        "min_fit_clients": min(settings.min_fit_clients, num_clients),
+        "min_evaluate_clients": 1,
+        "min_available_clients": num_clients,
+        "evaluate_fn": evaluator,
+        "on_fit_config_fn": lambda server_round: {**base_config, "server_round": server_round},
+        "initial_parameters": ndarrays_to_parameters(model.init_params(settings.seed)),
+        "fit_metrics_aggregation_fn": fit_metrics,
+        "accept_failures": True,
+    }
+    if settings.strategy == "fedadmm":
+        schedule = (
+            Geometric(factor=settings.rho_factor)
+            if settings.rho_schedule == "geometric"
+            else make_schedule(settings.rho_schedule)
+        )
+        # sampling_seed=None: the client manager samples, the same way for every strategy
+        return FedADMM(rho=settings.rho, rho_schedule=schedule, sampling_seed=None, **common)
+    if settings.strategy == "fedprox":
+        return FedProx(proximal_mu=settings.proximal_mu, **common)
+    if settings.strategy == "fednova":
+        return FedNova(**common)
+    return FedAvg(**common)
+
+
+def _header(
+    settings: RunSettings, task: Task, evaluator: Evaluator, run_config: Mapping[str, Any]
+) -> dict[str, Any]:
+    optimum = evaluator.optimum
+    return {
+        "task": settings.task,
+        "strategy": settings.strategy,
+        "stem": settings.stem,
+        "settings": settings.to_dict(),
+        "run_config": dict(run_config),
+        "num_clients": task.data.num_clients,
+        "evaluation_data": "test split"
+        if task.data.X_test is not None
+        else "training data (the task has no test split)",
+        "convex": task.convex,
+        "optimum": None
+        if optimum is None
+        else {"objective": optimum.objective, "grad_norm": optimum.grad_norm},
+        "flwr_version": flwr.__version__,
+        "python": platform.python_version(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _mark_setup_failure(run_config: Mapping[str, Any], error: BaseException) -> None:
+    """Best effort: write the error marker where the results would have gone."""
+    config = {**DEFAULTS, **run_config}
+    stem = str(config["strategy"]) + (f"-{config['run-tag']}" if config["run-tag"] else "")
+    try:
+        task_dir = Path(str(config["output-dir"])).expanduser().resolve() / str(config["task"])
+        task_dir.mkdir(parents=True, exist_ok=True)
+        path = result_paths(task_dir, stem)["error"]
+        path.write_text(
+            json.dumps(
+                {
+                    "message": f"setup failed: {error!r}",
+                    "traceback": traceback.format_exc(),
+                    "stem": stem,
+                }
+            )
+        )
+    except Exception:  # the original error is what matters
+        pass
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Validate the run config, load the task, find F*, wrap the strategy."""
+    try:
+        settings = parse_run_config(context.run_config)
+        task = get_task(settings.task, settings.seed, settings.task_options())
+        settings = parse_run_config(context.run_config, task.defaults)
+        evaluator = Evaluator.build(task, cache_dir=settings.task_dir)
+        recorder = RunRecorder(
+            settings.task_dir,
+            settings.stem,
+            _header(settings, task, evaluator, context.run_config),
+            settings.num_server_rounds,
+        )
+        strategy = RecordingStrategy(build_strategy(settings, task, evaluator), recorder)
+    except Exception as error:
+        _mark_setup_failure(context.run_config, error)
+        raise
+    return ServerAppComponents(
+        strategy=strategy,
+        config=ServerConfig(num_rounds=settings.num_server_rounds),
+        client_manager=PartitionClientManager(settings.client_wait_seconds, settings.seed),
+    )
+
+
+app = ServerApp(server_fn=server_fn)
