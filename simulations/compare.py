@@ -25,19 +25,10 @@ from .admm_app.run_config import STRATEGIES, parse_run_config
 from .launcher import APP_DIR, LocalFlower, RunOutcome
 from .report import RunResult, check_result, plot_all, summary_markdown
 
-# Settings per preset; anything not listed keeps the app's defaults (pyproject.toml).
+# Settings per preset; anything not listed keeps the app's defaults (pyproject.toml),
+# which take the task's recommended learning rate and local work (Task.defaults).
 PRESETS: dict[str, dict[str, Any]] = {
-    # A meaningful comparison on seed-logreg: enough local work for client drift to
-    # matter (20 full-batch steps, lr 1.0), rho = mu = 0.1.
-    "default": {
-        "rho": 0.1,
-        "proximal-mu": 0.1,
-        "local-steps": 20,
-        "learning-rate": 1.0,
-        "batch-size": 0,
-        "prox-step": "exact",
-        "local-init": "previous",
-    },
+    "default": {"rho": 0.1, "proximal-mu": 0.1, "prox-step": "exact", "local-init": "previous"},
     # Seed 000's own settings (its explicit gradient step on the penalized loss).
     "seed": {
         "rho": 0.1,
@@ -48,9 +39,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "prox-step": "gradient",
         "local-init": "previous",
     },
-    # The task's recommended local settings (Task.defaults), rho = mu = 0.1.
-    "task": {"rho": 0.1, "proximal-mu": 0.1},
 }
+# The default preset pins seed-logreg's comparison: enough local work for client drift
+# to matter (20 full-batch steps at lr 1.0), whatever the task's defaults become.
+TASK_DEFAULT_PRESETS: dict[str, dict[str, Any]] = {
+    "seed-logreg": {"local-steps": 20, "learning-rate": 1.0, "batch-size": 0},
+}
+
+
+def preset_config(preset: str, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Preset values, then the user's overrides (local-steps and local-epochs replace
+    each other, so overriding one drops the preset's other)."""
+    config = dict(PRESETS[preset])
+    if preset == "default":
+        config.update(TASK_DEFAULT_PRESETS.get(task, {}))
+    for key, other in (("local-steps", "local-epochs"), ("local-epochs", "local-steps")):
+        if key in overrides and other not in overrides:
+            config.pop(other, None)
+    return {**config, **overrides}
 
 
 def parse_overrides(text: str) -> dict[str, Any]:
@@ -122,16 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     tag = args.tag if args.tag is not None else ("" if args.preset == "default" else args.preset)
     output_dir = Path(args.output_dir).expanduser().resolve()
-    base = {
-        **PRESETS[args.preset],
-        **parse_overrides(args.run_config),
-        "task": args.task,
-        "num-server-rounds": args.rounds,
-        "output-dir": str(output_dir),
-        "run-tag": tag,
-    }
-    configs = {s: {**base, "strategy": s} for s in strategies}
     try:  # validate everything before starting any process
+        overrides = parse_overrides(args.run_config)
+        base = {
+            **preset_config(args.preset, args.task, overrides),
+            "task": args.task,
+            "num-server-rounds": args.rounds,
+            "output-dir": str(output_dir),
+            "run-tag": tag,
+        }
+        configs = {s: {**base, "strategy": s} for s in strategies}
         settings = {s: parse_run_config(c) for s, c in configs.items()}
     except ValueError as error:
         raise SystemExit(str(error)) from None

@@ -378,10 +378,28 @@ def test_parse_overrides_reads_toml_values():
 
 
 def test_presets_are_valid_run_configs():
-    for preset in compare.PRESETS.values():
-        parse_run_config(preset)
-    seed = parse_run_config(compare.PRESETS["seed"])
-    assert (seed.rho, seed.local_steps, seed.learning_rate) == (0.1, 5, 0.02)
+    for preset in compare.PRESETS:
+        for task in ("seed-logreg", "credit"):
+            parse_run_config(compare.preset_config(preset, task, {}))
+    seed = parse_run_config(compare.preset_config("seed", "seed-logreg", {}))
+    assert (seed.rho, seed.local_steps, seed.learning_rate, seed.prox_step) == (
+        0.1,
+        5,
+        0.02,
+        "gradient",
+    )
+    default = parse_run_config(compare.preset_config("default", "seed-logreg", {}))
+    assert (default.rho, default.proximal_mu, default.local_steps, default.learning_rate) == (
+        0.1,
+        0.1,
+        20,
+        1.0,
+    )
+    # overriding local-epochs drops the preset's local-steps instead of clashing
+    config = compare.preset_config("seed", "seed-logreg", {"local-epochs": 2})
+    assert "local-steps" not in config and config["local-epochs"] == 2
+    # other tasks keep their own recommended local work under the default preset
+    assert "local-steps" not in compare.preset_config("default", "credit", {})
 
 
 # ------------------------------------------------------------------ diagnose
