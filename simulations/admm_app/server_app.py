@@ -70,8 +70,12 @@ class PartitionClientManager(SimpleClientManager):
             if criterion is None or criterion.select(proxy)
         )
         if num_clients > len(available):
+            # A node dropped between the strategy sizing the round and this wait: go on
+            # with those present rather than ending the run.
             log(WARNING, "sampling %s clients but only %s available", num_clients, len(available))
-            return []
+            num_clients = len(available)
+            if num_clients == 0:
+                return []
         self._draws += 1
         if num_clients == len(available):
             return [self.clients[cid] for cid in available]
