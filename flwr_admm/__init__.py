@@ -2,12 +2,16 @@
 
 `FedADMM` (strategy, server-held duals) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
+Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
+(`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
 """
 
 from flwr_admm.client import ADMMClient, evaluate_model
+from flwr_admm.compression import Compressor, StochasticQuantizer, TopK
 from flwr_admm.consensus import ConsensusADMM, Reply, RoundReport
 from flwr_admm.fednova import FedNova
 from flwr_admm.local_solver import LocalPlan, LocalResult, penalized_local_solve
+from flwr_admm.privacy import LocalDP, PrivacyLedger
 from flwr_admm.regularizers import L1, L2, Regularizer
 from flwr_admm.schedules import (
     Constant,
@@ -19,18 +23,22 @@ from flwr_admm.schedules import (
     make_schedule,
 )
 from flwr_admm.strategy import FedADMM
+from flwr_admm.wrappers import UplinkWrapper
 
 __all__ = [
     "L1",
     "L2",
     "ADMMClient",
+    "Compressor",
     "ConsensusADMM",
     "Constant",
     "FedADMM",
     "FedNova",
     "Geometric",
+    "LocalDP",
     "LocalPlan",
     "LocalResult",
+    "PrivacyLedger",
     "Regularizer",
     "Reply",
     "ResidualBalancing",
@@ -38,6 +46,9 @@ __all__ = [
     "RoundReport",
     "RoundResiduals",
     "StallIncrease",
+    "StochasticQuantizer",
+    "TopK",
+    "UplinkWrapper",
     "evaluate_model",
     "make_schedule",
     "penalized_local_solve",

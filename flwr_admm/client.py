@@ -8,7 +8,9 @@ The client reads the server's fit config:
 - neither: FedAvg. Plain local gradient steps from the received parameters.
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
-override the constructor values.
+override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
+compression and local differential privacy (`flwr_admm.uplink`); use ``to_client()``
+so that compressed replies go out as packed bytes.
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ import math
 from typing import Literal
 
 import numpy as np
-from flwr.client import NumPyClient
-from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+from flwr.client import Client, NumPyClient
+from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
 from sklearn.metrics import roc_auc_score
 
 from flwr_admm.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
+from flwr_admm.uplink import ClientUplink, UplinkClient
 
 LocalInit = Literal["previous", "center"]
 LOCAL_INITS = ("previous", "center")
 STATE_W = "flwr_admm.w"
 STATE_META = "flwr_admm.meta"
+STATE_RESIDUAL = "flwr_admm.uplink_residual"
 
 
 class ADMMClient(NumPyClient):
@@ -113,7 +117,13 @@ class ADMMClient(NumPyClient):
         self.partition_id = node_config.get("partition-id")
         self.client_key = client_key
         self._w: Params | None = None  # used only without a context
+        self._residual: Params | None = None  # used only without a context
         self._fits = 0
+        self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
+
+    def to_client(self) -> Client:
+        """Flower's NumPyClient wrapper, but sending packed payloads when compressing."""
+        return UplinkClient(self, super().to_client())
 
     # -------------------------------------------------------------- NumPyClient
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
@@ -123,10 +133,15 @@ class ADMMClient(NumPyClient):
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """Run the local loop for the algorithm the config implies."""
+        """Run the local loop for the algorithm the config implies.
+
+        Returns what the server will rebuild from the reply (after local DP and
+        compression, if the config asks for them).
+        """
         received = [np.asarray(p, dtype=np.float64) for p in parameters]
         self.model.check_params(received, field="parameters")
         plan = self._plan(config)
+        uplink = ClientUplink.from_config(config)
         server_round = int(config.get("server_round", self._fit_count() + 1))
         if "rho" in config:
             rho = _nonnegative(config["rho"], "rho")
@@ -135,12 +150,23 @@ class ADMMClient(NumPyClient):
         else:
             rho = _nonnegative(config.get("proximal_mu", 0.0), "proximal_mu")
             start = received
-        rng = np.random.default_rng([self.seed, int(self.partition_id or 0), server_round])
+        stream = [self.seed, int(self.partition_id or 0), server_round]
+        residual = self._residual_kept(received) if uplink.keeps_residual else None
+        center = uplink.center(received, residual)
+        rng = np.random.default_rng(stream)
         result = penalized_local_solve(
-            self.model, start, self.X, self.y, plan, center=received, rho=rho, rng=rng
+            self.model, start, self.X, self.y, plan, center=center, rho=rho, rng=rng
+        )
+        reply = uplink.reply(
+            received,
+            result.params,
+            residual,
+            np.random.default_rng([*stream, 2]),
+            np.random.default_rng([*stream, 1]),
         )
         keep = "rho" in config and self.local_init == "previous"
-        self._remember(result.params if keep else None, server_round)
+        self._remember(result.params if keep else None, server_round, reply.residual)
+        self.uplink_payload = reply.parameters
         metrics: dict[str, Scalar] = {
             "loss": float(result.loss),
             "local_steps": int(result.steps),
@@ -150,7 +176,7 @@ class ADMMClient(NumPyClient):
             metrics["partition-id"] = int(self.partition_id)
         if self.client_key is not None:
             metrics["client-key"] = str(self.client_key)
-        return list(result.params), int(self.X.shape[0]), metrics
+        return list(reply.arrays), int(self.X.shape[0]), metrics
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
@@ -201,15 +227,34 @@ class ADMMClient(NumPyClient):
             return None
         return previous
 
-    def _remember(self, params: Params | None, server_round: int) -> None:
+    def _residual_kept(self, received: Params) -> Params | None:
+        """The uplink residual kept from the last compressed reply, if shapes still match."""
+        if self.context is None:
+            kept = self._residual
+        else:
+            record = self.context.state.array_records.get(STATE_RESIDUAL)
+            kept = None if record is None else list(record.to_numpy_ndarrays())
+        if kept is None or [np.shape(r) for r in kept] != [r.shape for r in received]:
+            return None
+        return [np.asarray(r, dtype=np.float64) for r in kept]
+
+    def _remember(
+        self, params: Params | None, server_round: int, residual: Params | None = None
+    ) -> None:
         """Write state last, tagged with its round (a failed fit leaves it as it was)."""
         self._fits = self._fit_count() + 1
         if self.context is None:
             if params is not None:
                 self._w = [p.copy() for p in params]
+            self._residual = residual
             return
         if params is not None:
             self.context.state.array_records[STATE_W] = ArrayRecord([p.copy() for p in params])
+        records = self.context.state.array_records
+        if residual is not None:
+            records[STATE_RESIDUAL] = ArrayRecord([np.asarray(r) for r in residual])
+        elif STATE_RESIDUAL in records:
+            del records[STATE_RESIDUAL]
         self.context.state.config_records[STATE_META] = ConfigRecord(
             {"round": int(server_round), "fits": int(self._fits)}
         )

@@ -19,6 +19,7 @@ import json
 import math
 import os
 from collections import Counter
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,12 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
+from flwr_admm.compression import Compressor
 from flwr_admm.consensus import CLIENT_RHO_MODES, ClientRho, ConsensusADMM, Reply, natural_key
+from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.uplink import Residual, UplinkChannel
 from flwr_admm.validation import reply_problem
 
 
@@ -77,6 +81,15 @@ class FedADMM(FedAvg):
     resume : bool
         Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
         damaged checkpoint is an error, never a silent fresh start).
+    uplink : Compressor, optional
+        Compress client updates w_i - v_i (`StochasticQuantizer`, `TopK`); replies are
+        decoded against the center each client was sent before validation.
+    uplink_residual : {"update", "dual"}
+        Where a client's compression residual goes (with ``error_feedback``): into its
+        next update (error feedback, default) or into its share of the dual.
+    local_dp : LocalDP, optional
+        Clients clip w_i - v_i to norm C and add N(0, (sigma C)^2); ``dp_epsilon`` is
+        reported every round (`flwr_admm.privacy`).
 
     """
 
@@ -94,9 +107,13 @@ class FedADMM(FedAvg):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
+        uplink: Compressor | None = None,
+        uplink_residual: Residual = "update",
+        local_dp: LocalDP | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
+        self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
             raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
         if isinstance(rho_schedule, str):
@@ -198,6 +215,7 @@ class FedADMM(FedAvg):
         if self.on_fit_config_fn is not None:
             config = dict(self.on_fit_config_fn(server_round))
         clients = self._sample(client_manager, server_round)
+        self.channel.sampled(len(clients), client_manager.num_available())
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
@@ -207,6 +225,7 @@ class FedADMM(FedAvg):
             self._sent_key[client.cid] = key if key in admm.records else None
             fit_config = {
                 **config,
+                **self.channel.config(),
                 "rho": rho_i,
                 "proximal_mu": rho_i,
                 "server_round": server_round,
@@ -233,7 +252,12 @@ class FedADMM(FedAvg):
         replies = self._accepted_replies(results, admm, counts)
         if not replies:
             log(WARNING, "FedADMM round %s: no usable reply; z, duals, rho unchanged", server_round)
-            return None, {**counts, "rho": admm.rho, "num_clients_cached": len(admm.records)}
+            return None, {
+                **counts,
+                **self.channel.round_metrics(aggregated=False),
+                "rho": admm.rho,
+                "num_clients_cached": len(admm.records),
+            }
         report = admm.step(replies, server_round)
         self.converged = report.converged
         metrics: dict[str, Scalar] = {
@@ -247,6 +271,7 @@ class FedADMM(FedAvg):
             "num_replies": report.num_replies,
             "num_clients_cached": report.num_clients_cached,
             **counts,
+            **self.channel.round_metrics(aggregated=True),
         }
         if report.objective is not None:
             metrics["objective"] = report.objective
@@ -286,6 +311,7 @@ class FedADMM(FedAvg):
             "key_of_cid": self._key_of_cid,
             "sent_key": self._sent_key,
             "converged": self.converged,
+            "privacy": self.channel.ledger.state_dict() if self.channel.ledger else {},
         }
         return save_checkpoint(path, arrays, manifest, self.last_round)
 
@@ -317,6 +343,8 @@ class FedADMM(FedAvg):
         self._key_of_cid = dict(manifest.get("key_of_cid", {}))
         self._sent_key = dict(manifest.get("sent_key", {}))
         self.converged = bool(manifest.get("converged", False))
+        if self.channel.ledger is not None:
+            self.channel.ledger.load_state_dict(manifest.get("privacy", {}))
         self.last_round = self._round_offset = int(manifest["round"])
         return self.last_round
 
@@ -337,6 +365,19 @@ class FedADMM(FedAvg):
         else:
             self.admm.adopt_consensus(z)
         return self.admm
+
+    def _sent(self, cid: str) -> NDArrays:
+        """The center client `cid` was sent this round, as it received it.
+
+        (z, the duals and the dtypes do not change between configure_fit and
+        aggregate_fit, so the center can be recomputed instead of stored.)
+        """
+        assert self.admm is not None
+        center = self.admm.center(self._sent_key.get(cid))
+        return [
+            np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
+            for c, d in zip(center, self._dtypes, strict=True)
+        ]
 
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
         return ndarrays_to_parameters(
@@ -386,7 +427,7 @@ class FedADMM(FedAvg):
         for proxy, res in results:
             try:
                 key = self._client_key(proxy, res.metrics)
-                arrays = parameters_to_ndarrays(res.parameters)
+                arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
                 problem = reply_problem(arrays, res.num_examples, shapes)
             except Exception as error:  # a malformed reply must not stop the server
                 key, problem = f"cid:{proxy.cid}", f"unreadable reply ({error!r})"
