@@ -22,7 +22,6 @@ import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
-from sklearn.metrics import roc_auc_score
 
 from flwr_admm.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
@@ -278,5 +277,23 @@ def evaluate_model(
     proba = model.predict_proba(params, X)
     metrics: dict[str, Scalar] = {"accuracy": float(np.mean(proba.argmax(axis=1) == y))}
     if proba.shape[1] == 2 and np.unique(y).size == 2:
-        metrics["auc"] = float(roc_auc_score(y, proba[:, 1]))
+        metrics["auc"] = binary_auc(y, proba[:, 1])
     return float(loss), int(X.shape[0]), metrics
+
+
+def binary_auc(y: NDArray[np.int64], score: NDArray[np.float64]) -> float:
+    """ROC AUC by the Mann-Whitney statistic, ties counted one half.
+
+    AUC = (sum of the positives' mid-ranks - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
+    numpy only: importing scikit-learn costs every fresh ClientApp process ~1.3 s.
+    """
+    positive = np.asarray(y) == 1
+    n_pos = int(positive.sum())
+    n_neg = positive.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("y: AUC needs both classes")
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    mid_ranks = ends - (counts - 1) / 2.0  # 1-based average rank of each distinct value
+    rank_sum = float(mid_ranks[inverse][positive].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
