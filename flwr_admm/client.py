@@ -296,4 +296,4 @@ def binary_auc(y: NDArray[np.int64], score: NDArray[np.float64]) -> float:
     ends = np.cumsum(counts)
     mid_ranks = ends - (counts - 1) / 2.0  # 1-based average rank of each distinct value
     rank_sum = float(mid_ranks[inverse][positive].sum())
-    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
