@@ -1,0 +1,418 @@
+"""Server cost of one round: ``aggregate_fit`` time and peak memory, FedADMM vs FedAvg.
+
+Both strategies aggregate the IDENTICAL replies (the FitRes list is built once per
+configuration; FedAvg's in-place aggregation mutates only the arrays it deserializes,
+never the FitRes). The server knows N clients and samples 10 a round; FedADMM is
+first run over all N clients (rounds of 10) so it holds w_i and y_i for every one of
+them, as in a long run. Then the same 10 clients reply each timed round.
+
+- time: median of interleaved repeats (FedAvg, FedADMM, FedADMM, FedAvg, ...), as
+  CPU time of the process (the ratio reported; the work is single-threaded, one
+  BLAS thread) and as wall time; glibc's allocator is put in one state first
+  (`benchmarks.common.settle_allocator`);
+- memory: tracemalloc peak above the pre-call level during one call (numpy reports
+  its buffers to tracemalloc), in model copies (P * 8 bytes), next to FedADMM's cached
+  state; the issue's budget is cached state + two model copies;
+- profile: where FedADMM's time goes (cProfile by function), and time per reply in
+  "passes", one pass being ``a += b`` over the whole model.
+
+Configurations whose server state (N x P x 16 bytes for w_i and y_i in float64) does
+not fit the memory budget are skipped and listed with their sizes.
+
+    python -m benchmarks.server_cost [--quick] [--memory-budget-gib 6]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import pstats
+import time
+import tracemalloc
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+from threadpoolctl import threadpool_limits
+
+from benchmarks.common import (
+    BLAS_THREADS,
+    base_parser,
+    format_table,
+    interleaved_times,
+    median,
+    quiet_flower,
+    settle_allocator,
+    size_text,
+    write_json,
+)
+from flwr_admm import FedADMM
+
+SAMPLED = 10
+FLOAT = 8  # bytes of a float64
+
+
+class _Proxy(ClientProxy):
+    """A client the server can address; aggregate_fit never calls it."""
+
+    def _unused(self, *args: object) -> Any:
+        raise NotImplementedError("benchmark proxies are never called")
+
+    get_properties = get_parameters = fit = evaluate = reconnect = _unused  # type: ignore[assignment]
+
+
+class ScriptedClientManager(SimpleClientManager):
+    """A ClientManager whose ``sample`` returns the clients the benchmark chose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_sample: list[ClientProxy] = []
+
+    def sample(
+        self, num_clients: int, min_num_clients: int | None = None, criterion: Any = None
+    ) -> list[ClientProxy]:
+        """The scripted clients (exactly `num_clients` of them)."""
+        assert len(self.next_sample) == num_clients, (len(self.next_sample), num_clients)
+        return list(self.next_sample)
+
+
+def layer_shapes(num_parameters: int) -> list[tuple[int, ...]]:
+    """Four tensors like a small network's: two weight blocks, a head and a bias."""
+    half, quarter = num_parameters // 2, num_parameters // 4
+    return [(half,), (quarter,), (num_parameters - half - quarter - 10,), (10,)]
+
+
+def state_bytes(num_parameters: int, num_clients: int) -> int:
+    """FedADMM's float64 server state: w_i and y_i per client, plus z and two sums."""
+    return (2 * num_clients + 3) * num_parameters * FLOAT
+
+
+def peak_need_bytes(num_parameters: int, num_clients: int) -> int:
+    """State plus the replies and both strategies' transient copies (generous)."""
+    return state_bytes(num_parameters, num_clients) + 4 * SAMPLED * num_parameters * FLOAT
+
+
+def make_replies(num_parameters: int, seed: int) -> list[Parameters]:
+    """One serialized random model per sampling slot (reused across clients)."""
+    rng = np.random.default_rng(seed)
+    return [
+        ndarrays_to_parameters([rng.standard_normal(s) for s in layer_shapes(num_parameters)])
+        for _ in range(SAMPLED)
+    ]
+
+
+def fit_results(
+    proxies: list[ClientProxy], payloads: list[Parameters]
+) -> list[tuple[ClientProxy, FitRes]]:
+    """One FitRes per proxy; ``partition-id`` keys FedADMM's per-client state."""
+    return [
+        (
+            proxy,
+            FitRes(
+                status=Status(Code.OK, ""),
+                parameters=payloads[j % len(payloads)],
+                num_examples=100 + int(proxy.cid) % 7,
+                metrics={"partition-id": int(proxy.cid), "loss": 0.5},
+            ),
+        )
+        for j, proxy in enumerate(proxies)
+    ]
+
+
+def prepared_fedadmm(
+    num_parameters: int, num_clients: int, payloads: list[Parameters]
+) -> tuple[FedADMM, list[tuple[ClientProxy, FitRes]]]:
+    """FedADMM that has seen all N clients, and the replies of the timed sample."""
+    proxies: list[ClientProxy] = [_Proxy(str(i)) for i in range(num_clients)]
+    manager = ScriptedClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    strategy = FedADMM(
+        rho=1.0,
+        sampling_seed=None,
+        fraction_fit=SAMPLED / num_clients,
+        min_fit_clients=SAMPLED,
+        min_available_clients=num_clients,
+        fraction_evaluate=0.0,
+    )
+    parameters = ndarrays_to_parameters([np.zeros(s) for s in layer_shapes(num_parameters)])
+    for server_round, start in enumerate(range(0, num_clients, SAMPLED), start=1):
+        manager.next_sample = proxies[start : start + SAMPLED]
+        strategy.configure_fit(server_round, parameters, manager)
+        aggregated, _ = strategy.aggregate_fit(
+            server_round, fit_results(manager.next_sample, payloads), []
+        )
+        assert aggregated is not None
+        parameters = aggregated
+    # The timed sample: 10 clients spread over the N known ones.
+    sample = proxies[:: num_clients // SAMPLED][:SAMPLED]
+    manager.next_sample = sample
+    instructions: list[tuple[ClientProxy, FitIns]] = strategy.configure_fit(
+        num_clients // SAMPLED + 1, parameters, manager
+    )
+    assert len(instructions) == SAMPLED
+    return strategy, fit_results(sample, payloads)
+
+
+def cached_state_bytes(strategy: FedADMM) -> int:
+    """Bytes FedADMM holds between rounds (z, running sums, every w_i and y_i).
+
+    `state_dict` hands out references to the live arrays, so nothing is copied.
+    """
+    assert strategy.admm is not None
+    arrays, _ = strategy.admm.state_dict()
+    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+
+def peak_extra_bytes(call: Any) -> int:
+    """Tracemalloc peak above the level before `call()` (tracing must be on)."""
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    result = call()
+    peak = tracemalloc.get_traced_memory()[1]
+    del result
+    return peak - before
+
+
+def pass_seconds(num_parameters: int, repeats: int) -> float:
+    """Median time of one ``a += b`` over a model of `num_parameters` float64 values."""
+    a, b = np.ones(num_parameters), np.ones(num_parameters)
+    _, cpu = interleaved_times({"pass": lambda: np.add(a, b, out=a)}, repeats)
+    return median(cpu["pass"])
+
+
+PROFILED = (
+    "aggregate_fit",
+    "_accepted_replies",
+    "parameters_to_ndarrays",
+    "reply_problem",
+    "step",
+    "_store_replies",
+    "_accumulate",
+    "_recompute_sums",
+    "_z_step",
+    "_dual_step",
+    "_report",
+    "_to_parameters",
+)
+
+
+def profile_call(call: Any) -> dict[str, float]:
+    """Cumulative seconds of the interesting functions during one `call()`."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    seconds: dict[str, float] = {}
+    for (_, _, name), (_, _, _, cumulative, _) in stats.items():
+        if name in PROFILED:
+            seconds[name] = seconds.get(name, 0.0) + cumulative
+    return seconds
+
+
+def measure(num_parameters: int, num_clients: int, repeats: int, profile: bool) -> dict[str, Any]:
+    """Time, memory (and optionally a profile) of one configuration."""
+    payloads = make_replies(num_parameters, seed=num_clients)
+    fedavg = FedAvg(fraction_evaluate=0.0)
+    setup_started = time.perf_counter()
+    # Memory first, with every allocation of the setup traced, so frees of replaced
+    # client models count too; timing runs afterwards without tracing overhead.
+    tracemalloc.start()
+    strategy, results = prepared_fedadmm(num_parameters, num_clients, payloads)
+    server_round = num_clients // SAMPLED + 1
+    memory = {
+        "FedAvg": peak_extra_bytes(lambda: fedavg.aggregate_fit(server_round, results, [])),
+        "FedADMM": peak_extra_bytes(lambda: strategy.aggregate_fit(server_round, results, [])),
+    }
+    tracemalloc.stop()
+    setup_seconds = time.perf_counter() - setup_started
+    wall, cpu = interleaved_times(
+        {
+            "FedAvg": lambda: fedavg.aggregate_fit(server_round, results, []),
+            "FedADMM": lambda: strategy.aggregate_fit(server_round, results, []),
+        },
+        repeats,
+    )
+    model_bytes = num_parameters * FLOAT
+    state = cached_state_bytes(strategy)
+    row: dict[str, Any] = {
+        "num_parameters": num_parameters,
+        "num_clients": num_clients,
+        "sampled": SAMPLED,
+        "repeats": repeats,
+        "fedavg_seconds": median(cpu["FedAvg"]),
+        "fedadmm_seconds": median(cpu["FedADMM"]),
+        "time_ratio": median(cpu["FedADMM"]) / median(cpu["FedAvg"]),
+        "fedavg_wall_seconds": median(wall["FedAvg"]),
+        "fedadmm_wall_seconds": median(wall["FedADMM"]),
+        "wall_time_ratio": median(wall["FedADMM"]) / median(wall["FedAvg"]),
+        "fedavg_cpu_times": cpu["FedAvg"],
+        "fedadmm_cpu_times": cpu["FedADMM"],
+        "fedavg_wall_times": wall["FedAvg"],
+        "fedadmm_wall_times": wall["FedADMM"],
+        "model_bytes": model_bytes,
+        "cached_state_bytes": state,
+        "fedavg_peak_extra_bytes": memory["FedAvg"],
+        "fedadmm_peak_extra_bytes": memory["FedADMM"],
+        "fedavg_peak_extra_models": memory["FedAvg"] / model_bytes,
+        "fedadmm_peak_extra_models": memory["FedADMM"] / model_bytes,
+        "fedadmm_peak_over_budget": (state + memory["FedADMM"]) / (state + 2 * model_bytes),
+        "setup_seconds": setup_seconds,
+    }
+    if profile:
+        one_pass = pass_seconds(num_parameters, max(5, repeats))
+        row["pass_seconds"] = one_pass
+        row["fedavg_passes_per_reply"] = row["fedavg_seconds"] / one_pass / SAMPLED
+        row["fedadmm_passes_per_reply"] = row["fedadmm_seconds"] / one_pass / SAMPLED
+        row["fedadmm_profile_seconds"] = profile_call(
+            lambda: strategy.aggregate_fit(server_round, results, [])
+        )
+    return row
+
+
+def repeats_for(num_parameters: int, quick: bool) -> int:
+    """More repeats for the fast small models, an odd count for a clean median."""
+    if quick:
+        return 5
+    return 31 if num_parameters <= 10**4 else 9 if num_parameters <= 10**6 else 5
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every feasible configuration, print the tables and write JSON."""
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--memory-budget-gib", type=float, default=6.0)
+    args = parser.parse_args(argv)
+    quiet_flower()
+    sizes = (10**4, 10**5) if args.quick else (10**4, 10**6, 10**7)
+    counts = (10, 100) if args.quick else (10, 100, 1000)
+    budget = args.memory_budget_gib * 2**30
+    started = time.perf_counter()
+    rows, skipped = [], []
+    settle_allocator()
+    with threadpool_limits(BLAS_THREADS):
+        for num_parameters in sizes:
+            for num_clients in counts:
+                need = peak_need_bytes(num_parameters, num_clients)
+                if need > budget:
+                    skipped.append(
+                        {
+                            "num_parameters": num_parameters,
+                            "num_clients": num_clients,
+                            "state_bytes": state_bytes(num_parameters, num_clients),
+                            "need_bytes": need,
+                        }
+                    )
+                    continue
+                profile = num_parameters >= 10**5 or args.quick
+                rows.append(
+                    measure(
+                        num_parameters,
+                        num_clients,
+                        repeats_for(num_parameters, args.quick),
+                        profile,
+                    )
+                )
+                print_row(rows[-1])
+    print_tables(rows, skipped, args.memory_budget_gib)
+    payload = {
+        "quick": args.quick,
+        "blas_threads": BLAS_THREADS,
+        "memory_budget_gib": args.memory_budget_gib,
+        "seconds": time.perf_counter() - started,
+        "results": rows,
+        "skipped": skipped,
+    }
+    path = write_json("server_cost", payload, args.output)
+    print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
+    return payload
+
+
+def print_row(row: dict[str, Any]) -> None:
+    """One progress line per configuration."""
+    print(
+        f"P={row['num_parameters']:.0e} N={row['num_clients']}: "
+        f"FedAvg {row['fedavg_seconds'] * 1e3:.2f} ms, "
+        f"FedADMM {row['fedadmm_seconds'] * 1e3:.2f} ms, "
+        f"ratio {row['time_ratio']:.2f}",
+        flush=True,
+    )
+
+
+def print_tables(rows: list[dict[str, Any]], skipped: list[dict[str, Any]], budget: float) -> None:
+    """Time/memory table, profile table and the skipped configurations."""
+    headers = [
+        "params",
+        "clients",
+        "FedAvg ms",
+        "FedADMM ms",
+        "time ratio (CPU)",
+        "time ratio (wall)",
+        "cached state",
+        "FedAvg peak extra (models)",
+        "FedADMM peak extra (models)",
+        "FedADMM peak / (state + 2 models)",
+    ]
+    table = [
+        [
+            f"{r['num_parameters']:.0e}",
+            r["num_clients"],
+            f"{r['fedavg_seconds'] * 1e3:.2f}",
+            f"{r['fedadmm_seconds'] * 1e3:.2f}",
+            f"{r['time_ratio']:.2f}",
+            f"{r['wall_time_ratio']:.2f}",
+            size_text(r["cached_state_bytes"]),
+            f"{r['fedavg_peak_extra_models']:.1f}",
+            f"{r['fedadmm_peak_extra_models']:.1f}",
+            f"{r['fedadmm_peak_over_budget']:.2f}",
+        ]
+        for r in rows
+    ]
+    print("\n" + format_table(headers, table))
+    profiled = [r for r in rows if "fedadmm_profile_seconds" in r]
+    if profiled:
+        print(
+            "\nFedADMM.aggregate_fit profile: share of its time per function (cumulative, "
+            "so nested: step contains _store_replies ...); passes = time per reply / time "
+            "of one `a += b` over the model"
+        )
+        labels = [f"P={r['num_parameters']:.0e} N={r['num_clients']}" for r in profiled]
+        table = [
+            [
+                "passes per reply, FedAvg",
+                *(f"{r['fedavg_passes_per_reply']:.1f}" for r in profiled),
+            ],
+            [
+                "passes per reply, FedADMM",
+                *(f"{r['fedadmm_passes_per_reply']:.1f}" for r in profiled),
+            ],
+        ]
+        for name in PROFILED[1:]:
+            shares = []
+            for r in profiled:
+                seconds = r["fedadmm_profile_seconds"]
+                total = seconds.get("aggregate_fit") or 1.0
+                shares.append(f"{seconds.get(name, 0.0) / total:.0%}")
+            table.append([name, *shares])
+        print(format_table(["", *labels], table))
+    for s in skipped:
+        print(
+            f"skipped P={s['num_parameters']:.0e} N={s['num_clients']}: state "
+            f"{size_text(s['state_bytes'])}, needs ~{size_text(s['need_bytes'])} > budget "
+            f"{budget:g} GiB"
+        )
+
+
+if __name__ == "__main__":
+    main()
