@@ -20,6 +20,9 @@ Configurations whose server state (N x P x 16 bytes for w_i and y_i in float64) 
 not fit the memory budget are skipped and listed with their sizes.
 
     python -m benchmarks.server_cost [--quick] [--memory-budget-gib 6]
+
+To measure a variant, pass a FedADMM subclass: ``measure(P, N, repeats, profile=True,
+factory=MyFedADMM)`` returns the same row (its ratios are against Flower's FedAvg).
 """
 
 from __future__ import annotations
@@ -29,19 +32,10 @@ import gc
 import pstats
 import time
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.common import (
-    Code,
-    FitIns,
-    FitRes,
-    Parameters,
-    Status,
-    ndarrays_to_parameters,
-)
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 from threadpoolctl import threadpool_limits
 
@@ -56,122 +50,16 @@ from benchmarks.common import (
     size_text,
     write_json,
 )
+from benchmarks.server_setup import (
+    FLOAT,
+    SAMPLED,
+    cached_state_bytes,
+    make_replies,
+    peak_need_bytes,
+    prepared_fedadmm,
+    state_bytes,
+)
 from flwr_admm import FedADMM
-
-SAMPLED = 10
-FLOAT = 8  # bytes of a float64
-
-
-class _Proxy(ClientProxy):
-    """A client the server can address; aggregate_fit never calls it."""
-
-    def _unused(self, *args: object) -> Any:
-        raise NotImplementedError("benchmark proxies are never called")
-
-    get_properties = get_parameters = fit = evaluate = reconnect = _unused  # type: ignore[assignment]
-
-
-class ScriptedClientManager(SimpleClientManager):
-    """A ClientManager whose ``sample`` returns the clients the benchmark chose."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.next_sample: list[ClientProxy] = []
-
-    def sample(
-        self, num_clients: int, min_num_clients: int | None = None, criterion: Any = None
-    ) -> list[ClientProxy]:
-        """The scripted clients (exactly `num_clients` of them)."""
-        assert len(self.next_sample) == num_clients, (len(self.next_sample), num_clients)
-        return list(self.next_sample)
-
-
-def layer_shapes(num_parameters: int) -> list[tuple[int, ...]]:
-    """Four tensors like a small network's: two weight blocks, a head and a bias."""
-    half, quarter = num_parameters // 2, num_parameters // 4
-    return [(half,), (quarter,), (num_parameters - half - quarter - 10,), (10,)]
-
-
-def state_bytes(num_parameters: int, num_clients: int) -> int:
-    """FedADMM's float64 server state: w_i and y_i per client, plus z and two sums."""
-    return (2 * num_clients + 3) * num_parameters * FLOAT
-
-
-def peak_need_bytes(num_parameters: int, num_clients: int) -> int:
-    """State plus the replies and both strategies' transient copies (generous)."""
-    return state_bytes(num_parameters, num_clients) + 4 * SAMPLED * num_parameters * FLOAT
-
-
-def make_replies(num_parameters: int, seed: int) -> list[Parameters]:
-    """One serialized random model per sampling slot (reused across clients)."""
-    rng = np.random.default_rng(seed)
-    return [
-        ndarrays_to_parameters([rng.standard_normal(s) for s in layer_shapes(num_parameters)])
-        for _ in range(SAMPLED)
-    ]
-
-
-def fit_results(
-    proxies: list[ClientProxy], payloads: list[Parameters]
-) -> list[tuple[ClientProxy, FitRes]]:
-    """One FitRes per proxy; ``partition-id`` keys FedADMM's per-client state."""
-    return [
-        (
-            proxy,
-            FitRes(
-                status=Status(Code.OK, ""),
-                parameters=payloads[j % len(payloads)],
-                num_examples=100 + int(proxy.cid) % 7,
-                metrics={"partition-id": int(proxy.cid), "loss": 0.5},
-            ),
-        )
-        for j, proxy in enumerate(proxies)
-    ]
-
-
-def prepared_fedadmm(
-    num_parameters: int, num_clients: int, payloads: list[Parameters]
-) -> tuple[FedADMM, list[tuple[ClientProxy, FitRes]]]:
-    """FedADMM that has seen all N clients, and the replies of the timed sample."""
-    proxies: list[ClientProxy] = [_Proxy(str(i)) for i in range(num_clients)]
-    manager = ScriptedClientManager()
-    for proxy in proxies:
-        manager.register(proxy)
-    strategy = FedADMM(
-        rho=1.0,
-        sampling_seed=None,
-        fraction_fit=SAMPLED / num_clients,
-        min_fit_clients=SAMPLED,
-        min_available_clients=num_clients,
-        fraction_evaluate=0.0,
-    )
-    parameters = ndarrays_to_parameters([np.zeros(s) for s in layer_shapes(num_parameters)])
-    for server_round, start in enumerate(range(0, num_clients, SAMPLED), start=1):
-        manager.next_sample = proxies[start : start + SAMPLED]
-        strategy.configure_fit(server_round, parameters, manager)
-        aggregated, _ = strategy.aggregate_fit(
-            server_round, fit_results(manager.next_sample, payloads), []
-        )
-        assert aggregated is not None
-        parameters = aggregated
-    # The timed sample: 10 clients spread over the N known ones.
-    sample = proxies[:: num_clients // SAMPLED][:SAMPLED]
-    manager.next_sample = sample
-    instructions: list[tuple[ClientProxy, FitIns]] = strategy.configure_fit(
-        num_clients // SAMPLED + 1, parameters, manager
-    )
-    assert len(instructions) == SAMPLED
-    return strategy, fit_results(sample, payloads)
-
-
-def cached_state_bytes(strategy: FedADMM) -> int:
-    """Bytes FedADMM holds between rounds (z, running sums, every w_i and y_i).
-
-    `state_dict` hands out references to the live arrays, so nothing is copied.
-    """
-    assert strategy.admm is not None
-    arrays, _ = strategy.admm.state_dict()
-    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
 
 
 def peak_extra_bytes(call: Any) -> int:
@@ -222,15 +110,24 @@ def profile_call(call: Any) -> dict[str, float]:
     return seconds
 
 
-def measure(num_parameters: int, num_clients: int, repeats: int, profile: bool) -> dict[str, Any]:
-    """Time, memory (and optionally a profile) of one configuration."""
+def measure(
+    num_parameters: int,
+    num_clients: int,
+    repeats: int,
+    profile: bool,
+    factory: Callable[..., FedADMM] = FedADMM,
+) -> dict[str, Any]:
+    """Time, memory (and optionally a profile) of one configuration.
+
+    `factory` builds the FedADMM under test (a subclass measures a variant).
+    """
     payloads = make_replies(num_parameters, seed=num_clients)
     fedavg = FedAvg(fraction_evaluate=0.0)
     setup_started = time.perf_counter()
     # Memory first, with every allocation of the setup traced, so frees of replaced
     # client models count too; timing runs afterwards without tracing overhead.
     tracemalloc.start()
-    strategy, results = prepared_fedadmm(num_parameters, num_clients, payloads)
+    strategy, results = prepared_fedadmm(num_parameters, num_clients, payloads, factory)
     server_round = num_clients // SAMPLED + 1
     memory = {
         "FedAvg": peak_extra_bytes(lambda: fedavg.aggregate_fit(server_round, results, [])),
