@@ -32,12 +32,14 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.kernels import axpy, single_thread_blas
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
 
 Arrays = list[NDArray[np.float64]]
 ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
+BLOCK = 1 << 15  # elements per block in the dual step: 256 KiB per array, fits in L2
 
 
 def natural_key(key: str) -> tuple[object, ...]:
@@ -63,6 +65,7 @@ class Reply:
     w: Arrays
     num_examples: int
     loss: float | None = None
+    sq_norm: float | None = None  # ||w||^2 if the caller already computed it
 
 
 @dataclass(frozen=True)
@@ -245,18 +248,11 @@ class ConsensusADMM:
             if reply.num_examples <= 0:
                 raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
         rho, z_prev = self.rho, self.z
-        scales_changed = self._store_replies(ordered)
-        # When every cached client replied (or all weights moved) an exact sum in
-        # sorted order costs the same as the incremental update and has no drift.
-        full = scales_changed or len(ordered) == len(self.records)
-        if full:
-            self._recompute_sums()
-        else:
-            for reply in ordered:
-                self._accumulate(self.records[reply.key], +1.0)
-        self.z = self._z_step()
-        self._dual_step(ordered, exact_sum=full)
-        report = self._report(ordered, z_prev, rho)
+        with single_thread_blas():
+            shares, shares_weight = self._store_replies(ordered)
+            self.z = self._z_step()
+            stats = self._dual_step(ordered, shares, shares_weight)
+        report = self._report(ordered, z_prev, rho, stats)
         next_rho, self.schedule_state = self.schedule.update(
             rho,
             self.schedule_state,
@@ -270,23 +266,53 @@ class ConsensusADMM:
         self.rho = _check_rho(next_rho, "rho_schedule output")
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
-    def _store_replies(self, ordered: Sequence[Reply]) -> bool:
-        """Replace w_i, n_i of the replying clients (their old share leaves the sums).
+    def _store_replies(self, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
+        """Take w_i, n_i of the replying clients (step owns their arrays from now on).
 
-        Returns True when the multipliers s_i of clients that did not reply changed.
+        Keeps S_y = sum n_i y_i in step when n_i changes. Updates S_w = sum n_i s_i w_i
+        incrementally (S_w += n_i s_i w_i' - n_i s_i w_i) unless every cached client
+        replied or the multipliers s_i moved; then S_w is recomputed exactly in sorted
+        order (one pass per client, cheaper than the incremental two).
+        Returns R = sum n_i s_i w_i' over the replies and its weight sum n_i s_i.
         """
+        old: dict[str, tuple[float, int, Arrays]] = {}
         for reply in ordered:
-            w = [np.array(t, dtype=np.float64) for t in reply.w]
+            w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
             record = self.records.get(reply.key)
+            n = int(reply.num_examples)
             if record is None:
-                zeros = [np.zeros_like(t) for t in w]
-                self.records[reply.key] = ClientRecord(w, zeros, int(reply.num_examples))
-            else:
-                self._accumulate(record, -1.0)
-                record.w, record.num_examples = w, int(reply.num_examples)
+                self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
+                continue
+            old[reply.key] = (record.num_examples * record.scale, record.num_examples, record.w)
+            for acc, y in zip(self._sum_ny, record.y, strict=True):
+                axpy(float(n - record.num_examples), y, acc)
+            record.w, record.num_examples = w, n
+        if self._update_scales({r.key for r in ordered}) or len(ordered) == len(self.records):
+            self._recompute_sums(duals=False)
+            return self._sum_nsw, self._sum_ns
+        for ns_old, n_old, w_old in old.values():
+            for acc, prev in zip(self._sum_nsw, w_old, strict=True):
+                axpy(-ns_old, prev, acc)
+            self._sum_ns -= ns_old
+            self._sum_n -= n_old
+        before = [acc.copy() for acc in self._sum_nsw]
+        weight = 0.0
+        for reply in ordered:
+            record = self.records[reply.key]
+            ns = record.num_examples * record.scale
+            for acc, w_new in zip(self._sum_nsw, record.w, strict=True):
+                axpy(ns, w_new, acc)
+            weight += ns
+            self._sum_n += record.num_examples
+        self._sum_ns += weight
+        for acc, start in zip(self._sum_nsw, before, strict=True):
+            np.subtract(acc, start, out=start)
+        return before, weight
+
+    def _update_scales(self, replied: set[str]) -> bool:
+        """Set s_i (data_size: n_i / max n); True if a silent client's s_i changed."""
         if self.client_rho == "uniform":
             return False
-        replied = {r.key for r in ordered}
         max_n = max(r.num_examples for r in self.records.values())
         changed = False
         for key, record in self.records.items():
@@ -295,70 +321,85 @@ class ConsensusADMM:
             record.scale = scale
         return changed
 
-    def _accumulate(self, record: ClientRecord, sign: float) -> None:
-        """Add (sign=+1) or remove (sign=-1) one client's share of the running sums."""
-        ns = record.num_examples * record.scale
-        for acc, w in zip(self._sum_nsw, record.w, strict=True):
-            acc += (sign * ns) * w
-        for acc, y in zip(self._sum_ny, record.y, strict=True):
-            acc += (sign * record.num_examples) * y
-        self._sum_ns += sign * ns
-        self._sum_n += int(sign) * record.num_examples
-
-    def _recompute_sums(self, duals_only: bool = False) -> None:
-        """Exact sums over all cached clients in sorted key order."""
-        if not duals_only:
+    def _recompute_sums(self, duals: bool = True, weights: bool = True) -> None:
+        """Exact sums S_w = sum n_i s_i w_i, S_y = sum n_i y_i in sorted key order."""
+        ordered = [self.records[k] for k in sorted(self.records, key=natural_key)]
+        if weights:
             for acc in self._sum_nsw:
                 acc.fill(0.0)
             self._sum_ns, self._sum_n = 0.0, 0
-        for acc in self._sum_ny:
-            acc.fill(0.0)
-        for key in sorted(self.records, key=natural_key):
-            record = self.records[key]
-            if not duals_only:
+            for record in ordered:
                 ns = record.num_examples * record.scale
                 for acc, w in zip(self._sum_nsw, record.w, strict=True):
-                    acc += ns * w
+                    axpy(ns, w, acc)
                 self._sum_ns += ns
                 self._sum_n += record.num_examples
-            for acc, y in zip(self._sum_ny, record.y, strict=True):
-                acc += record.num_examples * y
+        if duals:
+            for acc in self._sum_ny:
+                acc.fill(0.0)
+            for record in ordered:
+                for acc, y in zip(self._sum_ny, record.y, strict=True):
+                    axpy(float(record.num_examples), y, acc)
 
     def _z_step(self) -> Arrays:
-        """Z = prox_{g/rho_bar}((rho S_w + S_y) / (rho S_s)), S_w = sum n_i s_i w_i."""
+        """Z = prox_{g/rho_bar}(S_w / S_s + S_y / (rho S_s)), S_w = sum n_i s_i w_i."""
         rho = self.rho
-        if rho == 0.0:
-            z = [acc / self._sum_ns for acc in self._sum_nsw]
-        else:
-            denom = rho * self._sum_ns
-            z = [(rho * a + b) / denom for a, b in zip(self._sum_nsw, self._sum_ny, strict=True)]
+        z = [acc / self._sum_ns for acc in self._sum_nsw]
+        if rho != 0.0:
+            for t, acc in zip(z, self._sum_ny, strict=True):
+                axpy(1.0 / (rho * self._sum_ns), acc, t)
         if self.regularizer is not None:
             self.regularizer.prox_(z, rho * self._sum_ns / self._sum_n)
         return z
 
-    def _dual_step(self, ordered: Sequence[Reply], exact_sum: bool) -> None:
-        """y_i += rho_i (w_i - z) for the clients that replied."""
-        for reply in ordered:
-            record = self.records[reply.key]
-            rho_i = self.rho * record.scale
-            for y, w, z, acc in zip(record.y, record.w, self.z, self._sum_ny, strict=True):
-                delta = w - z
-                delta *= rho_i
-                y += delta
-                if not exact_sum:
-                    acc += record.num_examples * delta
-        if exact_sum:
-            self._recompute_sums(duals_only=True)
+    def _dual_step(
+        self, ordered: Sequence[Reply], shares: Arrays, shares_weight: float
+    ) -> tuple[float, float, float]:
+        """y_i += rho_i (w_i - z) for the replying clients; S_y += rho (R - W z).
 
-    def _report(self, ordered: Sequence[Reply], z_prev: Arrays, rho: float) -> RoundReport:
+        R = sum n_i s_i w_i and W = sum n_i s_i over the replies, so the sum of the
+        dual updates costs a few passes per round, not one per client. Returns the
+        p-weighted sums of ||w_i - z||^2, ||w_i||^2 and ||y_i||^2 over the replies
+        (p_i = n_i / sum of their n). Works block by block so that w_i, y_i and z are
+        read from memory once while four operations run on cached data.
+        """
         total = float(sum(r.num_examples for r in ordered))
+        largest = max(t.size for t in self.z)
+        scratch = np.empty(min(BLOCK, largest))
         r_sq = w_sq = y_sq = 0.0
         for reply in ordered:
             record = self.records[reply.key]
+            rho_i = self.rho * record.scale
             p = record.num_examples / total
-            r_sq += p * _sq_norm(w - z for w, z in zip(record.w, self.z, strict=True))
-            w_sq += p * _sq_norm(record.w)
-            y_sq += p * _sq_norm(record.y)
+            if reply.sq_norm is not None:
+                w_sq += p * reply.sq_norm
+            else:
+                w_sq += p * _sq_norm(record.w)
+            for y, w, z in zip(record.y, record.w, self.z, strict=True):
+                y_flat, w_flat, z_flat = y.reshape(-1), w.reshape(-1), z.reshape(-1)
+                for start in range(0, w_flat.size, BLOCK):
+                    block = slice(start, start + BLOCK)
+                    d = scratch[: min(BLOCK, w_flat.size - start)]
+                    y_block = y_flat[block]
+                    np.subtract(w_flat[block], z_flat[block], out=d)
+                    r_sq += p * float(np.dot(d, d))
+                    axpy(rho_i, d, y_block)
+                    y_sq += p * float(np.dot(y_block, y_block))
+        if self.rho != 0.0:
+            for acc, share, z in zip(self._sum_ny, shares, self.z, strict=True):
+                update = share - shares_weight * z
+                axpy(self.rho, update, acc)
+        return r_sq, w_sq, y_sq
+
+    def _report(
+        self,
+        ordered: Sequence[Reply],
+        z_prev: Arrays,
+        rho: float,
+        stats: tuple[float, float, float],
+    ) -> RoundReport:
+        total = float(sum(r.num_examples for r in ordered))
+        r_sq, w_sq, y_sq = stats
         rho_bar = rho * self._sum_ns / self._sum_n
         dual = rho_bar * math.sqrt(_sq_norm(a - b for a, b in zip(self.z, z_prev, strict=True)))
         root_n = math.sqrt(self.num_parameters)

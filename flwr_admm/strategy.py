@@ -42,11 +42,12 @@ from flwr.server.strategy import FedAvg
 from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
 from flwr_admm.compression import Compressor
 from flwr_admm.consensus import CLIENT_RHO_MODES, ClientRho, ConsensusADMM, Reply, natural_key
+from flwr_admm.kernels import single_thread_blas
 from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
 from flwr_admm.uplink import Residual, UplinkChannel
-from flwr_admm.validation import reply_problem
+from flwr_admm.validation import check_reply
 
 
 class FedADMM(FedAvg):
@@ -249,7 +250,8 @@ class FedADMM(FedAvg):
         }
         if admm is None or (not self.accept_failures and failures):
             return None, counts
-        replies = self._accepted_replies(results, admm, counts)
+        with single_thread_blas():
+            replies = self._accepted_replies(results, admm, counts)
         if not replies:
             log(WARNING, "FedADMM round %s: no usable reply; z, duals, rho unchanged", server_round)
             return None, {
@@ -423,21 +425,21 @@ class FedADMM(FedAvg):
         counts: dict[str, Scalar],
     ) -> list[Reply]:
         shapes = [t.shape for t in admm.z]
-        candidates: list[tuple[ClientProxy, FitRes, str, NDArrays]] = []
+        candidates: list[tuple[ClientProxy, FitRes, str, NDArrays, float | None]] = []
         for proxy, res in results:
             try:
                 key = self._client_key(proxy, res.metrics)
                 arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
-                problem = reply_problem(arrays, res.num_examples, shapes)
+                problem, sq_norm = check_reply(arrays, res.num_examples, shapes)
             except Exception as error:  # a malformed reply must not stop the server
                 key, problem = f"cid:{proxy.cid}", f"unreadable reply ({error!r})"
             if problem is None:
-                candidates.append((proxy, res, key, arrays))
+                candidates.append((proxy, res, key, arrays, sq_norm))
             else:
                 self._reject(key, problem, counts)
-        seen = Counter(key for _, _, key, _ in candidates)
+        seen = Counter(candidate[2] for candidate in candidates)
         replies: list[Reply] = []
-        for proxy, res, key, arrays in candidates:
+        for proxy, res, key, arrays, sq_norm in candidates:
             if seen[key] > 1:
                 self._reject(key, f"{seen[key]} replies share this client key", counts)
                 continue
@@ -451,7 +453,7 @@ class FedADMM(FedAvg):
             loss = res.metrics.get("loss")
             finite = isinstance(loss, int | float) and math.isfinite(loss)
             objective = float(loss) if finite and isinstance(loss, int | float) else None
-            replies.append(Reply(key, arrays, int(res.num_examples), objective))
+            replies.append(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
         return replies
 
     @staticmethod

@@ -73,9 +73,9 @@ class PartitionClientManager(SimpleClientManager):
             # A node dropped between the strategy sizing the round and this wait: go on
             # with those present rather than ending the run.
             log(WARNING, "sampling %s clients but only %s available", num_clients, len(available))
-            num_clients = len(available)
-            if num_clients == 0:
+            if len(available) < max(min_num_clients or 0, 1):
                 return []
+            num_clients = len(available)
         self._draws += 1
         if num_clients == len(available):
             return [self.clients[cid] for cid in available]

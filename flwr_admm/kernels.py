@@ -1,0 +1,64 @@
+"""One-pass in-place array kernels for the server's hot loop.
+
+numpy's ``y += a * x`` makes two passes and a temporary; BLAS ``daxpy`` makes one pass
+and none. Elementwise, so the result does not depend on BLAS threading. The server's
+many short BLAS calls run under `single_thread_blas()`: waking a BLAS thread pool for
+every call costs milliseconds on a busy machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.linalg.blas import daxpy
+from threadpoolctl import ThreadpoolController
+
+
+@cache
+def _controller() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+@contextmanager
+def single_thread_blas() -> Iterator[None]:
+    """Limit BLAS to one thread inside the block (about 5 us to enter)."""
+    with _controller().limit(limits=1, user_api="blas"):
+        yield
+
+
+def axpy(a: float, x: NDArray[np.float64], y: NDArray[np.float64]) -> None:
+    """Y += a x, in place."""
+    if a == 0.0 or y.size == 0:
+        return
+    if (
+        x.dtype == np.float64
+        and y.dtype == np.float64
+        and x.flags.c_contiguous
+        and y.flags.c_contiguous
+        and y.flags.writeable
+    ):
+        flat = y.reshape(-1)
+        out = daxpy(x.reshape(-1), flat, a=a)
+        if not np.may_share_memory(out, flat):  # BLAS wrapper copied: write back
+            flat[...] = out
+        return
+    y += a * x
+
+
+def finite_sq_norm(arrays: list[NDArray[np.generic]]) -> float | None:
+    """Sum ||a||^2 over `arrays` in one pass each; None unless it is finite.
+
+    None flags NaN/inf entries, and also entries so large (|a| > ~1e154) that their
+    squared norm overflows float64: the server's residuals could not be computed.
+    """
+    total = 0.0
+    for a in arrays:
+        flat = np.asarray(a, dtype=np.float64).reshape(-1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total += float(np.dot(flat, flat))
+    return total if math.isfinite(total) else None
