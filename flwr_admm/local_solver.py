@@ -108,27 +108,50 @@ def penalized_local_solve(
     lr = plan.learning_rate
     w = [np.array(t, dtype=np.float64) for t in start]
     rng = rng if rng is not None else np.random.default_rng(0)
+    batches = plan.batches(X.shape[0], rng)
+    # One step is w <- keep * w - scale * g + shift, constants computed once:
+    #   exact:    keep = 1/(1 + lr rho), scale = lr/(1 + lr rho), shift = lr rho v/(1 + lr rho)
+    #   gradient: keep = 1 - lr rho,     scale = lr,              shift = lr rho v
+    #   no penalty: keep = 1, scale = lr, shift = 0
+    if penalized and plan.prox_step == "exact":
+        keep = 1.0 / (1.0 + lr * rho)
+        scale = lr * keep
+    else:
+        keep = 1.0 - lr * rho if penalized else 1.0
+        scale = lr
+    shift = (
+        [
+            (lr * rho / (1.0 + lr * rho) if plan.prox_step == "exact" else lr * rho) * v
+            for v in center
+        ]
+        if penalized and center is not None
+        else None
+    )
     steps, grad_norm = 0, math.nan
-    for index in plan.batches(X.shape[0], rng):
+    for k, index in enumerate(batches):
         Xb, yb = (X, y) if index is None else (X[index], y[index])
         _, grads = model.loss_and_grad(w, Xb, yb)
-        if penalized:
-            assert center is not None
-            pen = [g + rho * (wk - vk) for g, wk, vk in zip(grads, w, center, strict=True)]
-        else:
-            pen = grads
-        grad_norm = math.sqrt(sum(float(np.vdot(g, g)) for g in pen))
-        if plan.grad_tol is not None and grad_norm <= plan.grad_tol:
-            break
-        if penalized and plan.prox_step == "exact":
-            assert center is not None
-            shrink = 1.0 / (1.0 + lr * rho)
-            for wk, g, vk in zip(w, grads, center, strict=True):
-                wk -= lr * g
-                wk += (lr * rho) * vk
-                wk *= shrink
-        else:
-            for wk, g in zip(w, pen, strict=True):
-                wk -= lr * g
+        if plan.grad_tol is not None or k == len(batches) - 1:
+            grad_norm = _penalized_norm(grads, w, center if penalized else None, rho)
+            if plan.grad_tol is not None and grad_norm <= plan.grad_tol:
+                break
+        for j, (wk, g) in enumerate(zip(w, grads, strict=True)):
+            if keep != 1.0:
+                wk *= keep
+            g *= scale  # models return fresh gradient arrays: scale them in place
+            wk -= g
+            if shift is not None:
+                wk += shift[j]
         steps += 1
     return LocalResult(params=w, steps=steps, loss=model.loss(w, X, y), grad_norm=grad_norm)
+
+
+def _penalized_norm(grads: Params, w: Params, center: Params | None, rho: float) -> float:
+    """||grad f(w) + rho (w - v)|| (just ||grad f(w)|| without a center)."""
+    if center is None:
+        return math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
+    total = 0.0
+    for g, wk, vk in zip(grads, w, center, strict=True):
+        full = g + rho * (wk - vk)
+        total += float(np.vdot(full, full))
+    return math.sqrt(total)
