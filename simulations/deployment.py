@@ -31,13 +31,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from .admm_app.evaluation import get_task
@@ -47,7 +45,7 @@ from .launcher import (
     APP_DIR,
     TOKEN_VAR,
     RunOutcome,
-    _raise_system_exit,
+    StopOnExit,
     _signal,
     free_port,
     toml_value,
@@ -111,7 +109,7 @@ class SubmittedRun:
         self.deployment.end_group(self.process)
 
 
-class LoopbackDeployment:
+class LoopbackDeployment(StopOnExit):
     """SuperLink + N SuperNodes on 127.0.0.1 under a private FLWR_HOME."""
 
     def __init__(
@@ -137,7 +135,6 @@ class LoopbackDeployment:
         self.supernodes: dict[int, SuperNode] = {}
         self.started: list[subprocess.Popen[bytes]] = []
         self._launches: dict[int, int] = {}
-        self._previous_sigterm: Any = None
 
     # ------------------------------------------------------------------ setup
     def env(self, flwr_home: Path) -> dict[str, str]:
@@ -157,31 +154,6 @@ class LoopbackDeployment:
         )
         env.pop("PYTHONPATH", None)  # nodes see the installed package, not the checkout
         return env
-
-    def __enter__(self) -> LoopbackDeployment:
-        # SIGTERM would end Python without unwinding; make it an exception so that
-        # __exit__ still stops what we started.
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
-        try:
-            self.start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.stop()
-        finally:
-            if self._previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._previous_sigterm)
-                self._previous_sigterm = None
 
     def start(self) -> None:
         """SuperLink, the connection in config.toml, then every SuperNode, connected."""

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 TOKEN_VAR = "FLWR_ADMM_RUNTIME_TOKEN"
 APP_DIR = Path(__file__).resolve().parent
@@ -59,50 +59,24 @@ class RunOutcome:
     log_path: Path
 
 
-class LocalFlower:
-    """Private FLWR_HOME + SuperLink on a free port; stop() kills only what it started."""
+class StopOnExit:
+    """Context manager base: `start()` on enter, `stop()` on exit, errors and SIGTERM.
 
-    def __init__(
-        self,
-        home: Path | None = None,
-        *,
-        bin_dir: Path | None = None,
-        startup_timeout: float = 60.0,
-    ) -> None:
-        self._own_home = home is None
-        self.home = Path(tempfile.mkdtemp(prefix="flwr-home-")) if home is None else Path(home)
-        self.bin_dir = Path(bin_dir) if bin_dir is not None else Path(sys.executable).parent
-        self.startup_timeout = startup_timeout
-        self.token = uuid.uuid4().hex
-        self.port = 0
-        self.superlink: subprocess.Popen[bytes] | None = None
-        self.started_pids: set[int] = set()
-        self._previous_sigterm: Any = None
+    SIGTERM would end Python without unwinding; inside the block it raises SystemExit
+    so that `stop()` still stops, by PID, everything the subclass started.
+    """
 
-    # ------------------------------------------------------------------ setup
-    @property
-    def env(self) -> dict[str, str]:
-        """Environment of every process this runtime starts."""
-        env = dict(os.environ)
-        env.update(
-            {
-                "FLWR_HOME": str(self.home),
-                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
-                "FLWR_LOCAL_CONTROL_API_PORT": str(self.port),
-                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                "FLWR_TELEMETRY_ENABLED": "0",
-                "FLWR_DISABLE_UPDATE_CHECK": "1",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                TOKEN_VAR: self.token,
-            }
-        )
-        env.pop("PYTHONPATH", None)  # the SuperLink must not see the repository
-        return env
+    _previous_sigterm: Any = None
 
-    def __enter__(self) -> LocalFlower:
-        # SIGTERM would end Python without unwinding; make it an exception so that
-        # __exit__ still stops what we started.
+    def start(self) -> None:
+        """Start the processes."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop every process started, by PID."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
         try:
@@ -124,6 +98,47 @@ class LocalFlower:
             if self._previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
                 self._previous_sigterm = None
+
+
+class LocalFlower(StopOnExit):
+    """Private FLWR_HOME + SuperLink on a free port; stop() kills only what it started."""
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        *,
+        bin_dir: Path | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        self._own_home = home is None
+        self.home = Path(tempfile.mkdtemp(prefix="flwr-home-")) if home is None else Path(home)
+        self.bin_dir = Path(bin_dir) if bin_dir is not None else Path(sys.executable).parent
+        self.startup_timeout = startup_timeout
+        self.token = uuid.uuid4().hex
+        self.port = 0
+        self.superlink: subprocess.Popen[bytes] | None = None
+        self.started_pids: set[int] = set()
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment of every process this runtime starts."""
+        env = dict(os.environ)
+        env.update(
+            {
+                "FLWR_HOME": str(self.home),
+                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
+                "FLWR_LOCAL_CONTROL_API_PORT": str(self.port),
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                "FLWR_TELEMETRY_ENABLED": "0",
+                "FLWR_DISABLE_UPDATE_CHECK": "1",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                TOKEN_VAR: self.token,
+            }
+        )
+        env.pop("PYTHONPATH", None)  # the SuperLink must not see the repository
+        return env
 
     def start(self, attempts: int = 3) -> None:
         """Start the SuperLink (retrying on a port taken in the meantime)."""
