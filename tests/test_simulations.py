@@ -144,13 +144,22 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
         assert last["tau_eff"] == 5.0
 
 
-@pytest.mark.parametrize("task, num_clients", [("credit", 3), ("digits", 10)])
-def test_other_tasks_run_with_their_defaults(tmp_path, task, num_clients):
+@pytest.mark.parametrize(
+    "task, num_clients, extra",
+    [
+        ("credit", 3, {}),
+        ("digits", 10, {}),
+        # the paper's 20 local epochs of batch 10 on 30 users: one epoch keeps it quick
+        ("synthetic", 30, {"local-epochs": 1}),
+    ],
+)
+def test_other_tasks_run_with_their_defaults(tmp_path, task, num_clients, extra):
     config = {
         "task": task,
         "strategy": "fednova",
         "num-server-rounds": 2,
         "output-dir": str(tmp_path),
+        **extra,
     }
     _run_in_process(config, num_clients=num_clients)
     document, problems = check_result(tmp_path / task, "fednova", 2)
