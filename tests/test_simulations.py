@@ -499,3 +499,40 @@ def _is_zombie(pid):
     except OSError:
         return True
     return stat[stat.rindex(")") + 2] == "Z"
+
+
+@pytest.mark.parametrize(
+    "task, shape, column", [("mnist", (28, 28), "image"), ("cifar10", (32, 32, 3), "img")]
+)
+def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
+    tmp_path, monkeypatch, task, shape, column
+):
+    """mnist/cifar10 download from the hub in real runs; here the same app code path
+    runs on a small in-memory DatasetDict injected where the app loads its task."""
+    from test_data import _image_standin
+
+    import simulations.admm_app.evaluation as evaluation
+
+    standin = _image_standin(shape, column, n_train=200)
+    real_load_task = evaluation.load_task
+    monkeypatch.setattr(
+        evaluation,
+        "load_task",
+        lambda name, **options: real_load_task(name, dataset=standin, **options),
+    )
+    evaluation._cached_task.cache_clear()
+    try:
+        config = {
+            "task": task,
+            "strategy": "fedadmm",
+            "num-server-rounds": 2,
+            "num-clients": 4,
+            "partitioner": "iid",
+            "output-dir": str(tmp_path),
+        }
+        _run_in_process(config, num_clients=4)
+    finally:
+        evaluation._cached_task.cache_clear()
+    document, problems = check_result(tmp_path / task, "fedadmm", 2)
+    assert problems == []
+    assert np.isfinite(document["rounds"][-1]["test_accuracy"])
