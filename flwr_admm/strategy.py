@@ -41,7 +41,7 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
 from flwr_admm.compression import Compressor
-from flwr_admm.consensus import CLIENT_RHO_MODES, ClientRho, ConsensusADMM, Reply, natural_key
+from flwr_admm.consensus import ClientRho, ConsensusADMM, Reply, natural_key
 from flwr_admm.kernels import single_thread_blas
 from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
@@ -115,8 +115,6 @@ class FedADMM(FedAvg):
     ) -> None:
         super().__init__(**fedavg_kwargs)
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
-        if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
-            raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
         if isinstance(rho_schedule, str):
             rho_schedule = make_schedule(rho_schedule)
         if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
@@ -125,22 +123,17 @@ class FedADMM(FedAvg):
             )
         if regularizer is not None and not isinstance(regularizer, Regularizer):
             raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        if client_rho not in CLIENT_RHO_MODES:
-            raise ValueError(
-                f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {client_rho!r}"
-            )
         self._check_flower_fields(sampling_seed)
-        self.rho = float(rho)
+        self.rho = rho
         self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
         self.regularizer = regularizer
         self.client_rho: ClientRho = client_rho
         self.eps_abs, self.eps_rel = eps_abs, eps_rel
         self.stop_on_convergence = stop_on_convergence
         self.sampling_seed = sampling_seed
-        # Build once to validate the combination (rho=0 with a regularizer, eps...).
-        ConsensusADMM(
-            [np.zeros(1)], self.rho, self.rho_schedule, regularizer, client_rho, eps_abs, eps_rel
-        )
+        # Build once to validate rho, client_rho, eps and their combination.
+        self._new_admm([np.zeros(1)])
+        self.rho = float(rho)
         self.admm: ConsensusADMM | None = None
         self.history: list[dict[str, Scalar]] = []
         self.converged = False
@@ -328,15 +321,7 @@ class FedADMM(FedAvg):
         try:
             meta = manifest["admm"]
             z0 = [np.zeros(tuple(shape)) for shape in meta["shapes"]]
-            admm = ConsensusADMM(
-                z0,
-                self.rho,
-                self.rho_schedule,
-                self.regularizer,
-                self.client_rho,
-                self.eps_abs,
-                self.eps_rel,
-            )
+            admm = self._new_admm(z0)
             admm.load_state_dict(arrays, meta)
             dtypes = [np.dtype(d) for d in manifest["dtypes"]]
         except (KeyError, TypeError, ValueError) as error:
@@ -351,19 +336,23 @@ class FedADMM(FedAvg):
         return self.last_round
 
     # ----------------------------------------------------------------- helpers
+    def _new_admm(self, z: NDArrays) -> ConsensusADMM:
+        """A fresh numpy core with this strategy's configuration (validates it too)."""
+        return ConsensusADMM(
+            z,
+            self.rho,
+            self.rho_schedule,
+            self.regularizer,
+            self.client_rho,
+            self.eps_abs,
+            self.eps_rel,
+        )
+
     def _adopt(self, parameters: Parameters) -> ConsensusADMM:
         z = parameters_to_ndarrays(parameters)
         if self.admm is None:
             self._dtypes = [np.asarray(t).dtype for t in z]
-            self.admm = ConsensusADMM(
-                z,
-                self.rho,
-                self.rho_schedule,
-                self.regularizer,
-                self.client_rho,
-                self.eps_abs,
-                self.eps_rel,
-            )
+            self.admm = self._new_admm(z)
         else:
             self.admm.adopt_consensus(z)
         return self.admm
