@@ -77,7 +77,13 @@ def client_fn_for(task: Task, seed: int, **kwargs: Any) -> Callable[[Context], A
     def client_fn(context: Context) -> ADMMClient:
         i = int(context.node_config["partition-id"])
         return ADMMClient(
-            task.make_model(), data.X[i], data.y[i], context=context, seed=seed, **kwargs
+            task.make_model(),
+            data.X[i],
+            data.y[i],
+            context=context,
+            seed=seed,
+            dp_seed=seed,  # reproducible experiment; real deployments keep the default
+            **kwargs,
         )
 
     return client_fn

@@ -63,7 +63,11 @@ class ADMMClient(NumPyClient):
     client_key : str, optional
         Stable key the server uses for this client's dual (default: partition-id).
     seed : int
-        Seed of the minibatch order (combined with the round and the partition-id).
+        Seed of the minibatch order and stochastic rounding (combined with the round
+        and the partition-id).
+    dp_seed : int, optional
+        Seed of the local-DP noise, for reproducible experiments only. None (default)
+        draws it from OS entropy: noise a server can regenerate gives no privacy.
 
     """
 
@@ -85,6 +89,7 @@ class ADMMClient(NumPyClient):
         y_val: NDArray[np.generic] | None = None,
         client_key: str | None = None,
         seed: int = 0,
+        dp_seed: int | None = None,
     ) -> None:
         if local_init not in LOCAL_INITS:
             raise ValueError(f"local_init: must be one of {list(LOCAL_INITS)}, got {local_init!r}")
@@ -112,6 +117,7 @@ class ADMMClient(NumPyClient):
         self.local_init = local_init
         self.context = context
         self.seed = int(seed)
+        self.dp_seed = None if dp_seed is None else int(dp_seed)
         node_config = context.node_config if context is not None else {}
         self.partition_id = node_config.get("partition-id")
         self.client_key = client_key
@@ -160,7 +166,7 @@ class ADMMClient(NumPyClient):
             received,
             result.params,
             residual,
-            np.random.default_rng([*stream, 2]),
+            self._noise_rng(server_round),
             np.random.default_rng([*stream, 1]),
         )
         keep = "rho" in config and self.local_init == "previous"
@@ -186,6 +192,15 @@ class ADMMClient(NumPyClient):
         return evaluate_model(self.model, params, self.X_val, self.y_val)
 
     # ----------------------------------------------------------------- helpers
+    def _noise_rng(self, server_round: int) -> np.random.Generator:
+        """Generator of the local-DP noise: secret (OS entropy) unless `dp_seed` is set.
+
+        Noise the server could regenerate from a known seed would protect nothing.
+        """
+        if self.dp_seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng([self.dp_seed, int(self.partition_id or 0), server_round])
+
     def _plan(self, config: dict[str, Scalar]) -> LocalPlan:
         plan = self.plan
         lr = float(config.get("learning_rate", plan.learning_rate))

@@ -4,7 +4,7 @@ Local DP (the client side of `LocalDP`): with c_i the parameters client i receiv
 
     delta_i  = w_i - c_i
     delta_i <- delta_i * min(1, C / ||delta_i||)          (clip to norm C)
-    delta_i <- delta_i + N(0, (sigma C)^2 I)              (seeded noise)
+    delta_i <- delta_i + N(0, (sigma C)^2 I)              (secret unless dp_seed is set)
 
 and the client replies c_i + delta_i. One reply is the Gaussian mechanism with noise
 multiplier sigma for the whole of the client's data (add/remove one client changes

@@ -108,7 +108,7 @@ def test_client_adds_noise_of_std_sigma_c_to_its_clipped_update() -> None:
 
     def reply(noise: float) -> NDArrays:
         context = Context(0, 1, {"partition-id": 3}, RecordDict(), {})
-        client = ADMMClient(model, X, y, context=context, local_steps=5, seed=9)
+        client = ADMMClient(model, X, y, context=context, local_steps=5, seed=9, dp_seed=9)
         config = {"rho": RHO, "server_round": 1, "dp-clip": clip, "dp-noise": noise}
         return client.fit(received, config)[0]
 
@@ -330,3 +330,21 @@ def test_client_side_dp_wrapper_with_fixedclipping_mod() -> None:
             RHO * np.linalg.norm(snapshots[k + 1][1] - noisy), rel=1e-12
         )
     assert D == snapshots[0][0].size
+
+
+def test_dp_noise_is_secret_unless_a_dp_seed_is_given() -> None:
+    """Two fits with identical inputs and seed but no dp_seed draw different noise."""
+    from flwr_admm.models import SoftmaxRegression
+
+    model = SoftmaxRegression(4, 3)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(30, 4)), np.arange(30) % 3
+    config = {"rho": RHO, "server_round": 1, "dp-clip": 1.0, "dp-noise": 0.5}
+
+    def reply(dp_seed: int | None) -> NDArrays:
+        context = Context(0, 1, {"partition-id": 0}, RecordDict(), {})
+        client = ADMMClient(model, X, y, context=context, local_steps=2, seed=0, dp_seed=dp_seed)
+        return client.fit(model.init_params(0), config)[0]
+
+    assert not np.array_equal(reply(None)[0], reply(None)[0])
+    np.testing.assert_array_equal(reply(7)[0], reply(7)[0])
