@@ -48,6 +48,7 @@ from .launcher import (
     StopOnExit,
     _signal,
     free_port,
+    process_table,
     toml_value,
 )
 from .report import check_result
@@ -321,14 +322,14 @@ class LoopbackDeployment(StopOnExit):
         process.poll()  # reap the leader once it has exited
         return [
             pid
-            for pid, (_, pgid, token) in _process_table().items()
+            for pid, (_, pgid, token) in process_table().items()
             if pgid == process.pid and token == self.token
         ]
 
     def owned_pids(self) -> set[int]:
         """Live processes we started: our groups' leaders, their descendants, and
         anything carrying our token (processes that outlived their parent)."""
-        table = _process_table()
+        table = process_table()
         roots = {p.pid for p in self.started if p.poll() is None}  # unreaped: still ours
         owned = {pid for pid in roots if pid in table}
         groups = set(owned)
@@ -352,7 +353,7 @@ class LoopbackDeployment(StopOnExit):
             if process.poll() is None:
                 groups.add(process.pid)
                 _signal_group(process.pid, signal.SIGTERM)
-        table = _process_table()
+        table = process_table()
         for pid in self.owned_pids():  # strays that left our groups
             if pid in table and table[pid][1] not in groups:
                 _signal(pid, signal.SIGTERM)
@@ -404,28 +405,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-def _process_table() -> dict[int, tuple[int, int, str | None]]:
-    """pid -> (ppid, pgid, value of TOKEN_VAR or None) for this user's live processes."""
-    table: dict[int, tuple[int, int, str | None]] = {}
-    marker = TOKEN_VAR.encode() + b"="
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[0] == "Z":
-                continue  # already dead; its parent reaps it
-            token = None
-            for item in (entry / "environ").read_bytes().split(b"\0"):
-                if item.startswith(marker):
-                    token = item[len(marker) :].decode()
-            table[int(entry.name)] = (int(fields[1]), int(fields[2]), token)
-        except (OSError, ValueError, IndexError):
-            continue
-    return table
 
 
 def _read(path: Path) -> str:

@@ -251,14 +251,14 @@ class LocalFlower(StopOnExit):
     # ------------------------------------------------------------------- stop
     def owned_pids(self) -> set[int]:
         """Live processes we started: descendants of our PIDs or carrying our token."""
-        table = _process_table()
+        table = process_table()
         owned = {pid for pid in self.started_pids if pid in table}
         changed = True
         while changed:
-            children = {pid for pid, (ppid, _) in table.items() if ppid in owned} - owned
+            children = {pid for pid, (ppid, _, _) in table.items() if ppid in owned} - owned
             changed = bool(children)
             owned |= children
-        owned |= {pid for pid, (_, token) in table.items() if token == self.token}
+        owned |= {pid for pid, (_, _, token) in table.items() if token == self.token}
         owned.discard(os.getpid())
         return owned
 
@@ -290,9 +290,9 @@ def _raise_system_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _process_table() -> dict[int, tuple[int, str | None]]:
-    """pid -> (ppid, value of TOKEN_VAR or None) for this user's processes."""
-    table: dict[int, tuple[int, str | None]] = {}
+def process_table() -> dict[int, tuple[int, int, str | None]]:
+    """pid -> (ppid, pgid, value of TOKEN_VAR or None) for this user's live processes."""
+    table: dict[int, tuple[int, int, str | None]] = {}
     marker = TOKEN_VAR.encode() + b"="
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -306,7 +306,7 @@ def _process_table() -> dict[int, tuple[int, str | None]]:
             for item in (entry / "environ").read_bytes().split(b"\0"):
                 if item.startswith(marker):
                     token = item[len(marker) :].decode()
-            table[int(entry.name)] = (int(fields[1]), token)
+            table[int(entry.name)] = (int(fields[1]), int(fields[2]), token)
         except (OSError, ValueError, IndexError):
             continue
     return table

@@ -21,7 +21,8 @@ from flwr.common import Context, RecordDict
 from flwr_admm.testing import make_proxies, run_rounds
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
-from simulations.deployment import LoopbackDeployment, _process_table
+from simulations.deployment import LoopbackDeployment
+from simulations.launcher import process_table
 from simulations.report import check_result
 
 pytestmark = pytest.mark.deployment
@@ -61,7 +62,7 @@ def deployment(tmp_path_factory):
     with LoopbackDeployment(NUM_NODES, home=home) as running:
         yield running
     # __exit__ stopped everything by PID (it raises otherwise); double-check
-    leftover = [pid for pid, (_, _, token) in _process_table().items() if token == running.token]
+    leftover = [pid for pid, (_, _, token) in process_table().items() if token == running.token]
     assert leftover == [], f"still running after stop: {leftover}"
 
 
@@ -206,4 +207,4 @@ def test_a_failed_start_stops_what_was_started(tmp_path):
     assert deployment.superlink is not None
     assert not os.path.exists(f"/proc/{deployment.superlink.pid}")
     assert deployment.owned_pids() == set()
-    assert not any(token == deployment.token for _, _, token in _process_table().values())
+    assert not any(token == deployment.token for _, _, token in process_table().values())

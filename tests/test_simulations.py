@@ -25,7 +25,7 @@ from simulations import compare, diagnose
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.run_config import DEFAULTS, fit_config, parse_run_config
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
-from simulations.launcher import APP_DIR, LocalFlower, _process_table
+from simulations.launcher import APP_DIR, LocalFlower, process_table
 from simulations.report import RunResult, check_result, plot_all, summary_markdown
 
 # ----------------------------------------------------------------- run config
@@ -489,7 +489,7 @@ def test_flwr_run_end_to_end(tmp_path):
     # everything it started is gone, by PID, and nothing else carries its token
     for pid in {superlink_pid, *pids}:
         assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
-    assert not any(token == flower.token for _, token in _process_table().values())
+    assert not any(token == flower.token for _, _, token in process_table().values())
     assert Path(tmp_path / "flwr-home" / "local-superlink" / "superlink.log").exists()
 
 
