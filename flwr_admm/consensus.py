@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +66,16 @@ class Reply:
     num_examples: int
     loss: float | None = None
     sq_norm: float | None = None  # ||w||^2 if the caller already computed it
+
+
+@dataclass
+class _OpenRound:
+    """Bookkeeping between `begin` and `finish`."""
+
+    incremental: bool
+    shares: Arrays | None
+    weight: float = 0.0
+    absorbed: list[Reply] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,7 @@ class ConsensusADMM:
         self._sum_ny: Arrays = [np.zeros_like(t) for t in self.z]
         self._sum_ns = 0.0
         self._sum_n = 0
+        self._round: _OpenRound | None = None
         self._recompute_sums()
 
     # ----------------------------------------------------------------- queries
@@ -237,21 +248,90 @@ class ConsensusADMM:
 
     # ------------------------------------------------------------------ update
     def step(self, replies: Sequence[Reply], server_round: int) -> RoundReport:
-        """Run the z-step and the dual step on the accepted replies of one round."""
+        """Run the z-step and the dual step on the accepted replies of one round.
+
+        Equivalent to `begin` + `absorb` of each reply in key order + `finish`.
+        """
         if not replies:
             raise ValueError("replies: need at least one reply to aggregate")
-        ordered = sorted(replies, key=lambda r: natural_key(r.key))
-        if len({r.key for r in ordered}) != len(ordered):
+        if len({r.key for r in replies}) != len(replies):
             raise ValueError("replies: client keys must be unique within a round")
-        for reply in ordered:
+        for reply in replies:  # refuse the round before touching any state
             self.check_shapes(reply.w, f"reply {reply.key!r}")
             if reply.num_examples <= 0:
                 raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
+        self.begin([r.key for r in replies])
+        for reply in sorted(replies, key=lambda r: natural_key(r.key)):
+            self.absorb(reply)
+        return self.finish(server_round)
+
+    def begin(self, keys: Collection[str]) -> None:
+        """Open a round whose replies will come from (at most) `keys`.
+
+        Replies are then folded in one at a time with `absorb`, so a server never holds
+        more than one deserialized reply besides its state.
+        """
+        expect_full = set(self.records) <= set(keys)
+        incremental = not expect_full and self.client_rho == "uniform"
+        shares = [np.zeros_like(t) for t in self.z] if incremental else None
+        self._round = _OpenRound(incremental, shares)
+
+    def absorb(self, reply: Reply) -> None:
+        """Store w_i, n_i of one replying client (its arrays are owned from now on).
+
+        Keeps S_y = sum n_i y_i in step when n_i changes. When not every cached client
+        is expected, S_w = sum n_i w_i is updated incrementally (S_w += n_i w_i' -
+        n_i w_i); otherwise `finish` recomputes it exactly in sorted order.
+        """
+        rnd = self._round
+        if rnd is None:
+            raise ValueError("absorb: call begin() first")
+        self.check_shapes(reply.w, f"reply {reply.key!r}")
+        if reply.num_examples <= 0:
+            raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
+        if any(r.key == reply.key for r in rnd.absorbed):
+            raise ValueError("replies: client keys must be unique within a round")
+        w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
+        n = int(reply.num_examples)
+        record = self.records.get(reply.key)
+        if record is None:
+            record = ClientRecord(w, [np.zeros_like(t) for t in w], n)
+            self.records[reply.key] = record
+        else:
+            if rnd.incremental:
+                for acc, prev in zip(self._sum_nsw, record.w, strict=True):
+                    axpy(-float(record.num_examples), prev, acc)
+                self._sum_ns -= record.num_examples
+                self._sum_n -= record.num_examples
+            for acc, y in zip(self._sum_ny, record.y, strict=True):
+                axpy(float(n - record.num_examples), y, acc)
+            record.w, record.num_examples = w, n
+        if rnd.incremental and rnd.shares is not None:
+            for acc, share, w_new in zip(self._sum_nsw, rnd.shares, w, strict=True):
+                axpy(float(n), w_new, acc)
+                axpy(float(n), w_new, share)
+            self._sum_ns += n
+            self._sum_n += n
+            rnd.weight += n
+        rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, reply.sq_norm))
+
+    def cancel(self) -> None:
+        """Close a round in which nothing was absorbed (the state is unchanged)."""
+        if self._round is not None and self._round.absorbed:
+            raise ValueError("cancel: replies were absorbed; call finish()")
+        self._round = None
+
+    def finish(self, server_round: int) -> RoundReport:
+        """Close the round: z-step, dual step, residuals, next rho."""
+        rnd, self._round = self._round, None
+        if rnd is None or not rnd.absorbed:
+            raise ValueError("replies: need at least one reply to aggregate")
+        ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_prev = self.rho, self.z
         with single_thread_blas():
-            shares, shares_weight = self._store_replies(ordered)
+            shares, weight = self._round_shares(rnd, ordered)
             self.z = self._z_step()
-            stats = self._dual_step(ordered, shares, shares_weight)
+            stats = self._dual_step(ordered, shares, weight)
         report = self._report(ordered, z_prev, rho, stats)
         next_rho, self.schedule_state = self.schedule.update(
             rho,
@@ -266,48 +346,23 @@ class ConsensusADMM:
         self.rho = _check_rho(next_rho, "rho_schedule output")
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
-    def _store_replies(self, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
-        """Take w_i, n_i of the replying clients (step owns their arrays from now on).
-
-        Keeps S_y = sum n_i y_i in step when n_i changes. Updates S_w = sum n_i s_i w_i
-        incrementally (S_w += n_i s_i w_i' - n_i s_i w_i) unless every cached client
-        replied or the multipliers s_i moved; then S_w is recomputed exactly in sorted
-        order (one pass per client, cheaper than the incremental two).
-        Returns R = sum n_i s_i w_i' over the replies and its weight sum n_i s_i.
-        """
-        old: dict[str, tuple[float, int, Arrays]] = {}
-        for reply in ordered:
-            w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
-            record = self.records.get(reply.key)
-            n = int(reply.num_examples)
-            if record is None:
-                self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
-                continue
-            old[reply.key] = (record.num_examples * record.scale, record.num_examples, record.w)
-            for acc, y in zip(self._sum_ny, record.y, strict=True):
-                axpy(float(n - record.num_examples), y, acc)
-            record.w, record.num_examples = w, n
-        if self._update_scales({r.key for r in ordered}) or len(ordered) == len(self.records):
-            self._recompute_sums(duals=False)
+    def _round_shares(self, rnd: _OpenRound, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
+        """R = sum n_i s_i w_i' over the replies and its weight; S_w exact if needed."""
+        self._update_scales({r.key for r in ordered})
+        if rnd.incremental and rnd.shares is not None:
+            return rnd.shares, rnd.weight
+        self._recompute_sums(duals=False)
+        if len(ordered) == len(self.records):
             return self._sum_nsw, self._sum_ns
-        for ns_old, n_old, w_old in old.values():
-            for acc, prev in zip(self._sum_nsw, w_old, strict=True):
-                axpy(-ns_old, prev, acc)
-            self._sum_ns -= ns_old
-            self._sum_n -= n_old
-        before = [acc.copy() for acc in self._sum_nsw]
+        shares = [np.zeros_like(t) for t in self.z]
         weight = 0.0
         for reply in ordered:
             record = self.records[reply.key]
             ns = record.num_examples * record.scale
-            for acc, w_new in zip(self._sum_nsw, record.w, strict=True):
-                axpy(ns, w_new, acc)
+            for share, w in zip(shares, record.w, strict=True):
+                axpy(ns, w, share)
             weight += ns
-            self._sum_n += record.num_examples
-        self._sum_ns += weight
-        for acc, start in zip(self._sum_nsw, before, strict=True):
-            np.subtract(acc, start, out=start)
-        return before, weight
+        return shares, weight
 
     def _update_scales(self, replied: set[str]) -> bool:
         """Set s_i (data_size: n_i / max n); True if a silent client's s_i changed."""
@@ -387,8 +442,8 @@ class ConsensusADMM:
                     y_sq += p * float(np.dot(y_block, y_block))
         if self.rho != 0.0:
             for acc, share, z in zip(self._sum_ny, shares, self.z, strict=True):
-                update = share - shares_weight * z
-                axpy(self.rho, update, acc)
+                axpy(self.rho, share, acc)  # two one-pass adds, no temporary
+                axpy(-self.rho * shares_weight, z, acc)
         return r_sq, w_sq, y_sq
 
     def _report(

@@ -244,8 +244,9 @@ class FedADMM(FedAvg):
         if admm is None or (not self.accept_failures and failures):
             return None, counts
         with single_thread_blas():
-            replies = self._accepted_replies(results, admm, counts)
-        if not replies:
+            folded = self._fold_replies(results, admm, counts)
+        if not folded:
+            admm.cancel()
             log(WARNING, "FedADMM round %s: no usable reply; z, duals, rho unchanged", server_round)
             return None, {
                 **counts,
@@ -253,7 +254,7 @@ class FedADMM(FedAvg):
                 "rho": admm.rho,
                 "num_clients_cached": len(admm.records),
             }
-        report = admm.step(replies, server_round)
+        report = admm.finish(server_round)
         self.converged = report.converged
         metrics: dict[str, Scalar] = {
             "rho": report.rho,
@@ -407,30 +408,54 @@ class FedADMM(FedAvg):
             return f"partition-id:{int(metrics['partition-id'])}"
         return f"cid:{proxy.cid}"
 
-    def _accepted_replies(
+    def _fold_replies(
         self,
         results: list[tuple[ClientProxy, FitRes]],
         admm: ConsensusADMM,
         counts: dict[str, Scalar],
-    ) -> list[Reply]:
+    ) -> int:
+        """Check each reply and fold it into the open ADMM round, one at a time.
+
+        Only one reply is deserialized at any moment (besides the state), so the
+        server's peak memory stays near the cached state. Returns the number folded in.
+        """
         shapes = [t.shape for t in admm.z]
-        candidates: list[tuple[ClientProxy, FitRes, str, NDArrays, float | None]] = []
+        keyed: list[tuple[str, ClientProxy, FitRes]] = []
         for proxy, res in results:
             try:
-                key = self._client_key(proxy, res.metrics)
-                arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
-                problem, sq_norm = check_reply(arrays, res.num_examples, shapes)
+                keyed.append((self._client_key(proxy, res.metrics), proxy, res))
             except Exception as error:  # a malformed reply must not stop the server
-                key, problem = f"cid:{proxy.cid}", f"unreadable reply ({error!r})"
-            if problem is None:
-                candidates.append((proxy, res, key, arrays, sq_norm))
-            else:
-                self._reject(key, problem, counts)
-        seen = Counter(candidate[2] for candidate in candidates)
-        replies: list[Reply] = []
-        for proxy, res, key, arrays, sq_norm in candidates:
-            if seen[key] > 1:
-                self._reject(key, f"{seen[key]} replies share this client key", counts)
+                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
+        decoded: dict[int, tuple[NDArrays, float | None]] = {}
+        dropped: set[int] = set()
+        # Replies sharing a key: only those that pass the checks count as duplicates.
+        for key, count in Counter(key for key, _, _ in keyed).items():
+            if count == 1:
+                continue
+            valid = []
+            for index, (other, proxy, res) in enumerate(keyed):
+                if other == key:
+                    checked = self._checked(key, proxy, res, shapes, counts)
+                    if checked is None:
+                        dropped.add(index)
+                    else:
+                        decoded[index] = checked
+                        valid.append(index)
+            if len(valid) > 1:
+                for index in valid:
+                    self._reject(key, f"{len(valid)} replies share this client key", counts)
+                    decoded.pop(index)
+                    dropped.add(index)
+        order = sorted(
+            (i for i in range(len(keyed)) if i not in dropped),
+            key=lambda i: natural_key(keyed[i][0]),
+        )
+        admm.begin([keyed[i][0] for i in order])
+        folded = 0
+        for index in order:
+            key, proxy, res = keyed[index]
+            checked = decoded.pop(index, None) or self._checked(key, proxy, res, shapes, counts)
+            if checked is None:
                 continue
             self._key_of_cid[proxy.cid] = key
             if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
@@ -442,8 +467,29 @@ class FedADMM(FedAvg):
             loss = res.metrics.get("loss")
             finite = isinstance(loss, int | float) and math.isfinite(loss)
             objective = float(loss) if finite and isinstance(loss, int | float) else None
-            replies.append(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
-        return replies
+            arrays, sq_norm = checked
+            admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
+            folded += 1
+        return folded
+
+    def _checked(
+        self,
+        key: str,
+        proxy: ClientProxy,
+        res: FitRes,
+        shapes: list[tuple[int, ...]],
+        counts: dict[str, Scalar],
+    ) -> tuple[NDArrays, float | None] | None:
+        """Decoded arrays and ||w||^2 of a usable reply; None (and counted) otherwise."""
+        try:
+            arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
+            problem, sq_norm = check_reply(arrays, res.num_examples, shapes)
+        except Exception as error:  # a malformed reply must not stop the server
+            problem, sq_norm = f"unreadable reply ({error!r})", None
+        if problem is not None:
+            self._reject(key, problem, counts)
+            return None
+        return arrays, sq_norm
 
     @staticmethod
     def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:

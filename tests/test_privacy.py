@@ -126,15 +126,14 @@ class SpyADMM(FedADMM):
         super().__init__(**kwargs)
         self.update_norms: list[float] = []
 
-    def _accepted_replies(self, results: Any, admm: Any, counts: Any) -> Any:
-        replies = super()._accepted_replies(results, admm, counts)
-        cid_of = {self._key_of_cid[p.cid]: p.cid for p, _ in results}
-        for reply in replies:
-            center = self._sent(cid_of[reply.key])
+    def _checked(self, key: Any, proxy: Any, res: Any, shapes: Any, counts: Any) -> Any:
+        checked = super()._checked(key, proxy, res, shapes, counts)
+        if checked is not None:
+            center = self._sent(proxy.cid)
             self.update_norms.append(
-                update_norm([w - c for w, c in zip(reply.w, center, strict=True)])
+                update_norm([w - c for w, c in zip(checked[0], center, strict=True)])
             )
-        return replies
+        return checked
 
 
 @pytest.mark.parametrize("uplink", [None, StochasticQuantizer(bits=16, error_feedback=False)])
