@@ -82,12 +82,11 @@ def pass_seconds(num_parameters: int, repeats: int) -> float:
 
 PROFILED = (
     "aggregate_fit",
-    "_accepted_replies",
+    "_fold_replies",
     "parameters_to_ndarrays",
-    "reply_problem",
-    "step",
-    "_store_replies",
-    "_accumulate",
+    "check_reply",
+    "absorb",
+    "finish",
     "_recompute_sums",
     "_z_step",
     "_dual_step",
@@ -281,7 +280,7 @@ def print_tables(rows: list[dict[str, Any]], skipped: list[dict[str, Any]], budg
     if profiled:
         print(
             "\nFedADMM.aggregate_fit profile: share of its time per function (cumulative, "
-            "so nested: step contains _store_replies ...); passes = time per reply / time "
+            "so nested: finish contains _dual_step ...); passes = time per reply / time "
             "of one `a += b` over the model"
         )
         labels = [f"P={r['num_parameters']:.0e} N={r['num_clients']}" for r in profiled]
