@@ -48,6 +48,7 @@ from .launcher import (
     StopOnExit,
     _signal,
     free_port,
+    owned_processes,
     process_table,
     toml_value,
 )
@@ -329,19 +330,8 @@ class LoopbackDeployment(StopOnExit):
     def owned_pids(self) -> set[int]:
         """Live processes we started: our groups' leaders, their descendants, and
         anything carrying our token (processes that outlived their parent)."""
-        table = process_table()
         roots = {p.pid for p in self.started if p.poll() is None}  # unreaped: still ours
-        owned = {pid for pid in roots if pid in table}
-        groups = set(owned)
-        owned |= {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
-        changed = True
-        while changed:
-            children = {pid for pid, (ppid, _, _) in table.items() if ppid in owned} - owned
-            changed = bool(children)
-            owned |= children
-        owned |= {pid for pid, (_, _, token) in table.items() if token == self.token}
-        owned.discard(os.getpid())
-        return owned
+        return owned_processes(roots, self.token, groups=True)
 
     def stop(self, grace: float = 15.0) -> None:
         """Stop everything started here, by PID; raise if anything survives.

@@ -251,16 +251,7 @@ class LocalFlower(StopOnExit):
     # ------------------------------------------------------------------- stop
     def owned_pids(self) -> set[int]:
         """Live processes we started: descendants of our PIDs or carrying our token."""
-        table = process_table()
-        owned = {pid for pid in self.started_pids if pid in table}
-        changed = True
-        while changed:
-            children = {pid for pid, (ppid, _, _) in table.items() if ppid in owned} - owned
-            changed = bool(children)
-            owned |= children
-        owned |= {pid for pid, (_, _, token) in table.items() if token == self.token}
-        owned.discard(os.getpid())
-        return owned
+        return owned_processes(self.started_pids, self.token)
 
     def stop_superlink(self) -> None:
         """Stop the SuperLink and everything it spawned (Ray may spawn while dying)."""
@@ -288,6 +279,25 @@ class LocalFlower(StopOnExit):
 
 def _raise_system_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def owned_processes(roots: set[int], token: str, *, groups: bool = False) -> set[int]:
+    """Live PIDs among `roots`, (with `groups`) the members of their process groups,
+    all their descendants, and every process carrying `token` in its environment
+    (which catches those that outlived their parent). Never this process."""
+    table = process_table()
+    owned = {pid for pid in roots if pid in table}
+    if groups:
+        leaders = set(owned)
+        owned |= {pid for pid, (_, pgid, _) in table.items() if pgid in leaders}
+    changed = True
+    while changed:
+        children = {pid for pid, (ppid, _, _) in table.items() if ppid in owned} - owned
+        changed = bool(children)
+        owned |= children
+    owned |= {pid for pid, (_, _, mark) in table.items() if mark == token}
+    owned.discard(os.getpid())
+    return owned
 
 
 def process_table() -> dict[int, tuple[int, int, str | None]]:
