@@ -76,6 +76,7 @@ class _OpenRound:
     shares: Arrays | None
     weight: float = 0.0
     absorbed: list[Reply] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -261,8 +262,9 @@ class ConsensusADMM:
             if reply.num_examples <= 0:
                 raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
         self.begin([r.key for r in replies])
-        for reply in sorted(replies, key=lambda r: natural_key(r.key)):
-            self.absorb(reply)
+        with single_thread_blas():
+            for reply in sorted(replies, key=lambda r: natural_key(r.key)):
+                self.absorb(reply)
         return self.finish(server_round)
 
     def begin(self, keys: Collection[str]) -> None:
@@ -289,7 +291,7 @@ class ConsensusADMM:
         self.check_shapes(reply.w, f"reply {reply.key!r}")
         if reply.num_examples <= 0:
             raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
-        if any(r.key == reply.key for r in rnd.absorbed):
+        if reply.key in rnd.keys:
             raise ValueError("replies: client keys must be unique within a round")
         w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
         n = int(reply.num_examples)
@@ -314,6 +316,7 @@ class ConsensusADMM:
             self._sum_n += n
             rnd.weight += n
         rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, reply.sq_norm))
+        rnd.keys.add(reply.key)
 
     def cancel(self) -> None:
         """Close a round in which nothing was absorbed (the state is unchanged)."""
@@ -348,7 +351,7 @@ class ConsensusADMM:
 
     def _round_shares(self, rnd: _OpenRound, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
         """R = sum n_i s_i w_i' over the replies and its weight; S_w exact if needed."""
-        self._update_scales({r.key for r in ordered})
+        self._update_scales()
         if rnd.incremental and rnd.shares is not None:
             return rnd.shares, rnd.weight
         self._recompute_sums(duals=False)
@@ -364,31 +367,26 @@ class ConsensusADMM:
             weight += ns
         return shares, weight
 
-    def _update_scales(self, replied: set[str]) -> bool:
-        """Set s_i (data_size: n_i / max n); True if a silent client's s_i changed."""
+    def _update_scales(self) -> None:
+        """Set s_i = n_i / max_j n_j (data_size; S_w is then recomputed by the caller)."""
         if self.client_rho == "uniform":
-            return False
+            return
         max_n = max(r.num_examples for r in self.records.values())
-        changed = False
-        for key, record in self.records.items():
-            scale = record.num_examples / max_n
-            changed |= key not in replied and scale != record.scale
-            record.scale = scale
-        return changed
+        for record in self.records.values():
+            record.scale = record.num_examples / max_n
 
-    def _recompute_sums(self, duals: bool = True, weights: bool = True) -> None:
-        """Exact sums S_w = sum n_i s_i w_i, S_y = sum n_i y_i in sorted key order."""
+    def _recompute_sums(self, duals: bool = True) -> None:
+        """Exact sums S_w = sum n_i s_i w_i (and S_y = sum n_i y_i) in sorted key order."""
         ordered = [self.records[k] for k in sorted(self.records, key=natural_key)]
-        if weights:
-            for acc in self._sum_nsw:
-                acc.fill(0.0)
-            self._sum_ns, self._sum_n = 0.0, 0
-            for record in ordered:
-                ns = record.num_examples * record.scale
-                for acc, w in zip(self._sum_nsw, record.w, strict=True):
-                    axpy(ns, w, acc)
-                self._sum_ns += ns
-                self._sum_n += record.num_examples
+        for acc in self._sum_nsw:
+            acc.fill(0.0)
+        self._sum_ns, self._sum_n = 0.0, 0
+        for record in ordered:
+            ns = record.num_examples * record.scale
+            for acc, w in zip(self._sum_nsw, record.w, strict=True):
+                axpy(ns, w, acc)
+            self._sum_ns += ns
+            self._sum_n += record.num_examples
         if duals:
             for acc in self._sum_ny:
                 acc.fill(0.0)
