@@ -92,6 +92,8 @@ class RoundReport:
     objective: float | None
     num_replies: int
     num_clients_cached: int
+    primal_scale: float = 0.0  # max(sqrt(sum p_i ||w_i||^2), ||z||)
+    dual_scale: float = 0.0  # sqrt(sum p_i ||y_i||^2) after the dual step
 
     @property
     def converged(self) -> bool:
@@ -344,6 +346,8 @@ class ConsensusADMM:
                 primal_residual=report.primal_residual,
                 dual_residual=report.dual_residual,
                 objective=report.objective,
+                primal_scale=report.primal_scale,
+                dual_scale=report.dual_scale,
             ),
         )
         self.rho = _check_rho(next_rho, "rho_schedule output")
@@ -456,6 +460,8 @@ class ConsensusADMM:
         rho_bar = rho * self._sum_ns / self._sum_n
         dual = rho_bar * math.sqrt(_sq_norm(a - b for a, b in zip(self.z, z_prev, strict=True)))
         root_n = math.sqrt(self.num_parameters)
+        primal_scale = max(math.sqrt(w_sq), math.sqrt(_sq_norm(self.z)))
+        dual_scale = math.sqrt(y_sq)
         losses = [(r.num_examples, r.loss) for r in ordered]
         objective = None
         if all(loss is not None and math.isfinite(loss) for _, loss in losses):
@@ -467,10 +473,11 @@ class ConsensusADMM:
             next_rho=rho,
             primal_residual=math.sqrt(r_sq),
             dual_residual=dual,
-            eps_primal=root_n * self.eps_abs
-            + self.eps_rel * max(math.sqrt(w_sq), math.sqrt(_sq_norm(self.z))),
-            eps_dual=root_n * self.eps_abs + self.eps_rel * math.sqrt(y_sq),
+            eps_primal=root_n * self.eps_abs + self.eps_rel * primal_scale,
+            eps_dual=root_n * self.eps_abs + self.eps_rel * dual_scale,
             objective=objective,
             num_replies=len(ordered),
             num_clients_cached=len(self.records),
+            primal_scale=primal_scale,
+            dual_scale=dual_scale,
         )

@@ -19,12 +19,19 @@ ScheduleState = dict[str, Any]
 
 @dataclass(frozen=True)
 class RoundResiduals:
-    """What a schedule may look at after round `server_round`'s aggregation."""
+    """What a schedule may look at after round `server_round`'s aggregation.
+
+    `primal_scale` = max(sqrt(sum p_i ||w_i||^2), ||z||) and `dual_scale` =
+    sqrt(sum p_i ||y_i||^2) (after the dual step) are the norms Boyd's relative
+    tolerances use; r / primal_scale and s / dual_scale are scale-free residuals.
+    """
 
     server_round: int
     primal_residual: float
     dual_residual: float
     objective: float | None = None
+    primal_scale: float | None = None
+    dual_scale: float | None = None
 
 
 def _check_positive(value: float, field: str) -> float:
