@@ -1,8 +1,11 @@
 """The server side of `benchmarks.server_cost`: a FedADMM that knows N clients.
 
-Replies are random float64 models of P parameters in four tensors, serialized once
-and reused (FedADMM deserializes into its own arrays, FedAvg mutates only what it
-deserializes), so both strategies aggregate the identical `FitRes` list.
+Replies are random float64 models of P parameters in four tensors. Every client of
+the setup has its own reply bytes, and the timed rounds alternate between two sets of
+ten more: FedADMM keeps read-only views into the bytes it received (no copy), so
+shared or reused bytes would make its cached state smaller, and its "remove the old
+share" reads cheaper, than in a real run. Both strategies aggregate the identical
+`FitRes` lists (FedAvg mutates only what it deserializes).
 """
 
 from __future__ import annotations
@@ -57,17 +60,19 @@ def state_bytes(num_parameters: int, num_clients: int) -> int:
 
 
 def peak_need_bytes(num_parameters: int, num_clients: int) -> int:
-    """State plus the replies and both strategies' transient copies (generous)."""
-    return state_bytes(num_parameters, num_clients) + 4 * SAMPLED * num_parameters * FLOAT
+    """State, the two timed reply sets and transient copies (generous)."""
+    return state_bytes(num_parameters, num_clients) + 6 * SAMPLED * num_parameters * FLOAT
 
 
-def make_replies(num_parameters: int, seed: int) -> list[Parameters]:
-    """One serialized random model per sampling slot (reused across clients)."""
+def make_replies(num_parameters: int, seed: int, count: int = SAMPLED) -> list[Parameters]:
+    """`count` serialized models, each its own bytes (random, then shifted copies).
+
+    Only one model is drawn at random; the others add a distinct constant to it, so
+    building hundreds of replies costs little, while no two share memory.
+    """
     rng = np.random.default_rng(seed)
-    return [
-        ndarrays_to_parameters([rng.standard_normal(s) for s in layer_shapes(num_parameters)])
-        for _ in range(SAMPLED)
-    ]
+    base = [rng.standard_normal(s) for s in layer_shapes(num_parameters)]
+    return [ndarrays_to_parameters([t + 1e-3 * k for t in base]) for k in range(count)]
 
 
 def fit_results(
@@ -91,12 +96,13 @@ def fit_results(
 def prepared_fedadmm(
     num_parameters: int,
     num_clients: int,
-    payloads: list[Parameters],
     factory: Callable[..., FedADMM] = FedADMM,
-) -> tuple[FedADMM, list[tuple[ClientProxy, FitRes]]]:
-    """FedADMM (built by `factory`) that has seen all N clients, and the timed replies.
+) -> tuple[FedADMM, list[list[tuple[ClientProxy, FitRes]]]]:
+    """FedADMM (built by `factory`) that has seen all N clients, and two timed reply sets.
 
-    `factory` takes FedADMM's keywords; pass a subclass to measure a variant.
+    Every client's setup reply is its own bytes; the two timed sets (the same 10
+    clients, different bytes) are meant to alternate. `factory` takes FedADMM's
+    keywords; pass a subclass to measure a variant.
     """
     proxies: list[ClientProxy] = [_Proxy(str(i)) for i in range(num_clients)]
     manager = ScriptedClientManager()
@@ -114,9 +120,11 @@ def prepared_fedadmm(
     for server_round, start in enumerate(range(0, num_clients, SAMPLED), start=1):
         manager.next_sample = proxies[start : start + SAMPLED]
         strategy.configure_fit(server_round, parameters, manager)
+        payloads = make_replies(num_parameters, seed=start, count=SAMPLED)
         aggregated, _ = strategy.aggregate_fit(
             server_round, fit_results(manager.next_sample, payloads), []
         )
+        del payloads
         assert aggregated is not None
         parameters = aggregated
     # The timed sample: 10 clients spread over the N known ones.
@@ -126,7 +134,10 @@ def prepared_fedadmm(
         num_clients // SAMPLED + 1, parameters, manager
     )
     assert len(instructions) == SAMPLED
-    return strategy, fit_results(sample, payloads)
+    timed = [
+        fit_results(sample, make_replies(num_parameters, seed=num_clients + k)) for k in range(2)
+    ]
+    return strategy, timed
 
 
 def cached_state_bytes(strategy: FedADMM) -> int:

@@ -32,14 +32,14 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.kernels import axpy, single_thread_blas
+from flwr_admm.kernels import BLOCK, axpy, blocks, replace_share, single_thread_blas
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
 
 Arrays = list[NDArray[np.float64]]
 ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
-BLOCK = 1 << 15  # elements per block in the dual step: 256 KiB per array, fits in L2
+RoundMode = Literal["full", "incremental", "recompute"]
 
 
 def natural_key(key: str) -> tuple[object, ...]:
@@ -72,9 +72,7 @@ class Reply:
 class _OpenRound:
     """Bookkeeping between `begin` and `finish`."""
 
-    incremental: bool
-    shares: Arrays | None
-    weight: float = 0.0
+    mode: RoundMode
     absorbed: list[Reply] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
 
@@ -273,19 +271,31 @@ class ConsensusADMM:
         """Open a round whose replies will come from (at most) `keys`.
 
         Replies are then folded in one at a time with `absorb`, so a server never holds
-        more than one deserialized reply besides its state.
+        more than one reply besides its state. How S_w = sum n_i s_i w_i is kept:
+        "full" (every cached client is expected): rebuilt from the replies as they
+        arrive, in absorb order, then the clients that did not reply; "incremental"
+        (uniform rho, partial participation): S_w += n_i w_i' - n_i w_i per reply;
+        "recompute" (per-client rho, whose scales may all change): exactly in sorted
+        key order at `finish`.
         """
-        expect_full = set(self.records) <= set(keys)
-        incremental = not expect_full and self.client_rho == "uniform"
-        shares = [np.zeros_like(t) for t in self.z] if incremental else None
-        self._round = _OpenRound(incremental, shares)
+        mode: RoundMode
+        if self.client_rho != "uniform":
+            mode = "recompute"
+        elif set(self.records) <= set(keys):
+            mode = "full"
+            for acc in self._sum_nsw:
+                acc.fill(0.0)
+            self._sum_ns, self._sum_n = 0.0, 0
+        else:
+            mode = "incremental"
+        self._round = _OpenRound(mode)
 
     def absorb(self, reply: Reply) -> None:
-        """Store w_i, n_i of one replying client (its arrays are owned from now on).
+        """Store w_i, n_i of one replying client and fold it into S_w.
 
-        Keeps S_y = sum n_i y_i in step when n_i changes. When not every cached client
-        is expected, S_w = sum n_i w_i is updated incrementally (S_w += n_i w_i' -
-        n_i w_i); otherwise `finish` recomputes it exactly in sorted order.
+        The arrays are kept, not copied (read-only views into a reply's bytes are
+        fine: the state never writes into w_i). S_y = sum n_i y_i is corrected when
+        n_i changes. The order of the absorb calls fixes the order of summation.
         """
         rnd = self._round
         if rnd is None:
@@ -298,25 +308,24 @@ class ConsensusADMM:
         w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
-        if record is None:
-            record = ClientRecord(w, [np.zeros_like(t) for t in w], n)
-            self.records[reply.key] = record
-        else:
-            if rnd.incremental:
-                for acc, prev in zip(self._sum_nsw, record.w, strict=True):
-                    axpy(-float(record.num_examples), prev, acc)
-                self._sum_ns -= record.num_examples
-                self._sum_n -= record.num_examples
+        if record is not None and n != record.num_examples:
             for acc, y in zip(self._sum_ny, record.y, strict=True):
                 axpy(float(n - record.num_examples), y, acc)
-            record.w, record.num_examples = w, n
-        if rnd.incremental and rnd.shares is not None:
-            for acc, share, w_new in zip(self._sum_nsw, rnd.shares, w, strict=True):
+        if rnd.mode == "full" or (rnd.mode == "incremental" and record is None):
+            for acc, w_new in zip(self._sum_nsw, w, strict=True):
                 axpy(float(n), w_new, acc)
-                axpy(float(n), w_new, share)
             self._sum_ns += n
             self._sum_n += n
-            rnd.weight += n
+        elif rnd.mode == "incremental" and record is not None:
+            n_old = record.num_examples
+            for acc, w_new, w_old in zip(self._sum_nsw, w, record.w, strict=True):
+                replace_share(acc, float(n), w_new, float(n_old), w_old)
+            self._sum_ns += n - n_old
+            self._sum_n += n - n_old
+        if record is None:
+            self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
+        else:
+            record.w, record.num_examples = w, n
         rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, reply.sq_norm))
         rnd.keys.add(reply.key)
 
@@ -324,6 +333,8 @@ class ConsensusADMM:
         """Close a round in which nothing was absorbed (the state is unchanged)."""
         if self._round is not None and self._round.absorbed:
             raise ValueError("cancel: replies were absorbed; call finish()")
+        if self._round is not None and self._round.mode == "full":
+            self._recompute_sums(duals=False)
         self._round = None
 
     def finish(self, server_round: int) -> RoundReport:
@@ -334,9 +345,9 @@ class ConsensusADMM:
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_prev = self.rho, self.z
         with single_thread_blas():
-            shares, weight = self._round_shares(rnd, ordered)
+            self._complete_sums(rnd)
             self.z = self._z_step()
-            stats = self._dual_step(ordered, shares, weight)
+            stats = self._dual_step(ordered)
         report = self._report(ordered, z_prev, rho, stats)
         next_rho, self.schedule_state = self.schedule.update(
             rho,
@@ -353,23 +364,18 @@ class ConsensusADMM:
         self.rho = _check_rho(next_rho, "rho_schedule output")
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
-    def _round_shares(self, rnd: _OpenRound, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
-        """R = sum n_i s_i w_i' over the replies and its weight; S_w exact if needed."""
-        self._update_scales()
-        if rnd.incremental and rnd.shares is not None:
-            return rnd.shares, rnd.weight
-        self._recompute_sums(duals=False)
-        if len(ordered) == len(self.records):
-            return self._sum_nsw, self._sum_ns
-        shares = [np.zeros_like(t) for t in self.z]
-        weight = 0.0
-        for reply in ordered:
-            record = self.records[reply.key]
-            ns = record.num_examples * record.scale
-            for share, w in zip(shares, record.w, strict=True):
-                axpy(ns, w, share)
-            weight += ns
-        return shares, weight
+    def _complete_sums(self, rnd: _OpenRound) -> None:
+        """Bring S_w up to date with every cached client before the z-step."""
+        if rnd.mode == "recompute":
+            self._update_scales()
+            self._recompute_sums(duals=False)
+        elif rnd.mode == "full":
+            for key in sorted(set(self.records) - rnd.keys, key=natural_key):
+                record = self.records[key]
+                for acc, w in zip(self._sum_nsw, record.w, strict=True):
+                    axpy(float(record.num_examples), w, acc)
+                self._sum_ns += record.num_examples
+                self._sum_n += record.num_examples
 
     def _update_scales(self) -> None:
         """Set s_i = n_i / max_j n_j (data_size; S_w is then recomputed by the caller)."""
@@ -409,18 +415,18 @@ class ConsensusADMM:
             self.regularizer.prox_(z, rho * self._sum_ns / self._sum_n)
         return z
 
-    def _dual_step(
-        self, ordered: Sequence[Reply], shares: Arrays, shares_weight: float
-    ) -> tuple[float, float, float]:
-        """y_i += rho_i (w_i - z) for the replying clients; S_y += rho (R - W z).
+    def _dual_step(self, ordered: Sequence[Reply]) -> tuple[float, float, float]:
+        """y_i += rho_i (w_i - z) for the replying clients, and S_y with them.
 
-        R = sum n_i s_i w_i and W = sum n_i s_i over the replies, so the sum of the
-        dual updates costs a few passes per round, not one per client. Returns the
-        p-weighted sums of ||w_i - z||^2, ||w_i||^2 and ||y_i||^2 over the replies
-        (p_i = n_i / sum of their n). Works block by block so that w_i, y_i and z are
-        read from memory once while four operations run on cached data.
+        When every cached client replied, S_w holds exactly their sum R = sum n_i s_i
+        w_i, so S_y += rho (S_w - S_s z) costs two passes a round; otherwise each
+        reply adds n_i rho_i (w_i - z) while its block is in cache (no accumulator of
+        the replies is kept). Returns the p-weighted sums of ||w_i - z||^2, ||w_i||^2
+        and ||y_i||^2 over the replies (p_i = n_i / sum of their n). Works block by
+        block so that w_i, y_i and z are read from memory once per reply.
         """
         total = float(sum(r.num_examples for r in ordered))
+        everyone = len(ordered) == len(self.records)
         largest = max(t.size for t in self.z)
         scratch = np.empty(min(BLOCK, largest))
         r_sq = w_sq = y_sq = 0.0
@@ -428,24 +434,23 @@ class ConsensusADMM:
             record = self.records[reply.key]
             rho_i = self.rho * record.scale
             p = record.num_examples / total
-            if reply.sq_norm is not None:
-                w_sq += p * reply.sq_norm
-            else:
-                w_sq += p * _sq_norm(record.w)
-            for y, w, z in zip(record.y, record.w, self.z, strict=True):
+            to_sum = 0.0 if everyone else record.num_examples * rho_i
+            w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
+            for y, w, z, acc in zip(record.y, record.w, self.z, self._sum_ny, strict=True):
                 y_flat, w_flat, z_flat = y.reshape(-1), w.reshape(-1), z.reshape(-1)
-                for start in range(0, w_flat.size, BLOCK):
-                    block = slice(start, start + BLOCK)
-                    d = scratch[: min(BLOCK, w_flat.size - start)]
+                acc_flat = acc.reshape(-1)
+                for block in blocks(w_flat.size):
+                    d = scratch[: block.stop - block.start]
                     y_block = y_flat[block]
                     np.subtract(w_flat[block], z_flat[block], out=d)
                     r_sq += p * float(np.dot(d, d))
                     axpy(rho_i, d, y_block)
                     y_sq += p * float(np.dot(y_block, y_block))
-        if self.rho != 0.0:
-            for acc, share, z in zip(self._sum_ny, shares, self.z, strict=True):
-                axpy(self.rho, share, acc)  # two one-pass adds, no temporary
-                axpy(-self.rho * shares_weight, z, acc)
+                    axpy(to_sum, d, acc_flat[block])
+        if everyone and self.rho != 0.0:
+            for acc, s_w, z in zip(self._sum_ny, self._sum_nsw, self.z, strict=True):
+                axpy(self.rho, s_w, acc)  # two one-pass adds, no temporary
+                axpy(-self.rho * self._sum_ns, z, acc)
         return r_sq, w_sq, y_sq
 
     def _report(

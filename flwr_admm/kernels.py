@@ -18,6 +18,8 @@ from numpy.typing import NDArray
 from scipy.linalg.blas import daxpy
 from threadpoolctl import ThreadpoolController
 
+BLOCK = 1 << 17  # elements per block: 1 MiB per array, a few of them fit in L2
+
 
 @cache
 def _controller() -> ThreadpoolController:
@@ -48,6 +50,27 @@ def axpy(a: float, x: NDArray[np.float64], y: NDArray[np.float64]) -> None:
             flat[...] = out
         return
     y += a * x
+
+
+def blocks(size: int, block: int = BLOCK) -> Iterator[slice]:
+    """Slices [0, block), [block, 2 block), ... covering range(size)."""
+    for start in range(0, size, block):
+        yield slice(start, min(start + block, size))
+
+
+def replace_share(
+    acc: NDArray[np.float64],
+    a: float,
+    x: NDArray[np.float64],
+    b: float,
+    x_old: NDArray[np.float64],
+) -> None:
+    """Acc += a x - b x_old, block by block so each block of acc is loaded once."""
+    acc_flat, x_flat, old_flat = acc.reshape(-1), x.reshape(-1), x_old.reshape(-1)
+    for block in blocks(acc_flat.size):
+        acc_block = acc_flat[block]
+        axpy(-b, old_flat[block], acc_block)
+        axpy(a, x_flat[block], acc_block)
 
 
 def finite_sq_norm(arrays: list[NDArray[np.generic]]) -> float | None:

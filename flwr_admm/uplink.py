@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -40,17 +40,16 @@ from flwr.common import (
     GetPropertiesRes,
     Parameters,
     Scalar,
-    parameters_to_ndarrays,
 )
 from numpy.typing import NDArray
 
 from flwr_admm.compression import Compressor, compressor_from_config
 from flwr_admm.privacy import LocalDP, PrivacyLedger
+from flwr_admm.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 Arrays = list[NDArray[np.float64]]
 Residual = Literal["update", "dual"]
 RESIDUAL_MODES = ("update", "dual")
-NUMPY_TENSOR_TYPE = "numpy.ndarray"
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,8 @@ class UplinkChannel:
         """
         self._bytes += sum(len(t) for t in parameters.tensors)
         if parameters.tensor_type == NUMPY_TENSOR_TYPE or self.compressor is None:
-            return [np.asarray(a) for a in parameters_to_ndarrays(parameters)]
+            # Read-only views, any real dtype: check_reply and the ADMM state cope.
+            return cast(Arrays, parameters_to_views(parameters, check_type=False))
         center = sent()
         delta = self.compressor.decode(parameters, [c.shape for c in center])
         return [c + d for c, d in zip(center, delta, strict=True)]

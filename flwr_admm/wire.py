@@ -1,0 +1,88 @@
+"""Zero-copy reading of Flower's numpy wire format (one ``.npy`` file per tensor).
+
+Flower's `parameters_to_ndarrays` runs `np.load` on each tensor, which copies the
+payload into a new array. The server only reads a reply, so a read-only view into
+the received bytes does the same job without the copy: at 1e6 parameters `np.load`
+costs about 2.5 passes over the model, the view a few microseconds. A view keeps its
+bytes object alive; that memory is the reply itself, which a copy would duplicate.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from flwr.common import Parameters
+from numpy.typing import NDArray
+
+NUMPY_TENSOR_TYPE = "numpy.ndarray"
+MAGIC = b"\x93NUMPY"
+
+
+def ndarray_view(tensor: bytes | bytearray | memoryview) -> NDArray[np.generic]:
+    """Read-only array viewing the payload of one ``.npy`` buffer (no copy).
+
+    Raises ValueError for anything `np.load(..., allow_pickle=False)` would refuse:
+    a bad magic string or header, object dtypes, or a payload whose length does not
+    match the header's shape.
+    """
+    buffer = memoryview(tensor).cast("B")
+    shape, fortran_order, dtype, offset = _header(bytes(buffer[: _header_end(buffer)]))
+    count = math.prod(shape)
+    if len(buffer) - offset != count * dtype.itemsize:
+        raise ValueError(
+            f"payload holds {len(buffer) - offset} bytes, the header's shape {shape} "
+            f"and dtype {dtype} need {count * dtype.itemsize}"
+        )
+    flat = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+    view = flat.reshape(shape[::-1]).transpose() if fortran_order else flat.reshape(shape)
+    view.flags.writeable = False
+    return view
+
+
+def _header_end(buffer: memoryview) -> int:
+    """Length of the magic string, version, length field and header of a ``.npy``."""
+    if len(buffer) < 10 or bytes(buffer[:6]) != MAGIC:
+        raise ValueError("not a .npy buffer (too short, or a bad magic string)")
+    if buffer[6] == 1:
+        return 10 + int.from_bytes(buffer[8:10], "little")
+    if len(buffer) < 12:
+        raise ValueError("truncated .npy header")
+    return 12 + int.from_bytes(buffer[8:12], "little")
+
+
+@lru_cache(maxsize=256)
+def _header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    """Shape, Fortran order, dtype and payload offset of a ``.npy`` header.
+
+    Cached: a server sees the same few headers (one per tensor shape) every round.
+    """
+    stream = io.BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy format version {version}")
+    if dtype.hasobject:
+        raise ValueError("object arrays are not allowed (they would need pickle)")
+    return tuple(int(d) for d in shape), bool(fortran_order), dtype, len(header)
+
+
+def parameters_to_views(
+    parameters: Parameters, check_type: bool = True
+) -> list[NDArray[np.generic]]:
+    """`flwr.common.parameters_to_ndarrays` without copies: read-only views.
+
+    Raises ValueError if a tensor is not a valid ``.npy`` buffer, and (with
+    `check_type`) unless `parameters.tensor_type` is Flower's numpy format.
+    """
+    if check_type and parameters.tensor_type != NUMPY_TENSOR_TYPE:
+        raise ValueError(
+            f"tensor_type: must be {NUMPY_TENSOR_TYPE!r}, got {parameters.tensor_type!r}"
+        )
+    return [ndarray_view(t) for t in parameters.tensors]
