@@ -159,7 +159,7 @@ def run_one(
     return {
         "algorithm": algorithm,
         **config,
-        "schedule": None if schedule is None else "ResidualBalancing",
+        "schedule": None if schedule is None else schedule.describe(),
         "rounds_to": {str(t): tracker.rounds_to.get(t) for t in problem.targets},
         "rounds_run": len(tracker.values),
         "final": tracker.values[-1] if tracker.values else None,
