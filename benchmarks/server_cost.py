@@ -86,7 +86,7 @@ PROFILED = (
     "parameters_to_views",
     "check_reply",
     "absorb",
-    "replace_share",
+    "fold_in",
     "finish",
     "_complete_sums",
     "_z_step",

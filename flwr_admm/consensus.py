@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.kernels import BLOCK, axpy, blocks, replace_share, single_thread_blas
+from flwr_admm.kernels import BLOCK, axpy, blocks, finite_sq_norm, fold_in, single_thread_blas
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
 
@@ -97,6 +97,13 @@ class RoundReport:
     def converged(self) -> bool:
         """Boyd's stopping rule: r <= eps_pri and s <= eps_dual."""
         return self.primal_residual <= self.eps_primal and self.dual_residual <= self.eps_dual
+
+
+NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
+
+
+class NonFiniteReplyError(ValueError):
+    """A reply holds NaN/inf (or entries whose squared norm overflows float64)."""
 
 
 def _sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
@@ -296,6 +303,9 @@ class ConsensusADMM:
         The arrays are kept, not copied (read-only views into a reply's bytes are
         fine: the state never writes into w_i). S_y = sum n_i y_i is corrected when
         n_i changes. The order of the absorb calls fixes the order of summation.
+        Unless the reply brings ||w_i||^2, it is computed in the same pass that folds
+        w_i into S_w; NaN/inf entries (or a squared norm that overflows) raise
+        `NonFiniteReplyError` and leave the state as it was.
         """
         rnd = self._round
         if rnd is None:
@@ -308,26 +318,50 @@ class ConsensusADMM:
         w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
-        if record is not None and n != record.num_examples:
+        n_old = record.num_examples if record is not None else 0
+        if rnd.mode == "recompute":
+            sq_norm = reply.sq_norm if reply.sq_norm is not None else finite_sq_norm(w)
+        else:
+            old = record.w if rnd.mode == "incremental" and record is not None else None
+            sq_norm = self._fold_in(w, float(n), old, float(n_old))
+            if sq_norm is None:
+                self._roll_back(rnd)
+                raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
+            self._sum_ns += n - (n_old if old is not None else 0)
+            self._sum_n += n - (n_old if old is not None else 0)
+        if sq_norm is None or not math.isfinite(sq_norm):
+            raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
+        if record is not None and n != n_old:
             for acc, y in zip(self._sum_ny, record.y, strict=True):
-                axpy(float(n - record.num_examples), y, acc)
-        if rnd.mode == "full" or (rnd.mode == "incremental" and record is None):
-            for acc, w_new in zip(self._sum_nsw, w, strict=True):
-                axpy(float(n), w_new, acc)
-            self._sum_ns += n
-            self._sum_n += n
-        elif rnd.mode == "incremental" and record is not None:
-            n_old = record.num_examples
-            for acc, w_new, w_old in zip(self._sum_nsw, w, record.w, strict=True):
-                replace_share(acc, float(n), w_new, float(n_old), w_old)
-            self._sum_ns += n - n_old
-            self._sum_n += n - n_old
+                axpy(float(n - n_old), y, acc)
         if record is None:
             self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
         else:
             record.w, record.num_examples = w, n
-        rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, reply.sq_norm))
+        rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
         rnd.keys.add(reply.key)
+
+    def _fold_in(self, w: Arrays, n: float, w_old: Arrays | None, n_old: float) -> float | None:
+        """S_w += n w - n_old w_old in one blocked pass; returns ||w||^2 (None if inf)."""
+        total = 0.0
+        for j, (acc, w_new) in enumerate(zip(self._sum_nsw, w, strict=True)):
+            total += fold_in(acc, n, w_new, n_old, None if w_old is None else w_old[j])
+        return total if math.isfinite(total) else None
+
+    def _roll_back(self, rnd: _OpenRound) -> None:
+        """Undo a half-folded reply: S_w as the absorbed replies (or all records) left it.
+
+        "full": re-sum the replies absorbed so far, in the same order (bit for bit the
+        S_w before the bad reply); "incremental": the exact sum over the records.
+        """
+        if rnd.mode == "incremental":
+            self._recompute_sums(duals=False)
+            return
+        for acc in self._sum_nsw:
+            acc.fill(0.0)
+        for done in rnd.absorbed:
+            for acc, w in zip(self._sum_nsw, self.records[done.key].w, strict=True):
+                axpy(float(done.num_examples), w, acc)
 
     def cancel(self) -> None:
         """Close a round in which nothing was absorbed (the state is unchanged)."""

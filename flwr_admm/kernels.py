@@ -9,7 +9,7 @@ every call costs milliseconds on a busy machine.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 
@@ -58,22 +58,32 @@ def blocks(size: int, block: int = BLOCK) -> Iterator[slice]:
         yield slice(start, min(start + block, size))
 
 
-def replace_share(
+def fold_in(
     acc: NDArray[np.float64],
     a: float,
     x: NDArray[np.float64],
-    b: float,
-    x_old: NDArray[np.float64],
-) -> None:
-    """Acc += a x - b x_old, block by block so each block of acc is loaded once."""
-    acc_flat, x_flat, old_flat = acc.reshape(-1), x.reshape(-1), x_old.reshape(-1)
-    for block in blocks(acc_flat.size):
-        acc_block = acc_flat[block]
-        axpy(-b, old_flat[block], acc_block)
-        axpy(a, x_flat[block], acc_block)
+    b: float = 0.0,
+    x_old: NDArray[np.float64] | None = None,
+) -> float:
+    """Acc += a x - b x_old block by block, and return ||x||^2 found on the way.
+
+    Each block of x is read from memory once for both; the result is inf or NaN
+    when x is not finite (acc is then spoilt and the caller must rebuild it).
+    """
+    acc_flat, x_flat = acc.reshape(-1), x.reshape(-1)
+    old_flat = None if x_old is None else x_old.reshape(-1)
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for block in blocks(acc_flat.size):
+            x_block, acc_block = x_flat[block], acc_flat[block]
+            total += float(np.dot(x_block, x_block))
+            if old_flat is not None:
+                axpy(-b, old_flat[block], acc_block)
+            axpy(a, x_block, acc_block)
+    return total
 
 
-def finite_sq_norm(arrays: list[NDArray[np.generic]]) -> float | None:
+def finite_sq_norm(arrays: Sequence[NDArray[np.generic]]) -> float | None:
     """Sum ||a||^2 over `arrays` in one pass each; None unless it is finite.
 
     None flags NaN/inf entries, and also entries so large (|a| > ~1e154) that their

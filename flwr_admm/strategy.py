@@ -41,7 +41,14 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
 from flwr_admm.compression import Compressor
-from flwr_admm.consensus import ClientRho, ConsensusADMM, Reply, natural_key
+from flwr_admm.consensus import (
+    NON_FINITE,
+    ClientRho,
+    ConsensusADMM,
+    NonFiniteReplyError,
+    Reply,
+    natural_key,
+)
 from flwr_admm.kernels import single_thread_blas
 from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
@@ -435,7 +442,7 @@ class FedADMM(FedAvg):
             valid = []
             for index, (other, proxy, res) in enumerate(keyed):
                 if other == key:
-                    checked = self._checked(key, proxy, res, shapes, counts)
+                    checked = self._checked(key, proxy, res, shapes, counts, finite=True)
                     if checked is None:
                         dropped.add(index)
                     else:
@@ -468,7 +475,11 @@ class FedADMM(FedAvg):
             finite = isinstance(loss, int | float) and math.isfinite(loss)
             objective = float(loss) if finite and isinstance(loss, int | float) else None
             arrays, sq_norm = checked
-            admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
+            try:
+                admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
+            except NonFiniteReplyError:  # found while folding it in; state rolled back
+                self._reject(key, NON_FINITE, counts)
+                continue
             folded += 1
         return folded
 
@@ -479,11 +490,16 @@ class FedADMM(FedAvg):
         res: FitRes,
         shapes: list[tuple[int, ...]],
         counts: dict[str, Scalar],
+        finite: bool = False,
     ) -> tuple[NDArrays, float | None] | None:
-        """Decoded arrays and ||w||^2 of a usable reply; None (and counted) otherwise."""
+        """Decoded arrays (and ||w||^2 if `finite`) of a usable reply; None if rejected.
+
+        Without `finite`, NaN/inf entries are left to `ConsensusADMM.absorb`, which
+        finds them in the pass that folds the reply in.
+        """
         try:
             arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
-            problem, sq_norm = check_reply(arrays, res.num_examples, shapes)
+            problem, sq_norm = check_reply(arrays, res.num_examples, shapes, finite=finite)
         except Exception as error:  # a malformed reply must not stop the server
             problem, sq_norm = f"unreadable reply ({error!r})", None
         if problem is not None:

@@ -27,8 +27,14 @@ def check_reply(
     arrays: Sequence[NDArray[np.generic]],
     num_examples: int,
     expected_shapes: Sequence[tuple[int, ...]],
+    finite: bool = True,
 ) -> tuple[str | None, float | None]:
-    """`reply_problem` plus sum ||a||^2 of the arrays, found in the same finiteness pass."""
+    """`reply_problem` plus sum ||a||^2 of the arrays, found in the same finiteness pass.
+
+    With ``finite=False`` only the structure is checked (count, shapes, dtypes,
+    num_examples) and the norm is None: for a caller that checks finiteness itself
+    in a pass it makes anyway (`ConsensusADMM.absorb`).
+    """
     if isinstance(num_examples, bool) or not isinstance(num_examples, int | np.integer):
         return f"num_examples must be an integer, got {type(num_examples).__name__}", None
     if num_examples <= 0:
@@ -40,7 +46,9 @@ def check_reply(
             return f"array {i} has shape {array.shape}, expected {tuple(shape)}", None
         if array.dtype.kind not in "fiu":
             return f"array {i} has dtype {array.dtype}, expected a real number type", None
-    sq_norm = finite_sq_norm(list(arrays))
+    if not finite:
+        return None, None
+    sq_norm = finite_sq_norm(arrays)
     if sq_norm is None:
         return "contains NaN or inf (or entries whose squared norm overflows)", None
     return None, sq_norm

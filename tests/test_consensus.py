@@ -443,6 +443,45 @@ def test_bad_replies_are_refused_without_touching_the_state(replies, pattern: st
     np.testing.assert_allclose(admm.z[0], [2.0, 2.0], rtol=1e-15)
 
 
+@pytest.mark.parametrize("keys", [["a", "b", "c"], ["a", "c"]], ids=["full", "incremental"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e200])
+def test_non_finite_reply_is_refused_while_folding_and_leaves_the_round_intact(
+    keys: list[str], bad: float
+) -> None:
+    from flwr_admm.consensus import NonFiniteReplyError
+
+    rng = np.random.default_rng(11)
+    models = {k: [rng.normal(size=(1 << 17) + 5), rng.normal(size=3)] for k in "abc"}
+    sizes = {"a": 4, "b": 9, "c": 6}
+    twins = [ConsensusADMM(z=[np.zeros((1 << 17) + 5), np.zeros(3)], rho=0.7) for _ in range(2)]
+    for admm in twins:  # round 1: everyone, so round 2 is "full" or "incremental"
+        admm.step([Reply(k, models[k], n) for k, n in sizes.items()], 1)
+    fresh = {k: [t + rng.normal(size=t.shape) for t in models[k]] for k in keys}
+    poisoned = [t.copy() for t in fresh["b" if "b" in keys else "c"]]
+    poisoned[0][(1 << 17) + 1] = bad  # in the second block: the first is folded already
+    poisoned_key = "b" if "b" in keys else "c"
+    reports = []
+    for index, admm in enumerate(twins):
+        admm.begin(keys)
+        for key in keys:
+            if key == poisoned_key and index == 0:
+                with pytest.raises(NonFiniteReplyError, match=rf"^reply '{key}': contains NaN"):
+                    admm.absorb(Reply(key, poisoned, sizes[key] + 1))
+            elif key != poisoned_key:
+                admm.absorb(Reply(key, fresh[key], sizes[key]))
+        reports.append(admm.finish(2))
+    first, second = twins
+    np.testing.assert_allclose(first.z[0], second.z[0], rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(first.z[1], second.z[1], rtol=1e-14, atol=1e-14)
+    for key in "abc":
+        for a, b in zip(first.records[key].y, second.records[key].y, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14)
+        assert first.records[key].num_examples == sizes[key]
+    assert reports[0].num_replies == reports[1].num_replies == len(keys) - 1
+    if keys == ["a", "b", "c"]:  # "full": the roll-back re-sums in order, bit for bit
+        np.testing.assert_array_equal(first.z[0], second.z[0])
+
+
 def test_adopt_consensus_checks_shapes() -> None:
     admm = ConsensusADMM(z=[np.zeros(2)], rho=1.0)
     with pytest.raises(ValueError, match=r"^parameters\[0\]: expected shape"):

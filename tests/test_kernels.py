@@ -51,3 +51,26 @@ def test_finite_sq_norm() -> None:
 def test_single_thread_blas_is_reentrant() -> None:
     with single_thread_blas(), single_thread_blas():
         assert float(np.dot(np.ones(3), np.ones(3))) == 3.0
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, (1 << 17) + 3])
+def test_fold_in_matches_numpy_and_returns_the_squared_norm(size: int) -> None:
+    from flwr_admm.kernels import fold_in
+
+    rng = np.random.default_rng(size)
+    acc, x, old = rng.normal(size=size), rng.normal(size=size), rng.normal(size=size)
+    expected = acc + 3.0 * x - 2.0 * old
+    assert fold_in(acc, 3.0, x, 2.0, old) == pytest.approx(float(x @ x), rel=1e-13, abs=0)
+    np.testing.assert_allclose(acc, expected, rtol=1e-13, atol=1e-13)
+    plain = acc.copy()
+    fold_in(acc, 0.5, x)
+    np.testing.assert_allclose(acc, plain + 0.5 * x, rtol=1e-13, atol=1e-13)
+
+
+def test_fold_in_flags_non_finite_input() -> None:
+    from flwr_admm.kernels import fold_in
+
+    for bad in (np.nan, np.inf, 1e200):
+        x = np.ones(10)
+        x[7] = bad
+        assert not np.isfinite(fold_in(np.zeros(10), 1.0, x))
