@@ -29,11 +29,23 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     for task in results.get("convergence", {}).get("tasks", []):
         summary = task["summary"]
-        checks = [("untuned_rb_over_tuned_fedadmm", "untuned RB rounds / tuned FedADMM", 1.5)]
+        checks = [
+            ("untuned_rb_over_tuned_fedadmm", "untuned RB rounds / tuned FedADMM", 1.5),
+            (
+                "relaxed_untuned_rb_over_tuned",
+                "untuned RB rounds / tuned FedADMM, both alpha=1.6",
+                1.5,
+            ),
+        ]
         if task["task"] == "seed-logreg":  # the issue sets the 1/3 goal on this task
-            checks.insert(
-                0, ("fedadmm_over_best_baseline", "FedADMM rounds / best-tuned baseline", 1 / 3)
-            )
+            checks[:0] = [
+                ("fedadmm_over_best_baseline", "FedADMM rounds / best-tuned baseline", 1 / 3),
+                (
+                    "relaxed_fedadmm_over_best_baseline",
+                    "FedADMM alpha=1.6 rounds / best-tuned baseline",
+                    1 / 3,
+                ),
+            ]
         for key, label, limit in checks:
             entry = summary[key]
             value = entry["value"] if entry["value"] is not None else entry["bound"]

@@ -12,6 +12,12 @@ rho is on) one round is
     y_i  += rho_i (w_i - z')                                   (clients that replied)
 
 With uniform rho this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)), u_i += w_i - z'.
+
+Over-relaxation (Boyd et al. 2011, 3.4.3) with alpha in (0, 2): the replying clients
+enter the z-step and the dual step as w^_i = alpha w_i + (1 - alpha) z (z the center
+of the round), so y_i += rho_i (alpha (w_i - z') + (1 - alpha) (z - z')). alpha = 1 is
+plain ADMM; 1.5-1.8 often converges faster. Clients that did not reply keep counting
+with their stored w_i. The primal residual stays w_i - z'.
 Keeping y instead of u makes rho = 0 exactly FedAvg (y stays 0) and makes a change of
 rho rescale u_i = y_i / rho by rho_old / rho_new for free.
 
@@ -73,6 +79,7 @@ class _OpenRound:
     """Bookkeeping between `begin` and `finish`."""
 
     mode: RoundMode
+    shares: Arrays | None = None  # R = sum n_i w_i over the replies (relaxed, incremental)
     absorbed: list[Reply] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
 
@@ -134,6 +141,8 @@ class ConsensusADMM:
         Per-client rho_i = rho * s_i with s_i = 1 or s_i = n_i / max_j n_j (seed 001).
     eps_abs, eps_rel : float
         Absolute and relative tolerances of the stopping thresholds.
+    relaxation : float
+        Over-relaxation alpha in (0, 2); 1 is plain ADMM.
 
     """
 
@@ -144,6 +153,7 @@ class ConsensusADMM:
     client_rho: ClientRho = "uniform"
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
+    relaxation: float = 1.0
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
 
@@ -159,6 +169,10 @@ class ConsensusADMM:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        alpha = self.relaxation
+        if isinstance(alpha, bool) or not (isinstance(alpha, int | float) and 0 < alpha < 2):
+            raise ValueError(f"relaxation: must be a number in (0, 2), got {alpha!r}")
+        self.relaxation = float(alpha)
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
@@ -295,7 +309,10 @@ class ConsensusADMM:
             self._sum_ns, self._sum_n = 0.0, 0
         else:
             mode = "incremental"
-        self._round = _OpenRound(mode)
+        shares = None
+        if mode == "incremental" and self.relaxation != 1.0:
+            shares = [np.zeros_like(t) for t in self.z]
+        self._round = _OpenRound(mode, shares)
 
     def absorb(self, reply: Reply) -> None:
         """Store w_i, n_i of one replying client and fold it into S_w.
@@ -323,7 +340,7 @@ class ConsensusADMM:
             sq_norm = reply.sq_norm if reply.sq_norm is not None else finite_sq_norm(w)
         else:
             old = record.w if rnd.mode == "incremental" and record is not None else None
-            sq_norm = self._fold_in(w, float(n), old, float(n_old))
+            sq_norm = self._fold_in(w, float(n), old, float(n_old), rnd.shares)
             if sq_norm is None:
                 self._roll_back(rnd)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
@@ -341,11 +358,14 @@ class ConsensusADMM:
         rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
         rnd.keys.add(reply.key)
 
-    def _fold_in(self, w: Arrays, n: float, w_old: Arrays | None, n_old: float) -> float | None:
-        """S_w += n w - n_old w_old in one blocked pass; returns ||w||^2 (None if inf)."""
+    def _fold_in(
+        self, w: Arrays, n: float, w_old: Arrays | None, n_old: float, shares: Arrays | None
+    ) -> float | None:
+        """S_w += n w - n_old w_old (and R += n w) in one blocked pass; ||w||^2 or None."""
         total = 0.0
         for j, (acc, w_new) in enumerate(zip(self._sum_nsw, w, strict=True)):
-            total += fold_in(acc, n, w_new, n_old, None if w_old is None else w_old[j])
+            old = None if w_old is None else w_old[j]
+            total += fold_in(acc, n, w_new, n_old, old, None if shares is None else shares[j])
         return total if math.isfinite(total) else None
 
     def _roll_back(self, rnd: _OpenRound) -> None:
@@ -356,6 +376,12 @@ class ConsensusADMM:
         """
         if rnd.mode == "incremental":
             self._recompute_sums(duals=False)
+            if rnd.shares is not None:
+                for share in rnd.shares:
+                    share.fill(0.0)
+                for done in rnd.absorbed:
+                    for share, w in zip(rnd.shares, self.records[done.key].w, strict=True):
+                        axpy(float(done.num_examples), w, share)
             return
         for acc in self._sum_nsw:
             acc.fill(0.0)
@@ -380,9 +406,11 @@ class ConsensusADMM:
         rho, z_prev = self.rho, self.z
         with single_thread_blas():
             self._complete_sums(rnd)
-            self.z = self._z_step()
-            stats = self._dual_step(ordered)
-        report = self._report(ordered, z_prev, rho, stats)
+            shares, weight = self._round_shares(rnd, ordered)
+            self.z = self._z_step(shares, weight, z_prev)
+            dz = [a - b for a, b in zip(z_prev, self.z, strict=True)]
+            stats = self._dual_step(ordered, shares, weight, dz)
+        report = self._report(ordered, dz, rho, stats)
         next_rho, self.schedule_state = self.schedule.update(
             rho,
             self.schedule_state,
@@ -411,6 +439,26 @@ class ConsensusADMM:
                 self._sum_ns += record.num_examples
                 self._sum_n += record.num_examples
 
+    def _round_shares(self, rnd: _OpenRound, ordered: Sequence[Reply]) -> tuple[Arrays, float]:
+        """R = sum n_i s_i w_i over the replies and W = sum n_i s_i (R: relaxed only).
+
+        When every cached client replied, R is S_w itself; otherwise (and only with
+        over-relaxation) the incremental round accumulated it, or it is summed here.
+        """
+        weight = float(sum(r.num_examples * self.records[r.key].scale for r in ordered))
+        if len(ordered) == len(self.records):
+            return self._sum_nsw, weight
+        if self.relaxation == 1.0:
+            return [], weight
+        if rnd.shares is not None:
+            return rnd.shares, weight
+        shares = [np.zeros_like(t) for t in self.z]
+        for reply in ordered:
+            record = self.records[reply.key]
+            for share, w in zip(shares, record.w, strict=True):
+                axpy(record.num_examples * record.scale, w, share)
+        return shares, weight
+
     def _update_scales(self) -> None:
         """Set s_i = n_i / max_j n_j (data_size; S_w is then recomputed by the caller)."""
         if self.client_rho == "uniform":
@@ -438,27 +486,39 @@ class ConsensusADMM:
                 for acc, y in zip(self._sum_ny, record.y, strict=True):
                     axpy(float(record.num_examples), y, acc)
 
-    def _z_step(self) -> Arrays:
-        """Z = prox_{g/rho_bar}(S_w / S_s + S_y / (rho S_s)), S_w = sum n_i s_i w_i."""
-        rho = self.rho
+    def _z_step(self, shares: Arrays, weight: float, z_prev: Arrays) -> Arrays:
+        """Z = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)).
+
+        S_w = sum n_i s_i w_i over every cached client, S_s = sum n_i s_i; R and W are
+        the replies' part of S_w and S_s (the relaxed term vanishes when alpha = 1).
+        """
+        rho, beta = self.rho, 1.0 - self.relaxation
         z = [acc / self._sum_ns for acc in self._sum_nsw]
         if rho != 0.0:
             for t, acc in zip(z, self._sum_ny, strict=True):
                 axpy(1.0 / (rho * self._sum_ns), acc, t)
+        if beta != 0.0:
+            for t, share, center in zip(z, shares, z_prev, strict=True):
+                axpy(-beta / self._sum_ns, share, t)
+                axpy(beta * weight / self._sum_ns, center, t)
         if self.regularizer is not None:
             self.regularizer.prox_(z, rho * self._sum_ns / self._sum_n)
         return z
 
-    def _dual_step(self, ordered: Sequence[Reply]) -> tuple[float, float, float]:
-        """y_i += rho_i (w_i - z) for the replying clients, and S_y with them.
+    def _dual_step(
+        self, ordered: Sequence[Reply], shares: Arrays, weight: float, dz: Arrays
+    ) -> tuple[float, float, float]:
+        """y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) for the replies; S_y with them.
 
-        When every cached client replied, S_w holds exactly their sum R = sum n_i s_i
-        w_i, so S_y += rho (S_w - S_s z) costs two passes a round; otherwise each
-        reply adds n_i rho_i (w_i - z) while its block is in cache (no accumulator of
-        the replies is kept). Returns the p-weighted sums of ||w_i - z||^2, ||w_i||^2
-        and ||y_i||^2 over the replies (p_i = n_i / sum of their n). Works block by
-        block so that w_i, y_i and z are read from memory once per reply.
+        dz = z - z' (the round's center minus the new z). When every cached client
+        replied, S_w holds exactly their sum R, so S_y += rho (alpha (R - W z') +
+        (1 - alpha) W dz) costs a few passes a round; otherwise each reply adds
+        n_i rho_i alpha (w_i - z') while its block is in cache, and the dz part is added
+        once. Returns the p-weighted sums of ||w_i - z'||^2, ||w_i||^2 and ||y_i||^2 over
+        the replies (p_i = n_i / sum of their n). Works block by block so that w_i, y_i
+        and z' are read from memory once per reply.
         """
+        alpha, beta, rho = self.relaxation, 1.0 - self.relaxation, self.rho
         total = float(sum(r.num_examples for r in ordered))
         everyone = len(ordered) == len(self.records)
         largest = max(t.size for t in self.z)
@@ -466,38 +526,42 @@ class ConsensusADMM:
         r_sq = w_sq = y_sq = 0.0
         for reply in ordered:
             record = self.records[reply.key]
-            rho_i = self.rho * record.scale
+            rho_i = rho * record.scale
             p = record.num_examples / total
-            to_sum = 0.0 if everyone else record.num_examples * rho_i
+            to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
             w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
-            for y, w, z, acc in zip(record.y, record.w, self.z, self._sum_ny, strict=True):
+            arrays = zip(record.y, record.w, self.z, self._sum_ny, dz, strict=True)
+            for y, w, z, acc, shift in arrays:
                 y_flat, w_flat, z_flat = y.reshape(-1), w.reshape(-1), z.reshape(-1)
-                acc_flat = acc.reshape(-1)
+                acc_flat, shift_flat = acc.reshape(-1), shift.reshape(-1)
                 for block in blocks(w_flat.size):
                     d = scratch[: block.stop - block.start]
                     y_block = y_flat[block]
                     np.subtract(w_flat[block], z_flat[block], out=d)
                     r_sq += p * float(np.dot(d, d))
-                    axpy(rho_i, d, y_block)
+                    axpy(rho_i * alpha, d, y_block)
+                    axpy(rho_i * beta, shift_flat[block], y_block)
                     y_sq += p * float(np.dot(y_block, y_block))
                     axpy(to_sum, d, acc_flat[block])
-        if everyone and self.rho != 0.0:
-            for acc, s_w, z in zip(self._sum_ny, self._sum_nsw, self.z, strict=True):
-                axpy(self.rho, s_w, acc)  # two one-pass adds, no temporary
-                axpy(-self.rho * self._sum_ns, z, acc)
+        if rho != 0.0:
+            for acc, share, z, shift in zip(self._sum_ny, shares or dz, self.z, dz, strict=True):
+                if everyone:  # share is S_w = R
+                    axpy(rho * alpha, share, acc)  # one-pass adds, no temporary
+                    axpy(-rho * alpha * weight, z, acc)
+                axpy(rho * beta * weight, shift, acc)
         return r_sq, w_sq, y_sq
 
     def _report(
         self,
         ordered: Sequence[Reply],
-        z_prev: Arrays,
+        dz: Arrays,
         rho: float,
         stats: tuple[float, float, float],
     ) -> RoundReport:
         total = float(sum(r.num_examples for r in ordered))
         r_sq, w_sq, y_sq = stats
         rho_bar = rho * self._sum_ns / self._sum_n
-        dual = rho_bar * math.sqrt(_sq_norm(a - b for a, b in zip(self.z, z_prev, strict=True)))
+        dual = rho_bar * math.sqrt(_sq_norm(dz))
         root_n = math.sqrt(self.num_parameters)
         primal_scale = max(math.sqrt(w_sq), math.sqrt(_sq_norm(self.z)))
         dual_scale = math.sqrt(y_sq)

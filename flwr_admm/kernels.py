@@ -64,14 +64,16 @@ def fold_in(
     x: NDArray[np.float64],
     b: float = 0.0,
     x_old: NDArray[np.float64] | None = None,
+    acc2: NDArray[np.float64] | None = None,
 ) -> float:
-    """Acc += a x - b x_old block by block, and return ||x||^2 found on the way.
+    """Acc += a x - b x_old (and acc2 += a x) block by block; returns ||x||^2.
 
-    Each block of x is read from memory once for both; the result is inf or NaN
-    when x is not finite (acc is then spoilt and the caller must rebuild it).
+    Each block of x is read from memory once for all of them; the result is inf or
+    NaN when x is not finite (acc, acc2 are then spoilt: the caller rebuilds them).
     """
     acc_flat, x_flat = acc.reshape(-1), x.reshape(-1)
     old_flat = None if x_old is None else x_old.reshape(-1)
+    acc2_flat = None if acc2 is None else acc2.reshape(-1)
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for block in blocks(acc_flat.size):
@@ -80,6 +82,8 @@ def fold_in(
             if old_flat is not None:
                 axpy(-b, old_flat[block], acc_block)
             axpy(a, x_block, acc_block)
+            if acc2_flat is not None:
+                axpy(a, x_block, acc2_flat[block])
     return total
 
 

@@ -75,6 +75,10 @@ class FedADMM(FedAvg):
         rho_i = rho or rho * n_i / max_j n_j.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    relaxation : float
+        Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
+        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 (default) is plain
+        ADMM; 1.5-1.8 often needs fewer rounds.
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -110,6 +114,7 @@ class FedADMM(FedAvg):
         client_rho: ClientRho = "uniform",
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
+        relaxation: float = 1.0,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -136,11 +141,12 @@ class FedADMM(FedAvg):
         self.regularizer = regularizer
         self.client_rho: ClientRho = client_rho
         self.eps_abs, self.eps_rel = eps_abs, eps_rel
+        self.relaxation = relaxation
         self.stop_on_convergence = stop_on_convergence
         self.sampling_seed = sampling_seed
         # Build once to validate rho, client_rho, eps and their combination.
         self._new_admm([np.zeros(1)])
-        self.rho = float(rho)
+        self.rho, self.relaxation = float(rho), float(relaxation)
         self.admm: ConsensusADMM | None = None
         self.history: list[dict[str, Scalar]] = []
         self.converged = False
@@ -190,7 +196,10 @@ class FedADMM(FedAvg):
 
     def __repr__(self) -> str:
         schedule = type(self.rho_schedule).__name__
-        return f"FedADMM(rho={self.rho}, rho_schedule={schedule}, regularizer={self.regularizer!r})"
+        return (
+            f"FedADMM(rho={self.rho}, rho_schedule={schedule}, "
+            f"regularizer={self.regularizer!r}, relaxation={self.relaxation})"
+        )
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The restored z after a resume, else Flower's `initial_parameters`."""
@@ -300,6 +309,8 @@ class FedADMM(FedAvg):
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
         }
+        if self.relaxation != 1.0:  # absent at 1: older checkpoints keep resuming
+            config["relaxation"] = self.relaxation
         return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
@@ -354,6 +365,7 @@ class FedADMM(FedAvg):
             self.client_rho,
             self.eps_abs,
             self.eps_rel,
+            self.relaxation,
         )
 
     def _adopt(self, parameters: Parameters) -> ConsensusADMM:

@@ -488,6 +488,82 @@ def test_adopt_consensus_checks_shapes() -> None:
         admm.adopt_consensus([np.zeros(3)])
 
 
+# ------------------------------------------------------- (7b) over-relaxation
+
+
+def test_over_relaxation_matches_an_independent_scaled_form_loop() -> None:
+    """Boyd 3.4.3 written out in scaled form, full participation, exact local solves."""
+    lam, rho, alpha, sizes = 0.1, 0.8, 1.6, [20, 35, 80]
+    data = _clients(sizes, d=4, seed=5)
+    p = np.array(sizes) / sum(sizes)
+    z, u = np.zeros(4), [np.zeros(4) for _ in sizes]
+    admm = ConsensusADMM(z=[np.zeros(4)], rho=rho, relaxation=alpha)
+    keys = ["c0", "c1", "c2"]
+    for k in range(1, 16):
+        w = [
+            _ridge_local_argmin(X, y, lam, rho, z - u_i)
+            for (X, y), u_i in zip(data, u, strict=True)
+        ]
+        w_hat = [alpha * w_i + (1 - alpha) * z for w_i in w]
+        z_new = sum(p_i * (wh + u_i) for p_i, wh, u_i in zip(p, w_hat, u, strict=True))
+        u = [u_i + wh - z_new for u_i, wh in zip(u, w_hat, strict=True)]
+        r = math.sqrt(
+            sum(p_i * float((w_i - z_new) @ (w_i - z_new)) for p_i, w_i in zip(p, w, strict=True))
+        )
+        s = rho * float(np.linalg.norm(z_new - z))
+        z = z_new
+        report = _ridge_round(admm, data, lam, keys, k)
+        np.testing.assert_allclose(admm.z[0], z, rtol=1e-12, atol=1e-14)
+        for key, u_i in zip(keys, u, strict=True):
+            np.testing.assert_allclose(admm.records[key].y[0] / rho, u_i, rtol=1e-10, atol=1e-13)
+        assert report.primal_residual == pytest.approx(r, rel=1e-10, abs=1e-15)
+        assert report.dual_residual == pytest.approx(s, rel=1e-10, abs=1e-15)
+
+
+def test_over_relaxation_by_hand_in_one_dimension() -> None:
+    # Round 1 from z = 0: w_a = 1 (n = 1), w_b = 5 (n = 3), alpha = 1.5, rho = 2:
+    # w^ = 1.5 w - 0.5 * 0 = (1.5, 7.5); z' = (1.5 + 3 * 7.5) / 4 = 6
+    admm = ConsensusADMM(z=[np.array([0.0])], rho=2.0, relaxation=1.5)
+    admm.step([Reply("a", [np.array([1.0])], 1), Reply("b", [np.array([5.0])], 3)], 1)
+    assert admm.z[0][0] == 6.0
+    # y_a = 2 (1.5 - 6) = -9, y_b = 2 (7.5 - 6) = 3
+    assert admm.records["a"].y[0][0] == -9.0
+    assert admm.records["b"].y[0][0] == 3.0
+    # Round 2, only "a" replies (w_a = 2); "b" counts with its stored w_b = 5:
+    # w^_a = 1.5 * 2 - 0.5 * 6 = 0; z' = (1 (0 + -9 / 2) + 3 (5 + 3 / 2)) / 4 = 3.75
+    report = admm.step([Reply("a", [np.array([2.0])], 1)], 2)
+    assert admm.z[0][0] == pytest.approx(3.75, rel=1e-15)
+    assert admm.records["a"].y[0][0] == pytest.approx(-9.0 + 2 * (0.0 - 3.75), rel=1e-15)
+    assert report.primal_residual == pytest.approx(abs(2.0 - 3.75), rel=1e-15)
+
+
+@pytest.mark.parametrize("client_rho", ["uniform", "data_size"])
+def test_over_relaxation_with_partial_participation_reaches_the_pooled_ridge(
+    client_rho: str,
+) -> None:
+    lam, sizes = 0.05, [15, 40, 25, 60]
+    data = _clients(sizes, d=3, seed=2)
+    optimum = _pooled_ridge(data, lam)
+    admm = ConsensusADMM(z=[np.zeros(3)], rho=5.0, relaxation=1.7, client_rho=client_rho)
+    rng = np.random.default_rng(3)
+    _ridge_round(admm, data, lam, ["c0", "c1", "c2", "c3"], 1)
+    for k in range(2, 600):
+        keys = [f"c{i}" for i in sorted(rng.choice(4, size=2, replace=False))]
+        _ridge_round(admm, data, lam, keys, k)
+        if _rel(admm.z[0], optimum) < 1e-10:
+            break
+    assert _rel(admm.z[0], optimum) < 1e-9
+    # The cached sums still equal their definition after hundreds of partial rounds.
+    s_y = sum(r.num_examples * r.y[0] for r in admm.records.values())
+    np.testing.assert_allclose(admm._sum_ny[0], s_y, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 2.0, -1.0, float("nan"), True])
+def test_relaxation_outside_zero_two_is_refused(alpha: float) -> None:
+    with pytest.raises(ValueError, match=r"^relaxation: must be a number in \(0, 2\)"):
+        ConsensusADMM(z=[np.zeros(2)], rho=1.0, relaxation=alpha)
+
+
 # ------------------------------------------------------------ (8) L1 vs Lasso
 
 

@@ -53,6 +53,8 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"num-server-rounds": 2.5}, ["'num-server-rounds'"]),
         ({"rho": -1.0}, ["'rho'", ">= 0"]),
         ({"rho-schedule": "cosine"}, ["'rho-schedule'", "residual-balancing"]),
+        ({"relaxation": 2.0}, ["'relaxation'", "(0, 2)"]),
+        ({"relaxation": 0.0}, ["'relaxation'", "(0, 2)"]),
         ({"local-init": "zero"}, ["'local-init'", "previous", "center"]),
         ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
         ({"local-steps": 5, "local-epochs": 2}, ["'local-steps'", "'local-epochs'", "at most one"]),

@@ -426,8 +426,18 @@ def test_sample_size_counts_clients_that_register_while_waiting(
         ({"rho": -0.1}, "rho"),
         ({"rho": float("nan")}, "rho"),
         ({"rho_schedule": "no-such-schedule"}, "rho_schedule"),
+        ({"relaxation": 2.0}, "relaxation"),
+        ({"relaxation": "1.5"}, "relaxation"),
     ],
 )
 def test_strategy_rejects_bad_configuration(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         FedADMM(**kwargs)
+
+
+def test_relaxation_reaches_the_core_and_the_checkpoint_fingerprint() -> None:
+    relaxed = seed_strategy(relaxation=1.6)
+    assert relaxed._new_admm([np.zeros(2)]).relaxation == 1.6
+    # alpha = 1 leaves the fingerprint of older checkpoints unchanged; 1.6 changes it.
+    assert seed_strategy().fingerprint() == seed_strategy(relaxation=1.0).fingerprint()
+    assert relaxed.fingerprint() != seed_strategy().fingerprint()

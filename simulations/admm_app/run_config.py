@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "rho": 0.1,
     "rho-schedule": "constant",
     "rho-factor": 0.95,
+    "relaxation": 1.0,
     "local-init": "previous",
     "prox-step": "exact",
     "local-steps": 0,
@@ -59,6 +60,7 @@ HELP: dict[str, str] = {
     "rho": "FedADMM penalty, number >= 0",
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
+    "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)}",
     "prox-step": f"one of {list(PROX_STEPS)}",
     "local-steps": "integer >= 0 (local-steps = local-epochs = 0: task default)",
@@ -88,6 +90,7 @@ class RunSettings:
     rho: float
     rho_schedule: str
     rho_factor: float
+    relaxation: float
     local_init: str
     prox_step: str
     local_steps: int | None
@@ -181,6 +184,13 @@ def _number(
     return float(value)
 
 
+def _relaxation(config: Mapping[str, Any]) -> float:
+    value = _number(config, "relaxation", 0.0, strict=True, maximum=2.0)
+    if value == 2.0:
+        raise _fail("relaxation", value)
+    return value
+
+
 def _choice(config: Mapping[str, Any], key: str, allowed: Any) -> str:
     value = config[key]
     if not isinstance(value, str) or value not in allowed:
@@ -251,6 +261,7 @@ def parse_run_config(
         rho=_number(config, "rho", 0.0),
         rho_schedule=rho_schedule,
         rho_factor=_number(config, "rho-factor", 0.0, strict=True),
+        relaxation=_relaxation(config),
         local_init=_choice(config, "local-init", LOCAL_INITS),
         prox_step=_choice(config, "prox-step", PROX_STEPS),
         local_steps=steps if steps > 0 else None,

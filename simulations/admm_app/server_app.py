@@ -133,7 +133,13 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             else make_schedule(settings.rho_schedule)
         )
         # sampling_seed=None: the client manager samples, the same way for every strategy
-        return FedADMM(rho=settings.rho, rho_schedule=schedule, sampling_seed=None, **common)
+        return FedADMM(
+            rho=settings.rho,
+            rho_schedule=schedule,
+            relaxation=settings.relaxation,
+            sampling_seed=None,
+            **common,
+        )
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":
