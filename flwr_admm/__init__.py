@@ -1,12 +1,14 @@
 """flwr-admm: approximate (inexact) consensus ADMM for Flower.
 
-`FedADMM` (strategy, server-held duals) + `ADMMClient` (penalized local loop), rho
+`FedADMM` (strategy, server-held duals), `FedADMMClientDuals` (client-held duals:
+the server keeps z and one running sum) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
 (`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
 """
 
 from flwr_admm.client import ADMMClient, evaluate_model
+from flwr_admm.client_duals import FedADMMClientDuals
 from flwr_admm.compression import Compressor, StochasticQuantizer, TopK
 from flwr_admm.consensus import ConsensusADMM, Reply, RoundReport
 from flwr_admm.fednova import FedNova
@@ -33,6 +35,7 @@ __all__ = [
     "ConsensusADMM",
     "Constant",
     "FedADMM",
+    "FedADMMClientDuals",
     "FedNova",
     "Geometric",
     "LocalDP",

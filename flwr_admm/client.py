@@ -6,6 +6,10 @@ The client reads the server's fit config:
   run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
 - only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
 - neither: FedAvg. Plain local gradient steps from the received parameters.
+- ``admm-duals = "client"`` (from `FedADMMClientDuals`): ADMM with the dual u_i kept
+  here. The received parameters are z; the client updates u_i, trains around
+  z - u_i and replies with the change of its contribution n_i (w_i + u_i)
+  (`flwr_admm.client_duals`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -23,6 +27,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
 
+from flwr_admm import client_duals
 from flwr_admm.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
 from flwr_admm.uplink import ClientUplink, UplinkClient
@@ -123,6 +128,7 @@ class ADMMClient(NumPyClient):
         self.client_key = client_key
         self._w: Params | None = None  # used only without a context
         self._residual: Params | None = None  # used only without a context
+        self._duals: client_duals.DualState | None = None  # used only without a context
         self._fits = 0
         self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
 
@@ -148,6 +154,13 @@ class ADMMClient(NumPyClient):
         plan = self._plan(config)
         uplink = ClientUplink.from_config(config)
         server_round = int(config.get("server_round", self._fit_count() + 1))
+        if config.get(client_duals.MODE_KEY) == client_duals.MODE_CLIENT:
+            if uplink.compressor is not None or uplink.local_dp is not None:
+                raise ValueError(
+                    "uplink/dp: compression and local DP are not supported with "
+                    "client-held duals (admm-duals = 'client')"
+                )
+            return self._fit_client_duals(received, config, plan, server_round)
         if "rho" in config:
             rho = _nonnegative(config["rho"], "rho")
             start = self._previous(server_round) if self.local_init == "previous" else None
@@ -182,6 +195,48 @@ class ADMMClient(NumPyClient):
         if self.client_key is not None:
             metrics["client-key"] = str(self.client_key)
         return list(reply.arrays), int(self.X.shape[0]), metrics
+
+    def _fit_client_duals(
+        self, z: Params, config: dict[str, Scalar], plan: LocalPlan, server_round: int
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """One round of `FedADMMClientDuals`: dual update, local solve, contribution change."""
+        rho = _nonnegative(config.get("rho", 0.0), "rho")
+        if rho <= 0:
+            raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
+        shapes = [t.shape for t in z]
+        if self.context is None:
+            state = self._duals
+        else:
+            state = client_duals.load_state(self.context.state, shapes)
+        begin = client_duals.start_round(state, z)
+        previous = state.w if state is not None and self.local_init == "previous" else None
+        start = [t.copy() for t in previous] if previous is not None else begin.center
+        rng = np.random.default_rng([self.seed, int(self.partition_id or 0), server_round])
+        result = penalized_local_solve(
+            self.model, start, self.X, self.y, plan, center=begin.center, rho=rho, rng=rng
+        )
+        w = [np.asarray(t, dtype=np.float64) for t in result.params]
+        n = int(self.X.shape[0])
+        change = client_duals.contribution_change(state, w, begin.dual, n)
+        metrics = self._key_metrics()
+        metrics.update(client_duals.reply_metrics(state, begin, w, n))
+        metrics.update({"loss": float(result.loss), "local_steps": int(result.steps)})
+        kept = client_duals.DualState(w, begin.dual, n, server_round)
+        if self.context is None:  # state last: a failed fit leaves it as it was
+            self._duals = kept
+        else:
+            client_duals.save_state(self.context.state, kept)
+        self.uplink_payload = None
+        return change, n, metrics
+
+    def _key_metrics(self) -> dict[str, Scalar]:
+        """``partition-id`` / ``client-key``: the key the server files this client under."""
+        metrics: dict[str, Scalar] = {}
+        if self.partition_id is not None:
+            metrics["partition-id"] = int(self.partition_id)
+        if self.client_key is not None:
+            metrics["client-key"] = str(self.client_key)
+        return metrics
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]

@@ -168,31 +168,7 @@ class FedADMM(FedAvg):
 
     def _check_flower_fields(self, sampling_seed: int | None) -> None:
         """Validate the FedAvg keywords Flower itself leaves unchecked."""
-        for name in ("fraction_fit", "fraction_evaluate"):
-            fraction = getattr(self, name)
-            if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
-                raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
-        for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
-            count = getattr(self, name)
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
-        if self.min_available_clients < max(self.min_fit_clients, 1):
-            raise ValueError(
-                f"min_available_clients: must be >= min_fit_clients ({self.min_fit_clients})"
-                f" and >= 1, got {self.min_available_clients}"
-            )
-        if not isinstance(self.accept_failures, bool):
-            raise ValueError(
-                f"accept_failures: must be True or False, got {self.accept_failures!r}"
-            )
-        if sampling_seed is not None and (
-            isinstance(sampling_seed, bool)
-            or not isinstance(sampling_seed, int)
-            or sampling_seed < 0
-        ):
-            raise ValueError(
-                f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}"
-            )
+        check_flower_fields(self, sampling_seed)
 
     def __repr__(self) -> str:
         schedule = type(self.rho_schedule).__name__
@@ -396,36 +372,12 @@ class FedADMM(FedAvg):
         )
 
     def _sample(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
-        """Wait for `min_available_clients`, THEN size the sample from who is there.
-
-        (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
-        still registering at round 1 in the simulation engine.)
-        """
-        _, min_num = self.num_fit_clients(client_manager.num_available())
-        client_manager.wait_for(min_num, timeout=86400)
-        size, _ = self.num_fit_clients(client_manager.num_available())
-        if self.sampling_seed is None:
-            return client_manager.sample(num_clients=size, min_num_clients=min_num)
-        available = client_manager.all()
-        if size > len(available):
-            log(INFO, "FedADMM: sampling %s clients but only %s available", size, len(available))
-            return []
-        order = sorted(
-            available,
-            key=lambda cid: (natural_key(self._key_of_cid.get(cid, "~")), natural_key(cid)),
+        return sample_clients(
+            self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
-        if size < len(order):
-            rng = np.random.default_rng([self.sampling_seed, server_round])
-            picked = np.sort(rng.choice(len(order), size=size, replace=False))
-            order = [order[i] for i in picked]
-        return [available[cid] for cid in order]
 
     def _client_key(self, proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
-        if "client-key" in metrics:
-            return f"client-key:{metrics['client-key']!s}"
-        if "partition-id" in metrics:
-            return f"partition-id:{int(metrics['partition-id'])}"
-        return f"cid:{proxy.cid}"
+        return client_key(proxy, metrics)
 
     def _fold_replies(
         self,
@@ -523,3 +475,78 @@ class FedADMM(FedAvg):
     def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
         log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
         counts["num_rejected"] = int(counts["num_rejected"]) + 1
+
+
+# ------------------------------------------------------------ shared helpers
+def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
+    """Validate the FedAvg keywords Flower itself leaves unchecked (and `sampling_seed`)."""
+    for name in ("fraction_fit", "fraction_evaluate"):
+        fraction = getattr(strategy, name)
+        if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
+            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
+    for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
+        count = getattr(strategy, name)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+    if strategy.min_available_clients < max(strategy.min_fit_clients, 1):
+        raise ValueError(
+            f"min_available_clients: must be >= min_fit_clients ({strategy.min_fit_clients})"
+            f" and >= 1, got {strategy.min_available_clients}"
+        )
+    if not isinstance(strategy.accept_failures, bool):
+        raise ValueError(
+            f"accept_failures: must be True or False, got {strategy.accept_failures!r}"
+        )
+    if sampling_seed is not None and (
+        isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int) or sampling_seed < 0
+    ):
+        raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
+
+
+def client_key(proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
+    """A client's stable key: its ``client-key`` metric, else ``partition-id``, else cid."""
+    if "client-key" in metrics:
+        return f"client-key:{metrics['client-key']!s}"
+    if "partition-id" in metrics:
+        return f"partition-id:{int(metrics['partition-id'])}"
+    return f"cid:{proxy.cid}"
+
+
+def sample_clients(
+    strategy: FedAvg,
+    client_manager: ClientManager,
+    server_round: int,
+    sampling_seed: int | None,
+    key_of_cid: dict[str, str],
+) -> list[ClientProxy]:
+    """Wait for `min_available_clients`, THEN size the sample from who is there.
+
+    (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
+    still registering at round 1 in the simulation engine.) With a `sampling_seed`
+    the sample is drawn from the clients ordered by key (`key_of_cid`), then cid,
+    with a generator seeded by (sampling_seed, server_round).
+    """
+    _, min_num = strategy.num_fit_clients(client_manager.num_available())
+    client_manager.wait_for(min_num, timeout=86400)
+    size, _ = strategy.num_fit_clients(client_manager.num_available())
+    if sampling_seed is None:
+        return client_manager.sample(num_clients=size, min_num_clients=min_num)
+    available = client_manager.all()
+    if size > len(available):
+        log(
+            INFO,
+            "%s: sampling %s clients but only %s available",
+            type(strategy).__name__,
+            size,
+            len(available),
+        )
+        return []
+    order = sorted(
+        available,
+        key=lambda cid: (natural_key(key_of_cid.get(cid, "~")), natural_key(cid)),
+    )
+    if size < len(order):
+        rng = np.random.default_rng([sampling_seed, server_round])
+        picked = np.sort(rng.choice(len(order), size=size, replace=False))
+        order = [order[i] for i in picked]
+    return [available[cid] for cid in order]

@@ -1,0 +1,534 @@
+"""FedADMMClientDuals: consensus ADMM with client-held duals (server keeps z, S, N).
+
+Uniform constant rho > 0, scaled dual u_i kept by client i in its ``context.state``.
+The server stores the consensus z, S = sum_i n_i c_i and N = sum_i n_i, where
+c_i = w_i + u_i is client i's last contribution, plus two small integers per client
+key (n_i and the round it last took part in). Round k:
+
+    server   broadcasts z^k (one FitIns for every sampled client)
+    client   if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k
+             w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2    (inexact local solve)
+             sends Delta_i = n_i' (w_i' + u_i) - n_i c_i, then keeps w_i', u_i, n_i'
+    server   S += Delta_i, N += n_i' - n_i  (one pass per reply, like FedAvg)
+             z^{k+1} = prox_{g/rho}(S / N)
+
+With every client in every round this is exactly server-held FedADMM with constant
+rho: the z-step of round k+1 averages w_i^{k+1} + u_i^k with u_i^k updated by z^k.
+Under partial participation it is a delayed-dual variant: a client's dual update uses
+the z it sees at its next participation, and absent clients count with their
+pre-update dual (server-held FedADMM updates u_i with the z of the round it replied).
+
+Residuals. s = rho ||z^{k+1} - z^k|| as usual. The primal residual arrives one round
+late: client i reports d2_i for its previous w_i, so the metric
+``previous_primal_residual`` = sqrt(sum n_i d2_i / sum n_i) over the replying clients
+that had taken part before is server-held FedADMM's primal residual of round k - 1
+(with full participation). eps_pri = sqrt(P) eps_abs + eps_rel max(sqrt(sum p_i
+||w_i'||^2), ||z^{k+1}||), eps_dual = sqrt(P) eps_abs + eps_rel rho sqrt(sum p_i
+||u_i||^2), p_i = n_i / sum of the replies' n.
+
+Lost client state. A reply reports the round of the client's previous participation
+(0: none) and its change of n. If either disagrees with the server's record of that
+key (e.g. an insecure SuperNode restarted with an empty state under a stable
+``partition-id``), the client cannot remove its old contribution from S: the reply is
+rejected (``num_state_mismatch``) and S is untouched, but the old n_i c_i stays in S
+(a bias) for the rest of the run. Persistent client state (a SuperNode that keeps its
+``context.state``, or a key that changes with it) prevents it.
+
+Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
+``admm-duals = "client"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    ArrayRecord,
+    ConfigRecord,
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    RecordDict,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+from numpy.typing import NDArray
+
+from flwr_admm.consensus import natural_key
+from flwr_admm.kernels import axpy, blocks, single_thread_blas
+from flwr_admm.regularizers import Regularizer
+from flwr_admm.schedules import Constant
+from flwr_admm.strategy import check_flower_fields, client_key, sample_clients
+from flwr_admm.validation import check_reply
+from flwr_admm.wire import parameters_to_views
+
+Arrays = list[NDArray[np.float64]]
+
+MODE_KEY = "admm-duals"  # fit config: "client" switches ADMMClient to this protocol
+MODE_CLIENT = "client"
+PREVIOUS_ROUND = "admm-previous-round"  # reply metrics from here on
+EXAMPLES_CHANGE = "admm-examples-change"
+DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
+W_SQ_NORM = "admm-w-sq-norm"
+U_SQ_NORM = "admm-u-sq-norm"
+UNSUPPORTED = ("uplink", "local_dp", "checkpoint_dir", "uplink_residual")
+
+
+@dataclass
+class ClientEntry:
+    """All the server keeps per client key: n_i in S, and the round it was added."""
+
+    num_examples: int
+    last_round: int
+
+
+class FedADMMClientDuals(FedAvg):
+    """Federated consensus ADMM with client-held duals (see the module docstring).
+
+    Takes every keyword of Flower's `FedAvg` plus:
+
+    Parameters
+    ----------
+    rho : float
+        Constant penalty rho > 0.
+    regularizer : Regularizer, optional
+        Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
+    eps_abs, eps_rel : float
+        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    stop_on_convergence : bool
+        Sample no clients once r_prev <= eps_pri and s <= eps_dual.
+    sampling_seed : int or None
+        Seeded client sampling as in `FedADMM`; None uses Flower's unseeded sampling.
+    rho_schedule, client_rho, relaxation :
+        Accepted only at their defaults (None, "uniform", 1): a changing or per-client
+        rho, or over-relaxation, would need every client's dual, which the server
+        does not hold. Use `FedADMM` for them.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        rho: float = 1.0,
+        regularizer: Regularizer | None = None,
+        eps_abs: float = 1e-6,
+        eps_rel: float = 1e-4,
+        stop_on_convergence: bool = False,
+        sampling_seed: int | None = 0,
+        rho_schedule: Any = None,
+        client_rho: str = "uniform",
+        relaxation: float = 1.0,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        for name in UNSUPPORTED:
+            if name in fedavg_kwargs:
+                raise ValueError(
+                    f"{name}: not supported by FedADMMClientDuals (client-held duals); use FedADMM"
+                )
+        super().__init__(**fedavg_kwargs)
+        _check_unsupported(rho_schedule, client_rho, relaxation)
+        if isinstance(rho, bool) or not (
+            isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
+        ):
+            raise ValueError(
+                f"rho: must be a finite number > 0 with client-held duals, got {rho!r}"
+            )
+        if regularizer is not None and not isinstance(regularizer, Regularizer):
+            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
+        for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        check_flower_fields(self, sampling_seed)
+        self.rho = float(rho)
+        self.regularizer = regularizer
+        self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
+        self.stop_on_convergence = stop_on_convergence
+        self.sampling_seed = sampling_seed
+        self.z: Arrays | None = None
+        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
+        self.total_examples = 0  # N = sum_i n_i
+        self.clients: dict[str, ClientEntry] = {}
+        self.history: list[dict[str, Scalar]] = []
+        self.converged = False
+        self.last_round = 0
+        self._dtypes: list[np.dtype[Any]] = []
+        self._key_of_cid: dict[str, str] = {}
+        self._broadcast: Parameters | None = None  # what we returned last (z serialized)
+
+    def __repr__(self) -> str:
+        return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
+
+    # ------------------------------------------------------------------- fit
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Send z^k, rho and the mode key, the same FitIns to every sampled client."""
+        self._adopt(parameters)
+        if self.stop_on_convergence and self.converged:
+            log(INFO, "FedADMMClientDuals: converged; no clients sampled")
+            return []
+        config: dict[str, Scalar] = {}
+        if self.on_fit_config_fn is not None:
+            config = dict(self.on_fit_config_fn(server_round))
+        config.update({"rho": self.rho, MODE_KEY: MODE_CLIENT, "server_round": server_round})
+        clients = sample_clients(
+            self, client_manager, server_round, self.sampling_seed, self._key_of_cid
+        )
+        fit_ins = FitIns(parameters, config)
+        return [(client, fit_ins) for client in clients]
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """S += Delta_i, N += change of n_i per valid reply; z = prox_{g/rho}(S / N)."""
+        counts: dict[str, Scalar] = {
+            "num_failures": len(failures),
+            "num_rejected": 0,
+            "num_state_mismatch": 0,
+        }
+        if self.z is None or (not self.accept_failures and failures):
+            return None, counts
+        with single_thread_blas():
+            stats = self._fold_replies(server_round, results, counts)
+            if stats.num_replies == 0:
+                log(
+                    WARNING,
+                    "FedADMMClientDuals round %s: no usable reply; z unchanged",
+                    server_round,
+                )
+                return None, {**counts, "rho": self.rho, "num_clients_known": len(self.clients)}
+            z_prev, self.z = self.z, self._z_step()
+            dz_sq = _sq_distance(self.z, z_prev)
+        metrics = {**self._residuals(stats, dz_sq), **counts}
+        if self.fit_metrics_aggregation_fn is not None:
+            user = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, res in results]
+            )
+            metrics = {**user, **metrics}
+        self.history.append({"round": server_round, **metrics})
+        self.last_round = server_round
+        self._broadcast = ndarrays_to_parameters(
+            [np.asarray(t, dtype=d) for t, d in zip(self.z, self._dtypes, strict=True)]
+        )
+        return self._broadcast, metrics
+
+    # ----------------------------------------------------------------- helpers
+    def _adopt(self, parameters: Parameters) -> None:
+        """Take the broadcast z as z^k (decoded unless it is what we returned)."""
+        if parameters is self._broadcast and self.z is not None:
+            return
+        z = [np.array(t, dtype=np.float64) for t in parameters_to_ndarrays(parameters)]
+        if self.z is None:
+            self._dtypes = [np.asarray(t).dtype for t in parameters_to_ndarrays(parameters)]
+            self.contribution_sum = [np.zeros_like(t) for t in z]
+        elif [t.shape for t in z] != [t.shape for t in self.z]:
+            raise ValueError(
+                f"parameters: expected shapes {[t.shape for t in self.z]}, "
+                f"got {[t.shape for t in z]}"
+            )
+        self.z = z
+
+    def _z_step(self) -> Arrays:
+        assert self.contribution_sum is not None
+        z = [s / float(self.total_examples) for s in self.contribution_sum]
+        if self.regularizer is not None:
+            self.regularizer.prox_(z, self.rho)
+        return z
+
+    def _fold_replies(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        counts: dict[str, Scalar],
+    ) -> _RoundStats:
+        """Check each reply and add it to S, in client-key order (deterministic sums)."""
+        assert self.contribution_sum is not None
+        shapes = [t.shape for t in self.contribution_sum]
+        keyed: list[tuple[str, ClientProxy, FitRes]] = []
+        for proxy, res in results:
+            try:
+                keyed.append((client_key(proxy, res.metrics), proxy, res))
+            except Exception as error:  # a malformed reply must not stop the server
+                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
+        shared = {k for k, c in Counter(k for k, _, _ in keyed).items() if c > 1}
+        stats = _RoundStats()
+        for key, proxy, res in sorted(keyed, key=lambda item: natural_key(item[0])):
+            if key in shared:
+                self._reject(key, "several replies share this client key", counts)
+                continue
+            report = self._protocol_problem(key, res)
+            if report is not None:
+                problem, mismatch = report
+                self._reject(key, problem, counts)
+                counts["num_state_mismatch"] = int(counts["num_state_mismatch"]) + mismatch
+                continue
+            problem_or_none: str | None
+            try:
+                delta = parameters_to_views(res.parameters)
+                problem_or_none, _ = check_reply(delta, res.num_examples, shapes)
+            except Exception as error:  # a malformed reply must not stop the server
+                problem_or_none = f"unreadable reply ({error!r})"
+            if problem_or_none is not None:
+                self._reject(key, problem_or_none, counts)
+                continue
+            for acc, change in zip(self.contribution_sum, delta, strict=True):
+                axpy(1.0, np.asarray(change, dtype=np.float64), acc)
+            self.total_examples += int(res.metrics[EXAMPLES_CHANGE])
+            self.clients[key] = ClientEntry(int(res.num_examples), server_round)
+            self._key_of_cid[proxy.cid] = key
+            stats.add(res)
+        return stats
+
+    def _protocol_problem(self, key: str, res: FitRes) -> tuple[str, int] | None:
+        """Why the reply's metrics break the protocol (and 1 if it is a state mismatch)."""
+        metrics = res.metrics
+        for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
+            if name not in metrics:
+                return f"missing metric {name!r} (not a client-held-dual client?)", 0
+        numbers = [metrics[n] for n in (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL) if n in metrics]
+        if not all(_finite_nonnegative(v) for v in numbers):
+            return "squared norms must be finite numbers >= 0", 0
+        previous, change = metrics[PREVIOUS_ROUND], metrics[EXAMPLES_CHANGE]
+        if not (
+            isinstance(previous, int)
+            and isinstance(change, int)
+            and _integer(previous)
+            and _integer(change)
+            and _integer(res.num_examples)
+        ):
+            return f"{PREVIOUS_ROUND}, {EXAMPLES_CHANGE}, num_examples must be integers", 0
+        entry = self.clients.get(key)
+        known_round = entry.last_round if entry is not None else 0
+        known_n = entry.num_examples if entry is not None else 0
+        if previous != known_round or known_n + change != res.num_examples:
+            return (
+                f"client state out of sync (client reports its previous round {previous} "
+                f"and n change {change} to n={res.num_examples}; the server recorded round "
+                f"{known_round}, n={known_n}). Its old contribution stays in S",
+                1,
+            )
+        if (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
+            return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
+        return None
+
+    def _residuals(self, stats: _RoundStats, dz_sq: float) -> dict[str, Scalar]:
+        assert self.z is not None
+        root_p = math.sqrt(sum(t.size for t in self.z))
+        z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in self.z))
+        eps_primal = root_p * self.eps_abs + self.eps_rel * max(stats.w_norm, z_norm)
+        eps_dual = root_p * self.eps_abs + self.eps_rel * self.rho * stats.u_norm
+        dual = self.rho * math.sqrt(dz_sq)
+        metrics: dict[str, Scalar] = {
+            "rho": self.rho,
+            "dual_residual": dual,
+            "eps_primal": eps_primal,
+            "eps_dual": eps_dual,
+            "num_replies": stats.num_replies,
+            "num_delayed_residuals": stats.num_delayed,
+            "num_clients_known": len(self.clients),
+        }
+        previous = stats.previous_primal
+        if previous is not None:
+            metrics["previous_primal_residual"] = previous
+        self.converged = previous is not None and previous <= eps_primal and dual <= eps_dual
+        metrics["converged"] = int(self.converged)
+        if stats.objective is not None:
+            objective = stats.objective
+            if self.regularizer is not None:
+                objective += self.regularizer.value(self.z)
+            metrics["objective"] = objective
+        return metrics
+
+    @staticmethod
+    def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
+        log(WARNING, "FedADMMClientDuals: rejected reply of %s: %s", key, problem)
+        counts["num_rejected"] = int(counts["num_rejected"]) + 1
+
+
+class _RoundStats:
+    """n-weighted sums over one round's accepted replies."""
+
+    def __init__(self) -> None:
+        self.num_replies = self.num_delayed = 0
+        self.n = self.n_delayed = 0.0
+        self.d2 = self.w_sq = self.u_sq = self.loss = 0.0
+        self.losses_finite = True
+
+    def add(self, res: FitRes) -> None:
+        n, metrics = float(res.num_examples), res.metrics
+        self.num_replies += 1
+        self.n += n
+        self.w_sq += n * float(metrics[W_SQ_NORM])  # type: ignore[arg-type]
+        self.u_sq += n * float(metrics[U_SQ_NORM])  # type: ignore[arg-type]
+        if DELAYED_SQ_RESIDUAL in metrics:
+            self.num_delayed += 1
+            self.n_delayed += n
+            self.d2 += n * float(metrics[DELAYED_SQ_RESIDUAL])  # type: ignore[arg-type]
+        loss = metrics.get("loss")
+        if isinstance(loss, int | float) and math.isfinite(loss):
+            self.loss += n * float(loss)
+        else:
+            self.losses_finite = False
+
+    @property
+    def w_norm(self) -> float:
+        return math.sqrt(self.w_sq / self.n)
+
+    @property
+    def u_norm(self) -> float:
+        return math.sqrt(self.u_sq / self.n)
+
+    @property
+    def previous_primal(self) -> float | None:
+        return math.sqrt(self.d2 / self.n_delayed) if self.num_delayed else None
+
+    @property
+    def objective(self) -> float | None:
+        return self.loss / self.n if self.losses_finite else None
+
+
+def _check_unsupported(rho_schedule: Any, client_rho: str, relaxation: float) -> None:
+    if rho_schedule is not None and not isinstance(rho_schedule, Constant):
+        raise ValueError(
+            "rho_schedule: not supported with client-held duals (allowed: None or "
+            f"Constant(); rho must stay constant), got {rho_schedule!r}; use FedADMM"
+        )
+    if client_rho != "uniform":
+        raise ValueError(
+            "client_rho: only 'uniform' is supported with client-held duals, got "
+            f"{client_rho!r}; use FedADMM for 'data_size'"
+        )
+    if relaxation != 1.0:
+        raise ValueError(
+            f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
+        )
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _finite_nonnegative(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _sq_distance(a: NDArrays, b: NDArrays) -> float:
+    """||a - b||^2 block by block (no model-sized temporary)."""
+    total = 0.0
+    for x, y in zip(a, b, strict=True):
+        x_flat, y_flat = x.reshape(-1), y.reshape(-1)
+        for block in blocks(x_flat.size):
+            d = x_flat[block] - y_flat[block]
+            total += float(np.dot(d, d))
+    return total
+
+
+# ------------------------------------------------------------------ client side
+STATE_W = "flwr_admm.duals.w"
+STATE_U = "flwr_admm.duals.u"
+STATE_META = "flwr_admm.duals.meta"
+
+
+@dataclass
+class DualState:
+    """What a client keeps: w_i, u_i (before its pending update), n_i, its last round."""
+
+    w: Arrays
+    u: Arrays
+    num_examples: int
+    server_round: int
+
+    @property
+    def contribution(self) -> Arrays:
+        """C_i = w_i + u_i, the share S holds (times n_i)."""
+        return [w + u for w, u in zip(self.w, self.u, strict=True)]
+
+
+@dataclass(frozen=True)
+class DualStart:
+    """The client's view of round k: its updated dual, center and delayed residual."""
+
+    dual: Arrays
+    center: Arrays
+    delayed_sq_residual: float | None
+
+
+def start_round(state: DualState | None, z: Arrays) -> DualStart:
+    """U_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i."""
+    if state is None:
+        dual = [np.zeros_like(t) for t in z]
+        return DualStart(dual, [t.copy() for t in z], None)
+    diff = [w - t for w, t in zip(state.w, z, strict=True)]
+    d2 = float(sum(np.vdot(d, d) for d in diff))
+    dual = [u + d for u, d in zip(state.u, diff, strict=True)]
+    return DualStart(dual, [t - u for t, u in zip(z, dual, strict=True)], d2)
+
+
+def contribution_change(
+    state: DualState | None, w: Arrays, dual: Arrays, num_examples: int
+) -> Arrays:
+    """Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
+    change = [float(num_examples) * (a + u) for a, u in zip(w, dual, strict=True)]
+    if state is not None:
+        for delta, old in zip(change, state.contribution, strict=True):
+            delta -= float(state.num_examples) * old
+    return change
+
+
+def reply_metrics(
+    state: DualState | None, start: DualStart, w: Arrays, num_examples: int
+) -> dict[str, Scalar]:
+    """The protocol metrics of a reply (see `FedADMMClientDuals`)."""
+    metrics: dict[str, Scalar] = {
+        PREVIOUS_ROUND: 0 if state is None else int(state.server_round),
+        EXAMPLES_CHANGE: int(num_examples) - (0 if state is None else int(state.num_examples)),
+        W_SQ_NORM: float(sum(np.vdot(t, t) for t in w)),
+        U_SQ_NORM: float(sum(np.vdot(u, u) for u in start.dual)),
+    }
+    if start.delayed_sq_residual is not None:
+        metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
+    return metrics
+
+
+def load_state(records: RecordDict, shapes: list[tuple[int, ...]]) -> DualState | None:
+    """The kept state from a context's RecordDict, or None (also if shapes differ)."""
+    if STATE_META not in records.config_records or STATE_W not in records.array_records:
+        return None
+    meta = records.config_records[STATE_META]
+    w = [
+        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_W].to_numpy_ndarrays()
+    ]
+    u = [
+        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_U].to_numpy_ndarrays()
+    ]
+    if [t.shape for t in w] != shapes or [t.shape for t in u] != shapes:
+        return None
+    return DualState(w, u, int(meta["num_examples"]), int(meta["round"]))  # type: ignore[arg-type]
+
+
+def save_state(records: RecordDict, state: DualState) -> None:
+    """Store the state in a context's RecordDict (call last: after anything can fail)."""
+    records.array_records[STATE_W] = ArrayRecord([t.copy() for t in state.w])
+    records.array_records[STATE_U] = ArrayRecord([t.copy() for t in state.u])
+    records.config_records[STATE_META] = ConfigRecord(
+        {"num_examples": int(state.num_examples), "round": int(state.server_round)}
+    )
