@@ -40,6 +40,7 @@ Clients MUST follow the protocol above; `ADMMClient` does when the fit config ho
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -52,11 +53,9 @@ from flwr.common import (
     ConfigRecord,
     FitIns,
     FitRes,
-    NDArrays,
     Parameters,
     RecordDict,
     Scalar,
-    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
@@ -66,12 +65,12 @@ from flwr.server.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_admm.consensus import natural_key
-from flwr_admm.kernels import axpy, blocks, single_thread_blas
+from flwr_admm.kernels import BLOCK, axpy, blocks, single_thread_blas
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import Constant
 from flwr_admm.strategy import check_flower_fields, client_key, sample_clients
 from flwr_admm.validation import check_reply
-from flwr_admm.wire import parameters_to_views
+from flwr_admm.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 Arrays = list[NDArray[np.float64]]
 
@@ -211,8 +210,7 @@ class FedADMMClientDuals(FedAvg):
                     server_round,
                 )
                 return None, {**counts, "rho": self.rho, "num_clients_known": len(self.clients)}
-            z_prev, self.z = self.z, self._z_step()
-            dz_sq = _sq_distance(self.z, z_prev)
+            dz_sq = self._z_step()
         metrics = {**self._residuals(stats, dz_sq), **counts}
         if self.fit_metrics_aggregation_fn is not None:
             user = self.fit_metrics_aggregation_fn(
@@ -221,9 +219,7 @@ class FedADMMClientDuals(FedAvg):
             metrics = {**user, **metrics}
         self.history.append({"round": server_round, **metrics})
         self.last_round = server_round
-        self._broadcast = ndarrays_to_parameters(
-            [np.asarray(t, dtype=d) for t, d in zip(self.z, self._dtypes, strict=True)]
-        )
+        self._broadcast = _serialize(self.z, self._dtypes)
         return self._broadcast, metrics
 
     # ----------------------------------------------------------------- helpers
@@ -242,12 +238,27 @@ class FedADMMClientDuals(FedAvg):
             )
         self.z = z
 
-    def _z_step(self) -> Arrays:
-        assert self.contribution_sum is not None
-        z = [s / float(self.total_examples) for s in self.contribution_sum]
-        if self.regularizer is not None:
-            self.regularizer.prox_(z, self.rho)
-        return z
+    def _z_step(self) -> float:
+        """Z <- prox_{g/rho}(S / N) in place, block by block; returns ||z' - z||^2.
+
+        (No model-sized temporary: each block of the new z is compared with the old
+        one while both are in cache.)
+        """
+        assert self.z is not None and self.contribution_sum is not None
+        largest = max(t.size for t in self.z)
+        new, diff = np.empty(min(BLOCK, largest)), np.empty(min(BLOCK, largest))
+        total = 0.0
+        for z, s in zip(self.z, self.contribution_sum, strict=True):
+            z_flat, s_flat = z.reshape(-1), s.reshape(-1)
+            for block in blocks(z_flat.size):
+                size = block.stop - block.start
+                np.divide(s_flat[block], float(self.total_examples), out=new[:size])
+                if self.regularizer is not None:
+                    self.regularizer.prox_([new[:size]], self.rho)
+                np.subtract(new[:size], z_flat[block], out=diff[:size])
+                total += float(np.dot(diff[:size], diff[:size]))
+                z_flat[block] = new[:size]
+        return total
 
     def _fold_replies(
         self,
@@ -431,15 +442,17 @@ def _finite_nonnegative(value: object) -> bool:
     )
 
 
-def _sq_distance(a: NDArrays, b: NDArrays) -> float:
-    """||a - b||^2 block by block (no model-sized temporary)."""
-    total = 0.0
-    for x, y in zip(a, b, strict=True):
-        x_flat, y_flat = x.reshape(-1), y.reshape(-1)
-        for block in blocks(x_flat.size):
-            d = x_flat[block] - y_flat[block]
-            total += float(np.dot(d, d))
-    return total
+def _serialize(arrays: Arrays, dtypes: list[np.dtype[Any]]) -> Parameters:
+    """`ndarrays_to_parameters` with one copy per tensor instead of ~two (same bytes)."""
+    tensors = []
+    for array, dtype in zip(arrays, dtypes, strict=True):
+        array = np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, np.lib.format.header_data_from_array_1_0(array)
+        )
+        tensors.append(b"".join([header.getvalue(), array.reshape(-1).view(np.uint8).data]))
+    return Parameters(tensors=tensors, tensor_type=NUMPY_TENSOR_TYPE)
 
 
 # ------------------------------------------------------------------ client side
