@@ -227,9 +227,10 @@ class FedADMMClientDuals(FedAvg):
         """Take the broadcast z as z^k (decoded unless it is what we returned)."""
         if parameters is self._broadcast and self.z is not None:
             return
-        z = [np.array(t, dtype=np.float64) for t in parameters_to_ndarrays(parameters)]
+        received = parameters_to_ndarrays(parameters)
+        z = [np.array(t, dtype=np.float64) for t in received]
         if self.z is None:
-            self._dtypes = [np.asarray(t).dtype for t in parameters_to_ndarrays(parameters)]
+            self._dtypes = [np.asarray(t).dtype for t in received]
             self.contribution_sum = [np.zeros_like(t) for t in z]
         elif [t.shape for t in z] != [t.shape for t in self.z]:
             raise ValueError(

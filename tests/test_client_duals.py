@@ -40,6 +40,7 @@ from flwr.server.client_proxy import ClientProxy
 from test_convergence import first_round_below, gaps
 
 from flwr_admm import (
+    L1,
     ADMMClient,
     FedADMM,
     FedADMMClientDuals,
@@ -70,6 +71,26 @@ def test_full_participation_is_server_held_fedadmm() -> None:
         assert math.isclose(ours["eps_primal"], theirs["eps_primal"], rel_tol=1e-9)
     assert int(client_run.fit_metrics[-1]["converged"]) == 1
     assert len(strategy.history) == 30 and strategy.history[-1]["num_replies"] == NUM_CLIENTS
+
+
+def test_server_regularizer_matches_server_held_fedadmm() -> None:
+    _, held, _ = run_seed(FedADMM, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
+    _, client, _ = run_seed(
+        FedADMMClientDuals, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02)
+    )
+    np.testing.assert_array_equal(client.matrix == 0.0, held.matrix == 0.0)
+    assert (held.matrix[-1] == 0.0).sum() >= 2  # the prox really zeroes entries
+    assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
+
+
+def test_stop_on_convergence_samples_no_more_clients() -> None:
+    strategy, _, result = run_seed(
+        FedADMMClientDuals, 40, client_kwargs=CLIENT, rho=0.1, stop_on_convergence=True
+    )
+    stopped = len(strategy.history)
+    assert stopped == 23 and strategy.converged  # server-held FedADMM also stops after 23
+    assert int(strategy.history[-1]["converged"]) == 1
+    assert all(m.get("num_replies") is None for m in result.fit_metrics[stopped:])
 
 
 def test_partial_participation_reaches_the_optimum() -> None:
@@ -170,6 +191,12 @@ def test_lost_client_state_is_detected_and_rejected(caplog: pytest.LogCaptureFix
     np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=1e-14, atol=1e-14)
     assert strategy.clients["partition-id:1"].last_round == 3
     assert strategy.total_examples == n_before
+    # The client cannot learn that it was rejected (one FitIns for all): it stays out of
+    # sync, and is rejected again, until the run ends (a documented limitation).
+    instructions = strategy.configure_fit(5, strategy._broadcast, manager)  # type: ignore[arg-type]
+    results = [(proxy, proxy.fit(ins, None, 5)) for proxy, ins in instructions]
+    _, metrics = strategy.aggregate_fit(5, results, [])
+    assert metrics["num_state_mismatch"] == 1 and metrics["num_replies"] == 3
 
 
 # ------------------------------------------------------------------ configuration
