@@ -106,44 +106,61 @@ def penalized_local_solve(
         raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
     penalized = center is not None and rho > 0.0
     lr = plan.learning_rate
-    w = [np.array(t, dtype=np.float64) for t in start]
+    # The models are small, so a step costs mostly numpy calls per tensor: w and the
+    # scaled gradient live in one flat buffer each (w as per-tensor views into it),
+    # so the update below is four calls per step whatever the number of tensors.
+    w_flat, w = _flat_views([np.shape(t) for t in start])
+    for wk, t in zip(w, start, strict=True):
+        wk[...] = t
+    g_flat, g_views = _flat_views([wk.shape for wk in w])
     rng = rng if rng is not None else np.random.default_rng(0)
     batches = plan.batches(X.shape[0], rng)
     # One step is w <- keep * w - scale * g + shift, constants computed once:
     #   exact:    keep = 1/(1 + lr rho), scale = lr/(1 + lr rho), shift = lr rho v/(1 + lr rho)
     #   gradient: keep = 1 - lr rho,     scale = lr,              shift = lr rho v
     #   no penalty: keep = 1, scale = lr, shift = 0
-    if penalized and plan.prox_step == "exact":
-        keep = 1.0 / (1.0 + lr * rho)
-        scale = lr * keep
+    shift: NDArray[np.float64] | None = None
+    if penalized and center is not None:
+        exact = plan.prox_step == "exact"
+        keep = 1.0 / (1.0 + lr * rho) if exact else 1.0 - lr * rho
+        scale = lr * keep if exact else lr
+        v_flat, v_views = _flat_views([wk.shape for wk in w])
+        for vk, c in zip(v_views, center, strict=True):
+            vk[...] = c
+        shift = v_flat
+        shift *= lr * rho / (1.0 + lr * rho) if exact else lr * rho
     else:
-        keep = 1.0 - lr * rho if penalized else 1.0
-        scale = lr
-    shift = (
-        [
-            (lr * rho / (1.0 + lr * rho) if plan.prox_step == "exact" else lr * rho) * v
-            for v in center
-        ]
-        if penalized and center is not None
-        else None
-    )
+        keep, scale = 1.0, lr
+    check_every_step, last = plan.grad_tol is not None, len(batches) - 1
     steps, grad_norm = 0, math.nan
     for k, index in enumerate(batches):
         Xb, yb = (X, y) if index is None else (X[index], y[index])
         _, grads = model.loss_and_grad(w, Xb, yb)
-        if plan.grad_tol is not None or k == len(batches) - 1:
+        if check_every_step or k == last:
             grad_norm = _penalized_norm(grads, w, center if penalized else None, rho)
             if plan.grad_tol is not None and grad_norm <= plan.grad_tol:
                 break
-        for j, (wk, g) in enumerate(zip(w, grads, strict=True)):
-            if keep != 1.0:
-                wk *= keep
-            g *= scale  # models return fresh gradient arrays: scale them in place
-            wk -= g
-            if shift is not None:
-                wk += shift[j]
+        for gk, g in zip(g_views, grads, strict=True):
+            gk[...] = g
+        if keep != 1.0:
+            w_flat *= keep
+        g_flat *= scale
+        w_flat -= g_flat
+        if shift is not None:
+            w_flat += shift
         steps += 1
     return LocalResult(params=w, steps=steps, loss=model.loss(w, X, y), grad_norm=grad_norm)
+
+
+def _flat_views(shapes: list[tuple[int, ...]]) -> tuple[NDArray[np.float64], Params]:
+    """One float64 buffer and a view into it of each shape, in order."""
+    flat = np.empty(sum(math.prod(shape) for shape in shapes))
+    views, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        views.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    return flat, views
 
 
 def _penalized_norm(grads: Params, w: Params, center: Params | None, rho: float) -> float:

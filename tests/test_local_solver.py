@@ -202,6 +202,78 @@ def test_grad_tol_stops_early_at_the_first_small_penalized_gradient() -> None:
     assert full.steps == 500
 
 
+class AffineLeastSquares(Model):
+    """f(W, b) = 1/2 ||X W + b - Y||^2 with Y = y one-hot: two tensors of different shapes."""
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [(2, 3), (3,)]
+
+    @property
+    def n_features(self) -> int:
+        return 2
+
+    def loss_and_grad(self, params, X, y):
+        W, b = params
+        residual = X @ W + b - np.eye(3)[y]
+        return 0.5 * float(np.vdot(residual, residual)), [X.T @ residual, residual.sum(0)]
+
+    def predict_proba(self, params, X):
+        raise NotImplementedError
+
+    def encode_labels(self, y):
+        return np.asarray(y)
+
+
+@pytest.mark.parametrize("prox_step", ["gradient", "exact"])
+def test_several_tensors_follow_the_recursion_each(prox_step: str) -> None:
+    rng = np.random.default_rng(6)
+    X, y = rng.normal(size=(8, 2)), rng.integers(0, 3, size=8)
+    model = AffineLeastSquares()
+    start = [rng.normal(size=(2, 3)), rng.normal(size=3)]
+    center = [rng.normal(size=(2, 3)), rng.normal(size=3)]
+    lr, rho, steps = 0.05, 2.0, 6
+    w = [p.copy() for p in start]
+    for _ in range(steps):
+        _, grads = model.loss_and_grad(w, X, y)
+        if prox_step == "gradient":
+            w = [wk - lr * (g + rho * (wk - v)) for wk, g, v in zip(w, grads, center, strict=True)]
+        else:
+            w = [
+                (wk - lr * g + lr * rho * v) / (1 + lr * rho)
+                for wk, g, v in zip(w, grads, center, strict=True)
+            ]
+    plan = LocalPlan(lr, steps=steps, prox_step=prox_step)
+    result = penalized_local_solve(model, start, X, y, plan, center=center, rho=rho)
+    assert [p.shape for p in result.params] == [(2, 3), (3,)]
+    for got, want in zip(result.params, w, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+class LinearWithStoredGradient(LeastSquares):
+    """f(w) = c . w, returning its one stored gradient array c at every call."""
+
+    def __init__(self, c: np.ndarray) -> None:
+        self.c = c
+        super().__init__(len(c))
+
+    def loss_and_grad(self, params, X, y):
+        return float(self.c @ params[0]), [self.c]
+
+
+def test_gradient_arrays_of_the_model_are_not_modified() -> None:
+    c = np.array([1.0, -2.0])
+    model = LinearWithStoredGradient(c.copy())
+    lr, rho, steps = 0.1, 1.0, 4
+    w = W0.copy()
+    for _ in range(steps):
+        w = (w - lr * c + lr * rho * V) / (1.0 + lr * rho)
+    plan = LocalPlan(lr, steps=steps, prox_step="exact")
+    result = penalized_local_solve(model, [W0], A, B, plan, center=[V], rho=rho)
+    np.testing.assert_array_equal(model.c, c)
+    np.testing.assert_allclose(result.params[0], w, rtol=1e-14)
+
+
 # ------------------------------------------------------------------ minibatches
 
 
