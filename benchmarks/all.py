@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, base_parser, format_table, write_json
 
-BENCHMARKS = ("client_loop", "server_cost", "convergence", "engine")
+BENCHMARKS = ("client_loop", "server_cost", "client_duals_cost", "convergence", "engine")
 
 
 def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,6 +60,22 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             2.0,
             row["fedadmm_peak_extra_models"],
             "above the cached state",
+        )
+    for row in results.get("client_duals_cost", {}).get("results", []):
+        if row["num_parameters"] >= 10**6:
+            size = f"P={row['num_parameters']:.0e} N={row['num_clients']}"
+            add(
+                f"aggregate_fit CPU time FedADMMClientDuals / FedAvg, {size}",
+                1.5,
+                row["time_ratio"],
+                "client-held duals",
+            )
+        add(
+            f"aggregate_fit peak extra memory (model copies), FedADMMClientDuals, "
+            f"P={row['num_parameters']:.0e} N={row['num_clients']}",
+            2.0,
+            row["client_duals_peak_extra_models"],
+            "state: z and S only, for any N",
         )
     engine = results.get("engine")
     if engine and "ratio" in engine:

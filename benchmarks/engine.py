@@ -12,7 +12,7 @@ median: the engine moves messages by polling every 0.1 s (`InMemoryGrid`'s
 ``pull_interval`` and the fleet's message pickup), so a round takes 0.2, 0.3 or 0.4 s
 and only the average over many rounds resolves a difference below one tick.
 
-    python -m benchmarks.engine [--quick] [--pairs 2] [--rounds 41]
+    python -m benchmarks.engine [--quick] [--pairs 3] [--rounds 41]
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"--worker: must be one of {STRATEGIES}, got {args.worker!r}")
         args.result_file.write_text(json.dumps(run_worker(args.worker, rounds)))
         return {}
-    pairs = args.pairs or (1 if args.quick else 2)
+    pairs = args.pairs or (1 if args.quick else 3)
     rounds = args.rounds or (3 if args.quick else 41)
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []

@@ -60,8 +60,8 @@ def state_bytes(num_parameters: int, num_clients: int) -> int:
 
 
 def peak_need_bytes(num_parameters: int, num_clients: int) -> int:
-    """State, the two timed reply sets and transient copies (generous)."""
-    return state_bytes(num_parameters, num_clients) + 6 * SAMPLED * num_parameters * FLOAT
+    """State, the two timed reply sets and FedAvg's transient copies (generous)."""
+    return state_bytes(num_parameters, num_clients) + (2 * SAMPLED + 6) * num_parameters * FLOAT
 
 
 def make_replies(num_parameters: int, seed: int, count: int = SAMPLED) -> list[Parameters]:

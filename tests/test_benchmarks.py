@@ -95,7 +95,14 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         assert positive(row["exact_step_ratio"]) and positive(row["gradient_step_ratio"])
 
     summary = load(tmp_path / "all.json")
-    assert set(summary["seconds_per_benchmark"]) == {"client_loop", "server_cost", "convergence"}
+    assert set(summary["seconds_per_benchmark"]) == {
+        "client_loop",
+        "server_cost",
+        "client_duals_cost",
+        "convergence",
+    }
+    duals = load(tmp_path / "client_duals_cost.json")
+    assert all(positive(row["time_ratio"]) for row in duals["results"])
     goals = summary["goals"]
     assert any(g["goal"].startswith("FedADMM rounds / best-tuned baseline") for g in goals)
     assert all(g["met"] in (True, False, None) for g in goals)
