@@ -36,63 +36,81 @@ rejected (``num_state_mismatch``) and S is untouched, but the old n_i c_i stays 
 
 Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
 ``admm-duals = "client"``.
+
+The client side of the protocol lives in `flwr_admm.client_duals_protocol` and the
+reply checks and folding in `flwr_admm.client_duals_replies`; their public names are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections import Counter
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import (
-    ArrayRecord,
-    ConfigRecord,
-    FitIns,
-    FitRes,
-    Parameters,
-    RecordDict,
-    Scalar,
-    parameters_to_ndarrays,
-)
+from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
-from numpy.typing import NDArray
 
-from flwr_admm.consensus import natural_key
-from flwr_admm.kernels import BLOCK, axpy, blocks, single_thread_blas
+from flwr_admm.client_duals_protocol import (
+    DELAYED_SQ_RESIDUAL,
+    EXAMPLES_CHANGE,
+    MODE_CLIENT,
+    MODE_KEY,
+    PREVIOUS_ROUND,
+    STATE_META,
+    STATE_U,
+    STATE_W,
+    U_SQ_NORM,
+    W_SQ_NORM,
+    Arrays,
+    DualStart,
+    DualState,
+    contribution_change,
+    load_state,
+    reply_metrics,
+    save_state,
+    start_round,
+)
+from flwr_admm.client_duals_replies import ClientDualsReplyFolding, ClientEntry, RoundStats
+from flwr_admm.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.regularizers import Regularizer
+from flwr_admm.sampling import check_flower_fields, sample_clients
 from flwr_admm.schedules import Constant
-from flwr_admm.strategy import check_flower_fields, client_key, sample_clients
-from flwr_admm.validation import check_reply
-from flwr_admm.wire import NUMPY_TENSOR_TYPE, parameters_to_views
+from flwr_admm.wire import NUMPY_TENSOR_TYPE
 
-Arrays = list[NDArray[np.float64]]
+__all__ = [
+    "DELAYED_SQ_RESIDUAL",
+    "EXAMPLES_CHANGE",
+    "MODE_CLIENT",
+    "MODE_KEY",
+    "PREVIOUS_ROUND",
+    "STATE_META",
+    "STATE_U",
+    "STATE_W",
+    "UNSUPPORTED",
+    "U_SQ_NORM",
+    "W_SQ_NORM",
+    "Arrays",
+    "ClientEntry",
+    "DualStart",
+    "DualState",
+    "FedADMMClientDuals",
+    "contribution_change",
+    "load_state",
+    "reply_metrics",
+    "save_state",
+    "start_round",
+]
 
-MODE_KEY = "admm-duals"  # fit config: "client" switches ADMMClient to this protocol
-MODE_CLIENT = "client"
-PREVIOUS_ROUND = "admm-previous-round"  # reply metrics from here on
-EXAMPLES_CHANGE = "admm-examples-change"
-DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
-W_SQ_NORM = "admm-w-sq-norm"
-U_SQ_NORM = "admm-u-sq-norm"
 UNSUPPORTED = ("uplink", "local_dp", "checkpoint_dir", "uplink_residual")
 
 
-@dataclass
-class ClientEntry:
-    """All the server keeps per client key: n_i in S, and the round it was added."""
-
-    num_examples: int
-    last_round: int
-
-
-class FedADMMClientDuals(FedAvg):
+class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
     """Federated consensus ADMM with client-held duals (see the module docstring).
 
     Takes every keyword of Flower's `FedAvg` plus:
@@ -261,83 +279,7 @@ class FedADMMClientDuals(FedAvg):
                 z_flat[block] = new[:size]
         return total
 
-    def _fold_replies(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        counts: dict[str, Scalar],
-    ) -> _RoundStats:
-        """Check each reply and add it to S, in client-key order (deterministic sums)."""
-        assert self.contribution_sum is not None
-        shapes = [t.shape for t in self.contribution_sum]
-        keyed: list[tuple[str, ClientProxy, FitRes]] = []
-        for proxy, res in results:
-            try:
-                keyed.append((client_key(proxy, res.metrics), proxy, res))
-            except Exception as error:  # a malformed reply must not stop the server
-                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
-        shared = {k for k, c in Counter(k for k, _, _ in keyed).items() if c > 1}
-        stats = _RoundStats()
-        for key, proxy, res in sorted(keyed, key=lambda item: natural_key(item[0])):
-            if key in shared:
-                self._reject(key, "several replies share this client key", counts)
-                continue
-            report = self._protocol_problem(key, res)
-            if report is not None:
-                problem, mismatch = report
-                self._reject(key, problem, counts)
-                counts["num_state_mismatch"] = int(counts["num_state_mismatch"]) + mismatch
-                continue
-            problem_or_none: str | None
-            try:
-                delta = parameters_to_views(res.parameters)
-                problem_or_none, _ = check_reply(delta, res.num_examples, shapes)
-            except Exception as error:  # a malformed reply must not stop the server
-                problem_or_none = f"unreadable reply ({error!r})"
-            if problem_or_none is not None:
-                self._reject(key, problem_or_none, counts)
-                continue
-            for acc, change in zip(self.contribution_sum, delta, strict=True):
-                axpy(1.0, np.asarray(change, dtype=np.float64), acc)
-            self.total_examples += int(res.metrics[EXAMPLES_CHANGE])
-            self.clients[key] = ClientEntry(int(res.num_examples), server_round)
-            self._key_of_cid[proxy.cid] = key
-            stats.add(res)
-        return stats
-
-    def _protocol_problem(self, key: str, res: FitRes) -> tuple[str, int] | None:
-        """Why the reply's metrics break the protocol (and 1 if it is a state mismatch)."""
-        metrics = res.metrics
-        for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
-            if name not in metrics:
-                return f"missing metric {name!r} (not a client-held-dual client?)", 0
-        numbers = [metrics[n] for n in (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL) if n in metrics]
-        if not all(_finite_nonnegative(v) for v in numbers):
-            return "squared norms must be finite numbers >= 0", 0
-        previous, change = metrics[PREVIOUS_ROUND], metrics[EXAMPLES_CHANGE]
-        if not (
-            isinstance(previous, int)
-            and isinstance(change, int)
-            and _integer(previous)
-            and _integer(change)
-            and _integer(res.num_examples)
-        ):
-            return f"{PREVIOUS_ROUND}, {EXAMPLES_CHANGE}, num_examples must be integers", 0
-        entry = self.clients.get(key)
-        known_round = entry.last_round if entry is not None else 0
-        known_n = entry.num_examples if entry is not None else 0
-        if previous != known_round or known_n + change != res.num_examples:
-            return (
-                f"client state out of sync (client reports its previous round {previous} "
-                f"and n change {change} to n={res.num_examples}; the server recorded round "
-                f"{known_round}, n={known_n}). Its old contribution stays in S",
-                1,
-            )
-        if (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
-            return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
-        return None
-
-    def _residuals(self, stats: _RoundStats, dz_sq: float) -> dict[str, Scalar]:
+    def _residuals(self, stats: RoundStats, dz_sq: float) -> dict[str, Scalar]:
         assert self.z is not None
         root_p = math.sqrt(sum(t.size for t in self.z))
         z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in self.z))
@@ -365,53 +307,6 @@ class FedADMMClientDuals(FedAvg):
             metrics["objective"] = objective
         return metrics
 
-    @staticmethod
-    def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
-        log(WARNING, "FedADMMClientDuals: rejected reply of %s: %s", key, problem)
-        counts["num_rejected"] = int(counts["num_rejected"]) + 1
-
-
-class _RoundStats:
-    """n-weighted sums over one round's accepted replies."""
-
-    def __init__(self) -> None:
-        self.num_replies = self.num_delayed = 0
-        self.n = self.n_delayed = 0.0
-        self.d2 = self.w_sq = self.u_sq = self.loss = 0.0
-        self.losses_finite = True
-
-    def add(self, res: FitRes) -> None:
-        n, metrics = float(res.num_examples), res.metrics
-        self.num_replies += 1
-        self.n += n
-        self.w_sq += n * float(metrics[W_SQ_NORM])  # type: ignore[arg-type]
-        self.u_sq += n * float(metrics[U_SQ_NORM])  # type: ignore[arg-type]
-        if DELAYED_SQ_RESIDUAL in metrics:
-            self.num_delayed += 1
-            self.n_delayed += n
-            self.d2 += n * float(metrics[DELAYED_SQ_RESIDUAL])  # type: ignore[arg-type]
-        loss = metrics.get("loss")
-        if isinstance(loss, int | float) and math.isfinite(loss):
-            self.loss += n * float(loss)
-        else:
-            self.losses_finite = False
-
-    @property
-    def w_norm(self) -> float:
-        return math.sqrt(self.w_sq / self.n)
-
-    @property
-    def u_norm(self) -> float:
-        return math.sqrt(self.u_sq / self.n)
-
-    @property
-    def previous_primal(self) -> float | None:
-        return math.sqrt(self.d2 / self.n_delayed) if self.num_delayed else None
-
-    @property
-    def objective(self) -> float | None:
-        return self.loss / self.n if self.losses_finite else None
-
 
 def _check_unsupported(rho_schedule: Any, client_rho: str, relaxation: float) -> None:
     if rho_schedule is not None and not isinstance(rho_schedule, Constant):
@@ -430,19 +325,6 @@ def _check_unsupported(rho_schedule: Any, client_rho: str, relaxation: float) ->
         )
 
 
-def _integer(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def _finite_nonnegative(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
-
-
 def _serialize(arrays: Arrays, dtypes: list[np.dtype[Any]]) -> Parameters:
     """`ndarrays_to_parameters` with one copy per tensor instead of ~two (same bytes)."""
     tensors = []
@@ -454,95 +336,3 @@ def _serialize(arrays: Arrays, dtypes: list[np.dtype[Any]]) -> Parameters:
         )
         tensors.append(b"".join([header.getvalue(), array.reshape(-1).view(np.uint8).data]))
     return Parameters(tensors=tensors, tensor_type=NUMPY_TENSOR_TYPE)
-
-
-# ------------------------------------------------------------------ client side
-STATE_W = "flwr_admm.duals.w"
-STATE_U = "flwr_admm.duals.u"
-STATE_META = "flwr_admm.duals.meta"
-
-
-@dataclass
-class DualState:
-    """What a client keeps: w_i, u_i (before its pending update), n_i, its last round."""
-
-    w: Arrays
-    u: Arrays
-    num_examples: int
-    server_round: int
-
-    @property
-    def contribution(self) -> Arrays:
-        """C_i = w_i + u_i, the share S holds (times n_i)."""
-        return [w + u for w, u in zip(self.w, self.u, strict=True)]
-
-
-@dataclass(frozen=True)
-class DualStart:
-    """The client's view of round k: its updated dual, center and delayed residual."""
-
-    dual: Arrays
-    center: Arrays
-    delayed_sq_residual: float | None
-
-
-def start_round(state: DualState | None, z: Arrays) -> DualStart:
-    """U_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i."""
-    if state is None:
-        dual = [np.zeros_like(t) for t in z]
-        return DualStart(dual, [t.copy() for t in z], None)
-    diff = [w - t for w, t in zip(state.w, z, strict=True)]
-    d2 = float(sum(np.vdot(d, d) for d in diff))
-    dual = [u + d for u, d in zip(state.u, diff, strict=True)]
-    return DualStart(dual, [t - u for t, u in zip(z, dual, strict=True)], d2)
-
-
-def contribution_change(
-    state: DualState | None, w: Arrays, dual: Arrays, num_examples: int
-) -> Arrays:
-    """Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
-    change = [float(num_examples) * (a + u) for a, u in zip(w, dual, strict=True)]
-    if state is not None:
-        for delta, old in zip(change, state.contribution, strict=True):
-            delta -= float(state.num_examples) * old
-    return change
-
-
-def reply_metrics(
-    state: DualState | None, start: DualStart, w: Arrays, num_examples: int
-) -> dict[str, Scalar]:
-    """The protocol metrics of a reply (see `FedADMMClientDuals`)."""
-    metrics: dict[str, Scalar] = {
-        PREVIOUS_ROUND: 0 if state is None else int(state.server_round),
-        EXAMPLES_CHANGE: int(num_examples) - (0 if state is None else int(state.num_examples)),
-        W_SQ_NORM: float(sum(np.vdot(t, t) for t in w)),
-        U_SQ_NORM: float(sum(np.vdot(u, u) for u in start.dual)),
-    }
-    if start.delayed_sq_residual is not None:
-        metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
-    return metrics
-
-
-def load_state(records: RecordDict, shapes: list[tuple[int, ...]]) -> DualState | None:
-    """The kept state from a context's RecordDict, or None (also if shapes differ)."""
-    if STATE_META not in records.config_records or STATE_W not in records.array_records:
-        return None
-    meta = records.config_records[STATE_META]
-    w = [
-        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_W].to_numpy_ndarrays()
-    ]
-    u = [
-        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_U].to_numpy_ndarrays()
-    ]
-    if [t.shape for t in w] != shapes or [t.shape for t in u] != shapes:
-        return None
-    return DualState(w, u, int(meta["num_examples"]), int(meta["round"]))  # type: ignore[arg-type]
-
-
-def save_state(records: RecordDict, state: DualState) -> None:
-    """Store the state in a context's RecordDict (call last: after anything can fail)."""
-    records.array_records[STATE_W] = ArrayRecord([t.copy() for t in state.w])
-    records.array_records[STATE_U] = ArrayRecord([t.copy() for t in state.u])
-    records.config_records[STATE_META] = ConfigRecord(
-        {"num_examples": int(state.num_examples), "round": int(state.server_round)}
-    )

@@ -10,16 +10,14 @@ The strategy is a thin adapter over `flwr_admm.consensus.ConsensusADMM`:
   ``partition-id`` metric (else ``ClientProxy.cid``), and runs the z- and dual steps.
 
 Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_i.
+
+Reply checks and folding are in `flwr_admm.reply_folding`, checkpoints in
+`flwr_admm.strategy_checkpoint`, client keys and seeded sampling in `flwr_admm.sampling`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
-from collections import Counter
-from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -39,25 +37,28 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from flwr_admm.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
+from flwr_admm.checkpoint import CheckpointError, has_checkpoint
 from flwr_admm.compression import Compressor
-from flwr_admm.consensus import (
-    NON_FINITE,
-    ClientRho,
-    ConsensusADMM,
-    NonFiniteReplyError,
-    Reply,
-    natural_key,
-)
+from flwr_admm.consensus import ClientRho, ConsensusADMM
 from flwr_admm.kernels import single_thread_blas
 from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
+from flwr_admm.reply_folding import ReplyFolding
+from flwr_admm.sampling import check_flower_fields, client_key, sample_clients
 from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.strategy_checkpoint import StrategyCheckpoint
 from flwr_admm.uplink import Residual, UplinkChannel
-from flwr_admm.validation import check_reply
+
+__all__ = [
+    "CheckpointError",
+    "FedADMM",
+    "check_flower_fields",
+    "client_key",
+    "sample_clients",
+]
 
 
-class FedADMM(FedAvg):
+class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
     """Federated inexact consensus ADMM (server-held duals).
 
     Takes every keyword of Flower's `FedAvg` plus:
@@ -274,62 +275,6 @@ class FedADMM(FedAvg):
             self.save_checkpoint(self.checkpoint_dir)
         return self._to_parameters(admm.z), metrics
 
-    # ------------------------------------------------------------ checkpoints
-    def fingerprint(self) -> str:
-        """SHA-256 of the configuration a checkpoint must agree with."""
-        config = {
-            "rho": self.rho,
-            "rho_schedule": self.rho_schedule.describe(),
-            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
-            "client_rho": self.client_rho,
-            "eps_abs": self.eps_abs,
-            "eps_rel": self.eps_rel,
-        }
-        if self.relaxation != 1.0:  # absent at 1: older checkpoints keep resuming
-            config["relaxation"] = self.relaxation
-        return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write the full server state to directory `path` (atomic, no pickle)."""
-        if self.admm is None:
-            raise CheckpointError("checkpoint: nothing to save before the first round")
-        arrays, meta = self.admm.state_dict()
-        manifest = {
-            "fingerprint": self.fingerprint(),
-            "admm": meta,
-            "dtypes": [str(d) for d in self._dtypes],
-            "key_of_cid": self._key_of_cid,
-            "sent_key": self._sent_key,
-            "converged": self.converged,
-            "privacy": self.channel.ledger.state_dict() if self.channel.ledger else {},
-        }
-        return save_checkpoint(path, arrays, manifest, self.last_round)
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
-        """Restore the server state from directory `path`; return its round."""
-        arrays, manifest = load_checkpoint(path)
-        if manifest.get("fingerprint") != self.fingerprint():
-            raise CheckpointError(
-                f"checkpoint: {path} was written with another configuration (rho, "
-                "rho_schedule, regularizer, client_rho, eps_abs, eps_rel); refusing to resume"
-            )
-        try:
-            meta = manifest["admm"]
-            z0 = [np.zeros(tuple(shape)) for shape in meta["shapes"]]
-            admm = self._new_admm(z0)
-            admm.load_state_dict(arrays, meta)
-            dtypes = [np.dtype(d) for d in manifest["dtypes"]]
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint: {path} is incomplete ({error!r})") from error
-        self.admm, self._dtypes = admm, dtypes
-        self._key_of_cid = dict(manifest.get("key_of_cid", {}))
-        self._sent_key = dict(manifest.get("sent_key", {}))
-        self.converged = bool(manifest.get("converged", False))
-        if self.channel.ledger is not None:
-            self.channel.ledger.load_state_dict(manifest.get("privacy", {}))
-        self.last_round = self._round_offset = int(manifest["round"])
-        return self.last_round
-
     # ----------------------------------------------------------------- helpers
     def _new_admm(self, z: NDArrays) -> ConsensusADMM:
         """A fresh numpy core with this strategy's configuration (validates it too)."""
@@ -353,19 +298,6 @@ class FedADMM(FedAvg):
             self.admm.adopt_consensus(z)
         return self.admm
 
-    def _sent(self, cid: str) -> NDArrays:
-        """The center client `cid` was sent this round, as it received it.
-
-        (z, the duals and the dtypes do not change between configure_fit and
-        aggregate_fit, so the center can be recomputed instead of stored.)
-        """
-        assert self.admm is not None
-        center = self.admm.center(self._sent_key.get(cid))
-        return [
-            np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
-            for c, d in zip(center, self._dtypes, strict=True)
-        ]
-
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
         return ndarrays_to_parameters(
             [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
@@ -375,178 +307,3 @@ class FedADMM(FedAvg):
         return sample_clients(
             self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
-
-    def _client_key(self, proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
-        return client_key(proxy, metrics)
-
-    def _fold_replies(
-        self,
-        results: list[tuple[ClientProxy, FitRes]],
-        admm: ConsensusADMM,
-        counts: dict[str, Scalar],
-    ) -> int:
-        """Check each reply and fold it into the open ADMM round, one at a time.
-
-        Only one reply is deserialized at any moment (besides the state), so the
-        server's peak memory stays near the cached state. Returns the number folded in.
-        """
-        shapes = [t.shape for t in admm.z]
-        keyed: list[tuple[str, ClientProxy, FitRes]] = []
-        for proxy, res in results:
-            try:
-                keyed.append((self._client_key(proxy, res.metrics), proxy, res))
-            except Exception as error:  # a malformed reply must not stop the server
-                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
-        decoded: dict[int, tuple[NDArrays, float | None]] = {}
-        dropped: set[int] = set()
-        # Replies sharing a key: only those that pass the checks count as duplicates.
-        for key, count in Counter(key for key, _, _ in keyed).items():
-            if count == 1:
-                continue
-            valid = []
-            for index, (other, proxy, res) in enumerate(keyed):
-                if other == key:
-                    checked = self._checked(key, proxy, res, shapes, counts, finite=True)
-                    if checked is None:
-                        dropped.add(index)
-                    else:
-                        decoded[index] = checked
-                        valid.append(index)
-            if len(valid) > 1:
-                for index in valid:
-                    self._reject(key, f"{len(valid)} replies share this client key", counts)
-                    decoded.pop(index)
-                    dropped.add(index)
-        order = sorted(
-            (i for i in range(len(keyed)) if i not in dropped),
-            key=lambda i: natural_key(keyed[i][0]),
-        )
-        admm.begin([keyed[i][0] for i in order])
-        folded = 0
-        for index in order:
-            key, proxy, res = keyed[index]
-            checked = decoded.pop(index, None) or self._checked(key, proxy, res, shapes, counts)
-            if checked is None:
-                continue
-            self._key_of_cid[proxy.cid] = key
-            if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
-                # It trained around a center that was not its own (new node id after
-                # a restart): keep its dual and cached share, send the right center next.
-                log(INFO, "FedADMM: %s re-identified under cid %s; resynced", key, proxy.cid)
-                counts["num_resynced"] = int(counts["num_resynced"]) + 1
-                continue
-            loss = res.metrics.get("loss")
-            finite = isinstance(loss, int | float) and math.isfinite(loss)
-            objective = float(loss) if finite and isinstance(loss, int | float) else None
-            arrays, sq_norm = checked
-            try:
-                admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
-            except NonFiniteReplyError:  # found while folding it in; state rolled back
-                self._reject(key, NON_FINITE, counts)
-                continue
-            folded += 1
-        return folded
-
-    def _checked(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        shapes: list[tuple[int, ...]],
-        counts: dict[str, Scalar],
-        finite: bool = False,
-    ) -> tuple[NDArrays, float | None] | None:
-        """Decoded arrays (and ||w||^2 if `finite`) of a usable reply; None if rejected.
-
-        Without `finite`, NaN/inf entries are left to `ConsensusADMM.absorb`, which
-        finds them in the pass that folds the reply in.
-        """
-        try:
-            arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
-            problem, sq_norm = check_reply(arrays, res.num_examples, shapes, finite=finite)
-        except Exception as error:  # a malformed reply must not stop the server
-            problem, sq_norm = f"unreadable reply ({error!r})", None
-        if problem is not None:
-            self._reject(key, problem, counts)
-            return None
-        return arrays, sq_norm
-
-    @staticmethod
-    def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
-        log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
-        counts["num_rejected"] = int(counts["num_rejected"]) + 1
-
-
-# ------------------------------------------------------------ shared helpers
-def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
-    """Validate the FedAvg keywords Flower itself leaves unchecked (and `sampling_seed`)."""
-    for name in ("fraction_fit", "fraction_evaluate"):
-        fraction = getattr(strategy, name)
-        if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
-            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
-    for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
-        count = getattr(strategy, name)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
-    if strategy.min_available_clients < max(strategy.min_fit_clients, 1):
-        raise ValueError(
-            f"min_available_clients: must be >= min_fit_clients ({strategy.min_fit_clients})"
-            f" and >= 1, got {strategy.min_available_clients}"
-        )
-    if not isinstance(strategy.accept_failures, bool):
-        raise ValueError(
-            f"accept_failures: must be True or False, got {strategy.accept_failures!r}"
-        )
-    if sampling_seed is not None and (
-        isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int) or sampling_seed < 0
-    ):
-        raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
-
-
-def client_key(proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
-    """A client's stable key: its ``client-key`` metric, else ``partition-id``, else cid."""
-    if "client-key" in metrics:
-        return f"client-key:{metrics['client-key']!s}"
-    if "partition-id" in metrics:
-        return f"partition-id:{int(metrics['partition-id'])}"
-    return f"cid:{proxy.cid}"
-
-
-def sample_clients(
-    strategy: FedAvg,
-    client_manager: ClientManager,
-    server_round: int,
-    sampling_seed: int | None,
-    key_of_cid: dict[str, str],
-) -> list[ClientProxy]:
-    """Wait for `min_available_clients`, THEN size the sample from who is there.
-
-    (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
-    still registering at round 1 in the simulation engine.) With a `sampling_seed`
-    the sample is drawn from the clients ordered by key (`key_of_cid`), then cid,
-    with a generator seeded by (sampling_seed, server_round).
-    """
-    _, min_num = strategy.num_fit_clients(client_manager.num_available())
-    client_manager.wait_for(min_num, timeout=86400)
-    size, _ = strategy.num_fit_clients(client_manager.num_available())
-    if sampling_seed is None:
-        return client_manager.sample(num_clients=size, min_num_clients=min_num)
-    available = client_manager.all()
-    if size > len(available):
-        log(
-            INFO,
-            "%s: sampling %s clients but only %s available",
-            type(strategy).__name__,
-            size,
-            len(available),
-        )
-        return []
-    order = sorted(
-        available,
-        key=lambda cid: (natural_key(key_of_cid.get(cid, "~")), natural_key(cid)),
-    )
-    if size < len(order):
-        rng = np.random.default_rng([sampling_seed, server_round])
-        picked = np.sort(rng.choice(len(order), size=size, replace=False))
-        order = [order[i] for i in picked]
-    return [available[cid] for cid in order]

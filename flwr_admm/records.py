@@ -1,0 +1,84 @@
+"""Value types of the consensus ADMM core: client records, replies, round reports.
+
+A `ClientRecord` is what the server remembers of client i (w_i, the unscaled dual
+y_i = rho_i u_i, n_i and the rho multiplier s_i, rho_i = rho * s_i); a `Reply` is one
+accepted local model w_i with its n_i and local loss f_i(w_i); a `RoundReport` holds
+Boyd's residuals r, s and thresholds eps_pri, eps_dual of one aggregation, and
+`converged` is r <= eps_pri and s <= eps_dual. Replies holding NaN/inf raise
+`NonFiniteReplyError`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+Arrays = list[NDArray[np.float64]]
+ClientRho = Literal["uniform", "data_size"]
+CLIENT_RHO_MODES = ("uniform", "data_size")
+
+NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
+
+
+def natural_key(key: str) -> tuple[object, ...]:
+    """Sort key that orders "partition-id:2" before "partition-id:10"."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key))
+
+
+def check_rho(rho: float, field_name: str = "rho") -> float:
+    """Rho as a float; ValueError naming `field_name` unless it is finite and >= 0."""
+    if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
+        raise ValueError(f"{field_name}: must be a finite number >= 0, got {rho!r}")
+    return float(rho)
+
+
+@dataclass
+class ClientRecord:
+    """What the server remembers of client i: w_i, y_i, n_i and its rho multiplier s_i."""
+
+    w: Arrays
+    y: Arrays
+    num_examples: int
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One accepted client reply: its key, local model w_i, n_i and local loss f_i(w_i)."""
+
+    key: str
+    w: Arrays
+    num_examples: int
+    loss: float | None = None
+    sq_norm: float | None = None  # ||w||^2 if the caller already computed it
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """Residuals and bookkeeping of one aggregation."""
+
+    rho: float
+    next_rho: float
+    primal_residual: float
+    dual_residual: float
+    eps_primal: float
+    eps_dual: float
+    objective: float | None
+    num_replies: int
+    num_clients_cached: int
+    primal_scale: float = 0.0  # max(sqrt(sum p_i ||w_i||^2), ||z||)
+    dual_scale: float = 0.0  # sqrt(sum p_i ||y_i||^2) after the dual step
+
+    @property
+    def converged(self) -> bool:
+        """Boyd's stopping rule: r <= eps_pri and s <= eps_dual."""
+        return self.primal_residual <= self.eps_primal and self.dual_residual <= self.eps_dual
+
+
+class NonFiniteReplyError(ValueError):
+    """A reply holds NaN/inf (or entries whose squared norm overflows float64)."""
