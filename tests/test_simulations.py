@@ -54,6 +54,12 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"rho": -1.0}, ["'rho'", ">= 0"]),
         ({"rho-schedule": "cosine"}, ["'rho-schedule'", "residual-balancing"]),
         ({"relaxation": 2.0}, ["'relaxation'", "(0, 2)"]),
+        (
+            {"strategy": "fedadmm-client-duals", "rho-schedule": "residual-balancing"},
+            ["'rho-schedule'", "'constant'"],
+        ),
+        ({"strategy": "fedadmm-client-duals", "relaxation": 1.6}, ["'relaxation'", "must be 1"]),
+        ({"strategy": "fedadmm-client-duals", "rho": 0.0}, ["'rho'", "> 0"]),
         ({"relaxation": 0.0}, ["'relaxation'", "(0, 2)"]),
         ({"local-init": "zero"}, ["'local-init'", "previous", "center"]),
         ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
@@ -120,7 +126,9 @@ def _run_in_process(run_config, num_clients=10, fail=False):
     )
 
 
-@pytest.mark.parametrize("strategy", ["fedadmm", "fedavg", "fedprox", "fednova"])
+@pytest.mark.parametrize(
+    "strategy", ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova"]
+)
 def test_every_strategy_records_complete_results(tmp_path, strategy):
     config = {
         "strategy": strategy,
@@ -133,8 +141,12 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
     assert problems == []
     assert (tmp_path / "seed-logreg" / f"{strategy}.csv").exists()
     last = document["rounds"][-1]
-    for key in ("objective", "gap", "relative_gap", "test_accuracy", "test_auc", "client_drift"):
+    for key in ("objective", "gap", "relative_gap", "test_accuracy", "test_auc"):
         assert np.isfinite(last[key])
+    if strategy == "fedadmm-client-duals":  # its replies are contribution changes
+        assert last["client_drift"] is None
+    else:
+        assert np.isfinite(last["client_drift"])
     assert len(last["client_auc"]) == 10
     # 10 clients x one float64 (20,) array in .npy format, both ways
     assert last["bytes_up"] == last["bytes_down"] == 10 * (20 * 8 + 128)
@@ -142,6 +154,8 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"] > 0
     if strategy == "fedadmm":
         assert last["rho"] == 0.1 and last["primal_residual"] > 0
+    if strategy == "fedadmm-client-duals":
+        assert last["rho"] == 0.1 and last["previous_primal_residual"] > 0
     if strategy == "fednova":
         assert last["tau_eff"] == 5.0
 

@@ -37,12 +37,16 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from flwr_admm.client_duals import FedADMMClientDuals
+
 T = TypeVar("T")
 STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED = "running", "complete", "failed"
 FIT_FIELDS = {
     "rho": "rho",
     "primal_residual": "primal_residual",
+    "previous_primal_residual": "previous_primal_residual",  # FedADMMClientDuals
     "dual_residual": "dual_residual",
+    "num_state_mismatch": "num_state_mismatch",
     "train_loss": "train_loss",
     "tau_eff": "tau_eff",
     "num_rejected": "num_rejected",
@@ -254,7 +258,10 @@ class RecordingStrategy(Strategy):
             "num_failures": len(failures),
             "bytes_up": sum(tensor_bytes(res.parameters) for _, res in ordered),
             "round_seconds": time.perf_counter() - self._round_start,
-            "client_drift": client_drift(parameters, ordered),
+            # FedADMMClientDuals' replies are contribution changes, not models.
+            "client_drift": None
+            if isinstance(self.inner, FedADMMClientDuals)
+            else client_drift(parameters, ordered),
             "model_change": _distance(
                 parameters_to_ndarrays(parameters), parameters_to_ndarrays(self._sent)
             ),

@@ -23,7 +23,7 @@ from flwr_admm.data import TASKS
 from flwr_admm.local_solver import PROX_STEPS
 from flwr_admm.schedules import SCHEDULES
 
-STRATEGIES = ("fedadmm", "fedavg", "fedprox", "fednova")
+STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 
 DEFAULTS: dict[str, Any] = {
@@ -184,6 +184,22 @@ def _number(
     return float(value)
 
 
+def _check_client_duals(config: Mapping[str, Any]) -> None:
+    """FedADMMClientDuals runs constant rho > 0 without over-relaxation."""
+    if _number(config, "rho", 0.0) == 0.0:
+        raise ValueError("run config 'rho': must be > 0 with strategy=fedadmm-client-duals, got 0")
+    if config["rho-schedule"] != "constant":
+        raise ValueError(
+            "run config 'rho-schedule': must be 'constant' with "
+            f"strategy=fedadmm-client-duals, got {config['rho-schedule']!r}"
+        )
+    if config["relaxation"] != 1.0:
+        raise ValueError(
+            "run config 'relaxation': must be 1 with strategy=fedadmm-client-duals, "
+            f"got {config['relaxation']!r}"
+        )
+
+
 def _relaxation(config: Mapping[str, Any]) -> float:
     value = _number(config, "relaxation", 0.0, strict=True, maximum=2.0)
     if value == 2.0:
@@ -253,8 +269,11 @@ def parse_run_config(
     model = config["model"]
     if not isinstance(model, str):
         raise _fail("model", model)
+    strategy = _choice(config, "strategy", STRATEGIES)
+    if strategy == "fedadmm-client-duals":
+        _check_client_duals(config)
     return RunSettings(
-        strategy=_choice(config, "strategy", STRATEGIES),
+        strategy=strategy,
         task=task,
         num_server_rounds=_integer(config, "num-server-rounds", 1),
         num_clients=_integer(config, "num-clients", 0),

@@ -28,6 +28,7 @@ from flwr.server.criterion import Criterion
 from flwr.server.strategy import FedAvg, FedProx, Strategy
 
 from flwr_admm import FedADMM, Geometric, make_schedule
+from flwr_admm.client_duals import FedADMMClientDuals
 from flwr_admm.data import Task
 from flwr_admm.fednova import FedNova
 
@@ -140,6 +141,8 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             sampling_seed=None,
             **common,
         )
+    if settings.strategy == "fedadmm-client-duals":
+        return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":
