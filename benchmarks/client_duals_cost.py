@@ -49,8 +49,7 @@ from benchmarks.server_cost import pass_seconds, peak_extra_bytes
 from benchmarks.server_setup import (
     FLOAT,
     SAMPLED,
-    ScriptedClientManager,
-    _Proxy,
+    known_clients,
     layer_shapes,
     make_replies,
 )
@@ -97,18 +96,7 @@ def prepared(
     num_parameters: int, num_clients: int, reply_sets: list[list[Parameters]]
 ) -> tuple[FedADMMClientDuals, list[list[tuple[ClientProxy, FitRes]]], list[ClientProxy]]:
     """A strategy that knows N clients, and the two timed reply lists of 10 of them."""
-    proxies: list[ClientProxy] = [_Proxy(str(i)) for i in range(num_clients)]
-    manager = ScriptedClientManager()
-    for proxy in proxies:
-        manager.register(proxy)
-    strategy = FedADMMClientDuals(
-        rho=1.0,
-        sampling_seed=None,
-        fraction_fit=SAMPLED / num_clients,
-        min_fit_clients=SAMPLED,
-        min_available_clients=num_clients,
-        fraction_evaluate=0.0,
-    )
+    strategy, proxies, manager = known_clients(num_clients, FedADMMClientDuals)
     parameters = ndarrays_to_parameters([np.zeros(s) for s in layer_shapes(num_parameters)])
     manager.next_sample = proxies[:SAMPLED]
     strategy.configure_fit(SETUP_ROUND, parameters, manager)

@@ -93,17 +93,10 @@ def fit_results(
     ]
 
 
-def prepared_fedadmm(
-    num_parameters: int,
-    num_clients: int,
-    factory: Callable[..., FedADMM] = FedADMM,
-) -> tuple[FedADMM, list[list[tuple[ClientProxy, FitRes]]]]:
-    """FedADMM (built by `factory`) that has seen all N clients, and two timed reply sets.
-
-    Every client's setup reply is its own bytes; the two timed sets (the same 10
-    clients, different bytes) are meant to alternate. `factory` takes FedADMM's
-    keywords; pass a subclass to measure a variant.
-    """
+def known_clients(
+    num_clients: int, factory: Callable[..., Any]
+) -> tuple[Any, list[ClientProxy], ScriptedClientManager]:
+    """`factory(rho=1, ...)` sampling 10 of `num_clients` proxies registered in a manager."""
     proxies: list[ClientProxy] = [_Proxy(str(i)) for i in range(num_clients)]
     manager = ScriptedClientManager()
     for proxy in proxies:
@@ -116,6 +109,21 @@ def prepared_fedadmm(
         min_available_clients=num_clients,
         fraction_evaluate=0.0,
     )
+    return strategy, proxies, manager
+
+
+def prepared_fedadmm(
+    num_parameters: int,
+    num_clients: int,
+    factory: Callable[..., FedADMM] = FedADMM,
+) -> tuple[FedADMM, list[list[tuple[ClientProxy, FitRes]]]]:
+    """FedADMM (built by `factory`) that has seen all N clients, and two timed reply sets.
+
+    Every client's setup reply is its own bytes; the two timed sets (the same 10
+    clients, different bytes) are meant to alternate. `factory` takes FedADMM's
+    keywords; pass a subclass to measure a variant.
+    """
+    strategy, proxies, manager = known_clients(num_clients, factory)
     parameters = ndarrays_to_parameters([np.zeros(s) for s in layer_shapes(num_parameters)])
     for server_round, start in enumerate(range(0, num_clients, SAMPLED), start=1):
         manager.next_sample = proxies[start : start + SAMPLED]
