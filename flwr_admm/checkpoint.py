@@ -108,3 +108,31 @@ def load_checkpoint(
     except (OSError, ValueError) as error:
         raise CheckpointError(f"checkpoint: cannot read {arrays_path} ({error})") from error
     return arrays, manifest
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """SHA-256 of a JSON configuration (sorted keys), the value a checkpoint must match."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def config_differences(saved: Any, current: dict[str, Any]) -> list[str]:
+    """``name: checkpoint X, now Y`` for every field where `saved` and `current` differ."""
+    if not isinstance(saved, dict):
+        return []
+    return [
+        f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"
+        for name in sorted(set(saved) | set(current))
+        if saved.get(name) != current.get(name)
+    ]
+
+
+def checkpoint_every_value(value: Any) -> int:
+    """`value` as the number of aggregations between checkpoints (an integer >= 1)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.integer)
+        or int(value) != value
+        or value < 1
+    ):
+        raise ValueError(f"checkpoint_every: must be an integer >= 1, got {value!r}")
+    return int(value)

@@ -34,6 +34,12 @@ rejected (``num_state_mismatch``) and S is untouched, but the old n_i c_i stays 
 (a bias) for the rest of the run. Persistent client state (a SuperNode that keeps its
 ``context.state``, or a key that changes with it) prevents it.
 
+Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the round and the
+convergence flag, plus a fingerprint of the configuration (rho, regularizer, eps_abs,
+eps_rel). The duals stay with the clients: a resumed run continues exactly only if the
+clients kept their ``context.state`` (persistent SuperNodes); a client that lost it is
+rejected as out of sync, as above.
+
 Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
 ``admm-duals = "client"``.
 
@@ -46,7 +52,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +64,15 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
+from flwr_admm.checkpoint import (
+    CheckpointError,
+    checkpoint_every_value,
+    config_differences,
+    config_fingerprint,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from flwr_admm.client_duals_protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
@@ -107,7 +124,8 @@ __all__ = [
     "start_round",
 ]
 
-UNSUPPORTED = ("uplink", "local_dp", "checkpoint_dir", "uplink_residual")
+UNSUPPORTED = ("uplink", "local_dp", "uplink_residual")
+STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
 class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
@@ -127,6 +145,16 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         Sample no clients once r_prev <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
         Seeded client sampling as in `FedADMM`; None uses Flower's unseeded sampling.
+    checkpoint_dir : path, optional
+        Write the server state (z, S, N, per-key n_i and last round, round, converged,
+        config fingerprint) there after every `checkpoint_every` aggregations. If it
+        already holds a checkpoint and `resume` is true, start from it; round numbers
+        continue. The clients' duals are not in it: they must keep their state.
+    checkpoint_every : int
+        Aggregations between checkpoints.
+    resume : bool
+        Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
+        damaged checkpoint is an error, never a silent fresh start).
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1): a changing or per-client
         rho, or over-relaxation, would need every client's dual, which the server
@@ -146,6 +174,9 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = True,
         **fedavg_kwargs: Any,
     ) -> None:
         for name in UNSUPPORTED:
@@ -182,9 +213,29 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         self._dtypes: list[np.dtype[Any]] = []
         self._key_of_cid: dict[str, str] = {}
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
+        self._round_offset = 0  # rounds done before a resume
+        self.checkpoint_every = checkpoint_every_value(checkpoint_every)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
+            self.load_checkpoint(self.checkpoint_dir)
 
     def __repr__(self) -> str:
         return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The restored z after a resume, else Flower's `initial_parameters`."""
+        initial = super().initialize_parameters(client_manager)
+        if self.z is None:
+            return initial
+        if initial is not None:
+            shapes = [np.shape(a) for a in parameters_to_ndarrays(initial)]
+            if shapes != [t.shape for t in self.z]:
+                raise ValueError(
+                    f"initial_parameters: shapes {shapes} differ from the checkpoint's "
+                    f"{[t.shape for t in self.z]}"
+                )
+        self._broadcast = _serialize(self.z, self._dtypes)
+        return self._broadcast
 
     # ------------------------------------------------------------------- fit
     def configure_fit(
@@ -192,6 +243,7 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Send z^k, rho and the mode key, the same FitIns to every sampled client."""
         self._adopt(parameters)
+        server_round += self._round_offset
         if self.stop_on_convergence and self.converged:
             log(INFO, "FedADMMClientDuals: converged; no clients sampled")
             return []
@@ -212,6 +264,7 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """S += Delta_i, N += change of n_i per valid reply; z = prox_{g/rho}(S / N)."""
+        server_round += self._round_offset
         counts: dict[str, Scalar] = {
             "num_failures": len(failures),
             "num_rejected": 0,
@@ -238,7 +291,86 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         self.history.append({"round": server_round, **metrics})
         self.last_round = server_round
         self._broadcast = _serialize(self.z, self._dtypes)
+        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir)
         return self._broadcast, metrics
+
+    # ------------------------------------------------------------- checkpoints
+    def configuration(self) -> dict[str, Any]:
+        """The configuration a checkpoint must agree with (JSON)."""
+        return {
+            "strategy": STRATEGY,
+            "rho": self.rho,
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+        }
+
+    def fingerprint(self) -> str:
+        """SHA-256 of `configuration`."""
+        return config_fingerprint(self.configuration())
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write z, S, N, the per-key entries, the round and `converged` (atomic, no pickle)."""
+        if self.z is None or self.contribution_sum is None:
+            raise CheckpointError("checkpoint: nothing to save before the first round")
+        keys = list(self.clients)
+        arrays: dict[str, Any] = {f"z_{i}": t for i, t in enumerate(self.z)}
+        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
+        arrays["entry_examples"] = np.array(
+            [self.clients[k].num_examples for k in keys], dtype=np.int64
+        )
+        arrays["entry_rounds"] = np.array(
+            [self.clients[k].last_round for k in keys], dtype=np.int64
+        )
+        manifest = {
+            "fingerprint": self.fingerprint(),
+            "configuration": self.configuration(),
+            "num_tensors": len(self.z),
+            "dtypes": [str(d) for d in self._dtypes],
+            "total_examples": int(self.total_examples),
+            "keys": keys,
+            "key_of_cid": self._key_of_cid,
+            "converged": self.converged,
+        }
+        return save_checkpoint(path, arrays, manifest, self.last_round)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
+        """Restore the server state from directory `path`; return its round."""
+        arrays, manifest = load_checkpoint(path)
+        if manifest.get("fingerprint") != self.fingerprint():
+            differences = config_differences(manifest.get("configuration"), self.configuration())
+            detail = "; ".join(differences) or "not a FedADMMClientDuals checkpoint"
+            raise CheckpointError(
+                f"checkpoint: {path} was written with another configuration ({detail}); "
+                "refusing to resume"
+            )
+        try:
+            count = int(manifest["num_tensors"])
+            z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
+            s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
+            dtypes = [np.dtype(d) for d in manifest["dtypes"]]
+            keys = [str(k) for k in manifest["keys"]]
+            examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
+            if [t.shape for t in s] != [t.shape for t in z] or len(dtypes) != count:
+                raise ValueError("z, S and dtypes disagree")
+            if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
+                raise ValueError("entries and keys disagree")
+            clients = {
+                key: ClientEntry(int(n), int(r))
+                for key, n, r in zip(keys, examples.tolist(), rounds.tolist(), strict=True)
+            }
+            total = int(manifest["total_examples"])
+            last_round = int(manifest["round"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint: {path} is incomplete ({error!r})") from error
+        self.z, self.contribution_sum, self._dtypes = z, s, dtypes
+        self.total_examples, self.clients = total, clients
+        self._key_of_cid = {str(c): str(k) for c, k in manifest.get("key_of_cid", {}).items()}
+        self.converged = bool(manifest.get("converged", False))
+        self._broadcast = None
+        self.last_round = self._round_offset = last_round
+        return last_round
 
     # ----------------------------------------------------------------- helpers
     def _adopt(self, parameters: Parameters) -> None:

@@ -9,8 +9,6 @@ damaged checkpoint, raises `CheckpointError`; it never starts fresh silently.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.common import NDArrays
 
-from flwr_admm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from flwr_admm.checkpoint import (
+    CheckpointError,
+    config_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from flwr_admm.consensus import ClientRho, ConsensusADMM
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.schedules import RhoSchedule
@@ -60,7 +63,7 @@ class StrategyCheckpoint:
         }
         if self.relaxation != 1.0:  # absent at 1: older checkpoints keep resuming
             config["relaxation"] = self.relaxation
-        return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+        return config_fingerprint(config)
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write the full server state to directory `path` (atomic, no pickle)."""

@@ -10,8 +10,10 @@ Measured (in-process driver, seed 000's task, rho 0.1, 20 local steps, lr 1.0):
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ from flwr_admm import (
     ResidualBalancing,
     StochasticQuantizer,
 )
+from flwr_admm.checkpoint import CheckpointError
 from flwr_admm.client_duals import EXAMPLES_CHANGE, MODE_KEY, PREVIOUS_ROUND, U_SQ_NORM, W_SQ_NORM
 from flwr_admm.models import LogisticRegression
 from flwr_admm.testing import make_proxies, run_rounds
@@ -211,6 +214,7 @@ def test_lost_client_state_is_detected_and_rejected(caplog: pytest.LogCaptureFix
         ({"client_rho": "data_size"}, "client_rho"),
         ({"relaxation": 1.6}, "relaxation"),
         ({"uplink": StochasticQuantizer(bits=8)}, "uplink"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
         ({"eps_abs": -1.0}, "eps_abs"),
         ({"sampling_seed": -2}, "sampling_seed"),
         ({"fraction_fit": 2.0}, "fraction_fit"),
@@ -228,6 +232,72 @@ def test_client_refuses_what_client_held_duals_cannot_do() -> None:
         client.fit(z, {"rho": 0.0, MODE_KEY: "client", "server_round": 1})
     with pytest.raises(ValueError, match="not supported with client-held duals"):
         client.fit(z, {"rho": 0.1, MODE_KEY: "client", "uplink": "sq", "uplink-bits": 8})
+
+
+# ------------------------------------------------------------------ checkpoints
+def _checkpointed(
+    path: Path, proxies: list[Any], rounds: int, **kwargs: Any
+) -> tuple[FedADMMClientDuals, Recorder, Any]:
+    recorder = Recorder()
+    strategy = FedADMMClientDuals(
+        rho=kwargs.pop("rho", 0.1),
+        initial_parameters=zeros_parameters(),
+        evaluate_fn=recorder,
+        checkpoint_dir=path,
+        **PARTIAL,
+        **kwargs,
+    )
+    return strategy, recorder, run_rounds(strategy, proxies, rounds)
+
+
+def test_resume_with_persistent_clients_is_bit_identical(tmp_path: Path) -> None:
+    """10 rounds straight == 6 rounds + checkpoint + a new strategy + 4 rounds.
+
+    3 of 10 clients a round (seeded sampling, delayed duals). The resumed run talks to
+    the same proxies, whose contexts kept the clients' duals, as persistent SuperNodes
+    would after a SuperLink restart; its round numbers continue at 7.
+    """
+    _, expected, _ = _checkpointed(
+        tmp_path / "straight", make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 10
+    )
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    _, before, _ = _checkpointed(tmp_path / "ckpt", proxies, 6)
+    assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["round"] == 6
+    # A SuperLink restart that loses its SuperNodes' state too: every returning client is
+    # out of sync (checkpoint_every keeps this probe from overwriting the checkpoint).
+    lost, _, probe = _checkpointed(
+        tmp_path / "ckpt", make_proxies(admm_client_fn(**CLIENT), 10), 1, checkpoint_every=99
+    )
+    assert probe.fit_metrics[0]["num_state_mismatch"] == 3  # its 3 sampled clients
+    assert lost.last_round == 6  # no usable reply: nothing aggregated, nothing saved
+
+    second, after, result = _checkpointed(tmp_path / "ckpt", proxies, 4)
+    np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)
+    assert [h["round"] for h in second.history] == [7, 8, 9, 10]
+    assert all(m["num_state_mismatch"] == 0 for m in result.fit_metrics)
+    assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["round"] == 10
+
+
+def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
+    _checkpointed(tmp_path, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 2)
+    with pytest.raises(
+        CheckpointError, match=r"another configuration \(rho: checkpoint 0.1, now 0.2"
+    ):
+        FedADMMClientDuals(rho=0.2, checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="regularizer"):
+        FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="another configuration"):  # not its format
+        FedADMM(rho=0.1, checkpoint_dir=tmp_path)
+    wrong = FedADMMClientDuals(
+        rho=0.1, checkpoint_dir=tmp_path, initial_parameters=ndarrays_to_parameters([np.zeros(21)])
+    )
+    with pytest.raises(ValueError, match="initial_parameters"):
+        wrong.initialize_parameters(SimpleClientManager())
+    assert FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, resume=False).z is None
+    arrays = next(tmp_path.glob("state-r*.npz"))
+    arrays.write_bytes(arrays.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="truncated"):
+        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path)
 
 
 # ------------------------------------------------------------------ server memory
