@@ -37,7 +37,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from flwr_admm.checkpoint import CheckpointError, has_checkpoint
+from flwr_admm.checkpoint import CheckpointError, checkpoint_every_value, has_checkpoint
 from flwr_admm.compression import Compressor
 from flwr_admm.consensus import ClientRho, ConsensusADMM
 from flwr_admm.kernels import single_thread_blas
@@ -156,14 +156,8 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
         self._sent_key: dict[str, str | None] = {}
         self._round_offset = 0
         self.last_round = 0
-        if (
-            isinstance(checkpoint_every, bool)
-            or int(checkpoint_every) != checkpoint_every
-            or (checkpoint_every < 1)
-        ):
-            raise ValueError(f"checkpoint_every: must be an integer >= 1, got {checkpoint_every!r}")
+        self.checkpoint_every = checkpoint_every_value(checkpoint_every)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-        self.checkpoint_every = int(checkpoint_every)
         if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
             self.load_checkpoint(self.checkpoint_dir)
 
