@@ -286,14 +286,19 @@ class LoopbackDeployment(StopOnExit):
         return node.process.pid
 
     def kill_during_round(
-        self, partition_id: int, run: SubmittedRun, server_round: int, timeout: float = 300.0
+        self,
+        partition_id: int,
+        run: SubmittedRun,
+        server_round: int,
+        timeout: float = 300.0,
+        sig: int = signal.SIGTERM,
     ) -> int:
-        """Kill SuperNode `partition_id` once it received the train message of round
-        `server_round` of `run` (its ClientApp is then still starting or training)."""
+        """Kill SuperNode `partition_id` with `sig` once it received the train message of
+        round `server_round` of `run` (its ClientApp is then still starting or training)."""
         node = self.supernodes[partition_id]
         pattern = received_round(run.run_id(timeout), server_round)
         wait_for_log(node.log_path, pattern, timeout, watch=node.process)
-        return self.kill_supernode(partition_id)
+        return self.kill_supernode(partition_id, sig)
 
     def restart_supernode(self, partition_id: int) -> SuperNode:
         """Start SuperNode `partition_id` again (same partition-id, new node id)."""
@@ -424,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--kill-round", type=int, default=2, help="kill it while it trains this round"
     )
     parser.add_argument(
+        "--kill-signal",
+        choices=("TERM", "KILL"),
+        default="TERM",
+        help="TERM: the node deactivates itself; KILL: a crash (the SuperLink notices "
+        "after two missed heartbeats unless the run config sets round-timeout)",
+    )
+    parser.add_argument(
         "--restart-after",
         type=float,
         default=5.0,
@@ -485,8 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SuperLink 127.0.0.1:{deployment.port}; SuperNodes {nodes}", flush=True)
         run = deployment.submit(config, log_path)
         if args.kill_node is not None:
-            pid = deployment.kill_during_round(args.kill_node, run, args.kill_round, args.timeout)
-            print(f"killed SuperNode {args.kill_node} (pid {pid}) in round {args.kill_round}")
+            sig = signal.SIGKILL if args.kill_signal == "KILL" else signal.SIGTERM
+            pid = deployment.kill_during_round(
+                args.kill_node, run, args.kill_round, args.timeout, sig
+            )
+            print(
+                f"killed SuperNode {args.kill_node} (pid {pid}, SIG{args.kill_signal}) "
+                f"in round {args.kill_round}"
+            )
             if args.restart_after >= 0:
                 time.sleep(args.restart_after)
                 node = deployment.restart_supernode(args.kill_node)
@@ -496,12 +514,13 @@ def main(argv: list[str] | None = None) -> int:
     document, problems = check_result(
         settings.task_dir, settings.stem, args.rounds, allow_failures=args.kill_node is not None
     )
-    print("round  results  failures  resynced  objective   relative_gap")
+    print("round  results  failures  resynced  seconds  objective   relative_gap")
     for record in (document or {}).get("rounds", [])[1:]:
         resynced = record.get("fit_metrics", {}).get("num_resynced", "-")
         print(
             f"{record['round']:5d}  {record.get('num_results', '-'):>7}  "
             f"{record.get('num_failures', '-'):>8}  {resynced:>8}  "
+            f"{record.get('round_seconds', math.nan):7.1f}  "
             f"{record.get('objective', math.nan):<10.6g}  "
             f"{record.get('relative_gap', math.nan):.3e}"
         )

@@ -54,6 +54,7 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"rho": -1.0}, ["'rho'", ">= 0"]),
         ({"rho-schedule": "cosine"}, ["'rho-schedule'", "residual-balancing"]),
         ({"relaxation": 2.0}, ["'relaxation'", "(0, 2)"]),
+        ({"round-timeout": -1.0}, ["'round-timeout'", "0 = no limit"]),
         (
             {"strategy": "fedadmm-client-duals", "rho-schedule": "residual-balancing"},
             ["'rho-schedule'", "'constant'"],
@@ -552,3 +553,15 @@ def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
     document, problems = check_result(tmp_path / task, "fedadmm", 2)
     assert problems == []
     assert np.isfinite(document["rounds"][-1]["test_accuracy"])
+
+
+def test_round_timeout_reaches_flowers_server_config():
+    assert parse_run_config({}).round_timeout is None  # 0: no limit
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"round-timeout": 15.0, "num-server-rounds": 2},
+    )
+    assert server_fn(context).config.round_timeout == 15.0

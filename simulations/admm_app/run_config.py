@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "output-dir": "outputs",
     "run-tag": "",
     "client-wait-seconds": 120.0,
+    "round-timeout": 0.0,
 }
 
 HELP: dict[str, str] = {
@@ -76,6 +77,7 @@ HELP: dict[str, str] = {
     "output-dir": "a directory path",
     "run-tag": "'' or letters, digits, '.', '_', '-' (results go to <strategy>-<run-tag>.json)",
     "client-wait-seconds": "number > 0",
+    "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
 }
 
 
@@ -107,6 +109,7 @@ class RunSettings:
     output_dir: str
     run_tag: str
     client_wait_seconds: float
+    round_timeout: float | None = None
 
     @property
     def task_dir(self) -> Path:
@@ -297,6 +300,7 @@ def parse_run_config(
         output_dir=output_dir,
         run_tag=_run_tag(config),
         client_wait_seconds=_number(config, "client-wait-seconds", 0.0, strict=True),
+        round_timeout=_number(config, "round-timeout", 0.0) or None,
     )
 
 

@@ -214,7 +214,9 @@ def server_fn(context: Context) -> ServerAppComponents:
         raise
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=settings.num_server_rounds),
+        config=ServerConfig(
+            num_rounds=settings.num_server_rounds, round_timeout=settings.round_timeout
+        ),
         client_manager=PartitionClientManager(settings.client_wait_seconds, settings.seed),
     )
 
