@@ -13,13 +13,14 @@ rho is on) one round is
 
 With uniform rho this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)), u_i += w_i - z'.
 
+Keeping y instead of u makes rho = 0 exactly FedAvg (y stays 0) and makes a change of
+rho rescale u_i = y_i / rho by rho_old / rho_new for free.
+
 Over-relaxation (Boyd et al. 2011, 3.4.3) with alpha in (0, 2): the replying clients
 enter the z-step and the dual step as w^_i = alpha w_i + (1 - alpha) z (z the center
 of the round), so y_i += rho_i (alpha (w_i - z') + (1 - alpha) (z - z')). alpha = 1 is
 plain ADMM; 1.5-1.8 often converges faster. Clients that did not reply keep counting
 with their stored w_i. The primal residual stays w_i - z'.
-Keeping y instead of u makes rho = 0 exactly FedAvg (y stays 0) and makes a change of
-rho rescale u_i = y_i / rho by rho_old / rho_new for free.
 
 Residuals (Boyd et al. 2011, 3.3, in the p-weighted norm over the replying clients):
 r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||,
