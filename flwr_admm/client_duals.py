@@ -96,7 +96,7 @@ from flwr_admm.client_duals_protocol import (
 from flwr_admm.client_duals_replies import ClientDualsReplyFolding, ClientEntry, RoundStats
 from flwr_admm.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.regularizers import Regularizer
-from flwr_admm.sampling import check_flower_fields, sample_clients
+from flwr_admm.sampling import check_flower_fields, record_round, sample_clients
 from flwr_admm.schedules import Constant
 from flwr_admm.wire import NUMPY_TENSOR_TYPE
 
@@ -283,13 +283,7 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
                 return None, {**counts, "rho": self.rho, "num_clients_known": len(self.clients)}
             dz_sq = self._z_step()
         metrics = {**self._residuals(stats, dz_sq), **counts}
-        if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, res in results]
-            )
-            metrics = {**user, **metrics}
-        self.history.append({"round": server_round, **metrics})
-        self.last_round = server_round
+        metrics = record_round(self, server_round, results, metrics)
         self._broadcast = _serialize(self.z, self._dtypes)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)

@@ -1,4 +1,4 @@
-"""Client keys, seeded sampling and FedAvg field checks shared by the ADMM strategies.
+"""Helpers shared by the ADMM strategies: client keys, sampling, checks, round records.
 
 `FedADMM` and `FedADMMClientDuals` key every reply by a stable client key (so a
 client keeps its state across node ids) and sample clients deterministically:
@@ -9,9 +9,10 @@ with a generator seeded by (sampling_seed, k).
 from __future__ import annotations
 
 from logging import INFO
+from typing import Any
 
 import numpy as np
-from flwr.common import Scalar
+from flwr.common import FitRes, Scalar
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -92,3 +93,24 @@ def sample_clients(
         picked = np.sort(rng.choice(len(order), size=size, replace=False))
         order = [order[i] for i in picked]
     return [available[cid] for cid in order]
+
+
+def record_round(
+    strategy: Any,
+    server_round: int,
+    results: list[tuple[ClientProxy, FitRes]],
+    metrics: dict[str, Scalar],
+) -> dict[str, Scalar]:
+    """Record one aggregation: merged metrics, appended to `strategy.history`.
+
+    The user's `fit_metrics_aggregation_fn` entries come first (ours win a name
+    clash); `strategy.last_round` becomes `server_round`.
+    """
+    if strategy.fit_metrics_aggregation_fn is not None:
+        user = strategy.fit_metrics_aggregation_fn(
+            [(res.num_examples, res.metrics) for _, res in results]
+        )
+        metrics = {**user, **metrics}
+    strategy.history.append({"round": server_round, **metrics})
+    strategy.last_round = server_round
+    return metrics

@@ -44,7 +44,7 @@ from flwr_admm.kernels import single_thread_blas
 from flwr_admm.privacy import LocalDP
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.reply_folding import ReplyFolding
-from flwr_admm.sampling import check_flower_fields, client_key, sample_clients
+from flwr_admm.sampling import check_flower_fields, client_key, record_round, sample_clients
 from flwr_admm.schedules import Constant, RhoSchedule, make_schedule
 from flwr_admm.strategy_checkpoint import StrategyCheckpoint
 from flwr_admm.uplink import Residual, UplinkChannel
@@ -258,13 +258,7 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
         }
         if report.objective is not None:
             metrics["objective"] = report.objective
-        if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, res in results]
-            )
-            metrics = {**user, **metrics}
-        self.history.append({"round": server_round, **metrics})
-        self.last_round = server_round
+        metrics = record_round(self, server_round, results, metrics)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
         return self._to_parameters(admm.z), metrics
