@@ -441,3 +441,49 @@ def test_relaxation_reaches_the_core_and_the_checkpoint_fingerprint() -> None:
     # alpha = 1 leaves the fingerprint of older checkpoints unchanged; 1.6 changes it.
     assert seed_strategy().fingerprint() == seed_strategy(relaxation=1.0).fingerprint()
     assert relaxed.fingerprint() != seed_strategy().fingerprint()
+
+
+class Float32Client(NumPyClient):
+    """Returns a fixed float32 model (what a PyTorch client sends) whatever it receives."""
+
+    def __init__(self, i: int) -> None:
+        rng = np.random.default_rng(100 + i)
+        self.i = i
+        self.model = [
+            rng.normal(size=(4, 3)).astype(np.float32),
+            rng.normal(size=3).astype(np.float32),
+        ]
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict]:
+        assert all(p.dtype == np.float32 for p in parameters)  # centers go out as float32
+        return self.model, 10 + self.i, {"partition-id": self.i}
+
+
+def test_float32_model_round_trips_and_matches_the_float64_core() -> None:
+    from flwr.common import ndarrays_to_parameters
+
+    from flwr_admm.consensus import ConsensusADMM, Reply
+
+    z0 = [np.zeros((4, 3), np.float32), np.zeros(3, np.float32)]
+    strategy = FedADMM(rho=0.5, initial_parameters=ndarrays_to_parameters(z0))
+    out = run_rounds(
+        strategy, make_proxies(lambda c: Float32Client(int(c.node_config["partition-id"])), 3), 4
+    )
+    assert [a.dtype for a in parameters_to_ndarrays(out.parameters)] == [np.float32] * 2
+    # Reference: the numpy core fed the same replies, z rounded to float32 at every
+    # broadcast (the strategy adopts what it sent, as Flower hands it back).
+    reference = ConsensusADMM(z=[t.astype(np.float64) for t in z0], rho=0.5)
+    for k in range(1, 5):
+        reference.adopt_consensus([t.astype(np.float32) for t in reference.z])
+        replies = [
+            Reply(
+                f"partition-id:{i}", [t.astype(np.float64) for t in Float32Client(i).model], 10 + i
+            )
+            for i in range(3)
+        ]
+        reference.step(replies, k)
+    for got, want in zip(strategy.admm.z, reference.z, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for key, record in reference.records.items():
+        for got, want in zip(strategy.admm.records[key].y, record.y, strict=True):
+            np.testing.assert_array_equal(got, want)
