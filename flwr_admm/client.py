@@ -9,7 +9,8 @@ The client reads the server's fit config:
 - ``admm-duals = "client"`` (from `FedADMMClientDuals`): ADMM with the dual u_i kept
   here. The received parameters are z; the client updates u_i, trains around
   z - u_i and replies with the change of its contribution n_i (w_i + u_i)
-  (`flwr_admm.client_duals`).
+  (`flwr_admm.client_duals`), compressed with error feedback when the config holds
+  ``uplink*`` entries (local DP is refused there).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -155,12 +156,17 @@ class ADMMClient(NumPyClient):
         uplink = ClientUplink.from_config(config)
         server_round = int(config.get("server_round", self._fit_count() + 1))
         if config.get(client_duals.MODE_KEY) == client_duals.MODE_CLIENT:
-            if uplink.compressor is not None or uplink.local_dp is not None:
+            if uplink.local_dp is not None:
                 raise ValueError(
-                    "uplink/dp: compression and local DP are not supported with "
-                    "client-held duals (admm-duals = 'client')"
+                    "dp: local DP is not supported with client-held duals "
+                    "(admm-duals = 'client'); use FedADMM"
                 )
-            return self._fit_client_duals(received, config, plan, server_round)
+            if uplink.compressor is not None and not uplink.compressor.error_feedback:
+                raise ValueError(
+                    "uplink-error-feedback: client-held duals need error feedback "
+                    "(S would keep every compression error)"
+                )
+            return self._fit_client_duals(received, config, plan, server_round, uplink)
         if "rho" in config:
             rho = _nonnegative(config["rho"], "rho")
             start = self._previous(server_round) if self.local_init == "previous" else None
@@ -197,9 +203,17 @@ class ADMMClient(NumPyClient):
         return list(reply.arrays), int(self.X.shape[0]), metrics
 
     def _fit_client_duals(
-        self, z: Params, config: dict[str, Scalar], plan: LocalPlan, server_round: int
+        self,
+        z: Params,
+        config: dict[str, Scalar],
+        plan: LocalPlan,
+        server_round: int,
+        uplink: ClientUplink,
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """One round of `FedADMMClientDuals`: dual update, local solve, contribution change."""
+        """One round of `FedADMMClientDuals`: dual update, local solve, contribution change.
+
+        With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload).
+        """
         rho = _nonnegative(config.get("rho", 0.0), "rho")
         if rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
@@ -211,23 +225,30 @@ class ADMMClient(NumPyClient):
         begin = client_duals.start_round(state, z)
         previous = state.w if state is not None and self.local_init == "previous" else None
         start = [t.copy() for t in previous] if previous is not None else begin.center
-        rng = np.random.default_rng([self.seed, int(self.partition_id or 0), server_round])
+        stream = [self.seed, int(self.partition_id or 0), server_round]
+        rng = np.random.default_rng(stream)
         result = penalized_local_solve(
             self.model, start, self.X, self.y, plan, center=begin.center, rho=rho, rng=rng
         )
         w = [np.asarray(t, dtype=np.float64) for t in result.params]
         n = int(self.X.shape[0])
         change = client_duals.contribution_change(state, w, begin.dual, n)
+        sent = client_duals.uplink_change(
+            change,
+            None if state is None else state.residual,
+            uplink.compressor,
+            np.random.default_rng([*stream, 1]),
+        )
         metrics = self._key_metrics()
         metrics.update(client_duals.reply_metrics(state, begin, w, n))
         metrics.update({"loss": float(result.loss), "local_steps": int(result.steps)})
-        kept = client_duals.DualState(w, begin.dual, n, server_round)
+        kept = client_duals.DualState(w, begin.dual, n, server_round, sent.residual)
         if self.context is None:  # state last: a failed fit leaves it as it was
             self._duals = kept
         else:
             client_duals.save_state(self.context.state, kept)
-        self.uplink_payload = None
-        return change, n, metrics
+        self.uplink_payload = sent.payload
+        return list(sent.arrays), n, metrics
 
     def _key_metrics(self) -> dict[str, Scalar]:
         """``partition-id`` / ``client-key``: the key the server files this client under."""

@@ -40,6 +40,14 @@ eps_rel). The duals stay with the clients: a resumed run continues exactly only 
 clients kept their ``context.state`` (persistent SuperNodes); a client that lost it is
 rejected as out of sync, as above.
 
+Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
+residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
+x = Delta_i + e_i, sends the payload and keeps e_i' = x - decode(payload); the server
+adds decode(payload) to S (no center: the payload is the contribution change itself).
+By telescoping, S = sum_i n_i c_i - sum_i e_i exactly (up to float rounding): the
+unsent part waits on the client and enters S with its next reply. ``uplink_bytes``
+reports the payload bytes of each round as in `FedADMM`. Local DP is not supported.
+
 Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
 ``admm-duals = "client"``.
 
@@ -80,6 +88,7 @@ from flwr_admm.client_duals_protocol import (
     MODE_KEY,
     PREVIOUS_ROUND,
     STATE_META,
+    STATE_RESIDUAL,
     STATE_U,
     STATE_W,
     U_SQ_NORM,
@@ -87,17 +96,21 @@ from flwr_admm.client_duals_protocol import (
     Arrays,
     DualStart,
     DualState,
+    UplinkChange,
     contribution_change,
     load_state,
     reply_metrics,
     save_state,
     start_round,
+    uplink_change,
 )
 from flwr_admm.client_duals_replies import ClientDualsReplyFolding, ClientEntry, RoundStats
+from flwr_admm.compression import Compressor
 from flwr_admm.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.regularizers import Regularizer
 from flwr_admm.sampling import check_flower_fields, record_round, sample_clients
 from flwr_admm.schedules import Constant
+from flwr_admm.uplink import UplinkChannel
 from flwr_admm.wire import NUMPY_TENSOR_TYPE
 
 __all__ = [
@@ -107,6 +120,7 @@ __all__ = [
     "MODE_KEY",
     "PREVIOUS_ROUND",
     "STATE_META",
+    "STATE_RESIDUAL",
     "STATE_U",
     "STATE_W",
     "UNSUPPORTED",
@@ -117,14 +131,16 @@ __all__ = [
     "DualStart",
     "DualState",
     "FedADMMClientDuals",
+    "UplinkChange",
     "contribution_change",
     "load_state",
     "reply_metrics",
     "save_state",
     "start_round",
+    "uplink_change",
 ]
 
-UNSUPPORTED = ("uplink", "local_dp", "uplink_residual")
+UNSUPPORTED = ("local_dp", "uplink_residual")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
@@ -155,6 +171,13 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
     resume : bool
         Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
         damaged checkpoint is an error, never a silent fresh start).
+    uplink : Compressor, optional
+        Uplink compression of the clients' contribution changes (`StochasticQuantizer`,
+        `TopK`), with error feedback (required: ``error_feedback=False`` is refused,
+        since S would keep every compression error). Each client keeps its residual
+        e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
+        ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
+        ``uplink_residual`` are not supported (use `FedADMM`).
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1): a changing or per-client
         rho, or over-relaxation, would need every client's dual, which the server
@@ -177,6 +200,7 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
+        uplink: Compressor | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         for name in UNSUPPORTED:
@@ -197,7 +221,15 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        if uplink is not None and not isinstance(uplink, Compressor):
+            raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
+        if uplink is not None and not uplink.error_feedback:
+            raise ValueError(
+                "uplink: client-held duals need error_feedback=True (S would keep every "
+                f"compression error), got {uplink!r}"
+            )
         check_flower_fields(self, sampling_seed)
+        self.channel = UplinkChannel(uplink)
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -250,10 +282,12 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         config: dict[str, Scalar] = {}
         if self.on_fit_config_fn is not None:
             config = dict(self.on_fit_config_fn(server_round))
+        config.update(self.channel.config())
         config.update({"rho": self.rho, MODE_KEY: MODE_CLIENT, "server_round": server_round})
         clients = sample_clients(
             self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
+        self.channel.sampled(len(clients), client_manager.num_available())
         fit_ins = FitIns(parameters, config)
         return [(client, fit_ins) for client in clients]
 
@@ -280,9 +314,18 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
                     "FedADMMClientDuals round %s: no usable reply; z unchanged",
                     server_round,
                 )
-                return None, {**counts, "rho": self.rho, "num_clients_known": len(self.clients)}
+                return None, {
+                    **counts,
+                    **self.channel.round_metrics(aggregated=False),
+                    "rho": self.rho,
+                    "num_clients_known": len(self.clients),
+                }
             dz_sq = self._z_step()
-        metrics = {**self._residuals(stats, dz_sq), **counts}
+        metrics = {
+            **self._residuals(stats, dz_sq),
+            **counts,
+            **self.channel.round_metrics(aggregated=True),
+        }
         metrics = record_round(self, server_round, results, metrics)
         self._broadcast = _serialize(self.z, self._dtypes)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:

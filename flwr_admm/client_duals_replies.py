@@ -4,7 +4,9 @@ The server keeps, per client key, only n_i and the round it last took part in
 (`ClientEntry`). A reply is consistent with that record iff it reports the same
 previous round and n_i' = n_i + (its change of n), and it sends d2_i = ||w_i - z^k||^2
 exactly when it took part before (`protocol_problem`). Each valid reply is folded in,
-in client-key order (deterministic sums): S += Delta_i, N += n_i' - n_i. `RoundStats`
+in client-key order (deterministic sums): S += Delta_i, N += n_i' - n_i. A compressed
+reply is decoded by the strategy's `UplinkChannel` (no center: Delta_i = decode(payload))
+and checked like a plain one (shapes, finite) before it touches S. `RoundStats`
 sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for the
 residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 ||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import WARNING
 
@@ -21,6 +24,7 @@ import numpy as np
 from flwr.common import FitRes, Scalar
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
+from numpy.typing import NDArray
 
 from flwr_admm.client_duals_protocol import (
     DELAYED_SQ_RESIDUAL,
@@ -33,6 +37,7 @@ from flwr_admm.client_duals_protocol import (
 from flwr_admm.kernels import axpy
 from flwr_admm.records import natural_key
 from flwr_admm.sampling import client_key
+from flwr_admm.uplink import UplinkChannel
 from flwr_admm.validation import check_reply
 from flwr_admm.wire import parameters_to_views
 
@@ -84,6 +89,7 @@ class ClientDualsReplyFolding:
     total_examples: int
     clients: dict[str, ClientEntry]
     _key_of_cid: dict[str, str]
+    channel: UplinkChannel
 
     def _fold_replies(
         self,
@@ -94,6 +100,7 @@ class ClientDualsReplyFolding:
         """Check each reply and add it to S, in client-key order (deterministic sums)."""
         assert self.contribution_sum is not None
         shapes = [t.shape for t in self.contribution_sum]
+        shapes_only = self.contribution_sum  # what `decode` takes the shapes from
         keyed: list[tuple[str, ClientProxy, FitRes]] = []
         for proxy, res in results:
             try:
@@ -113,8 +120,14 @@ class ClientDualsReplyFolding:
                 counts["num_state_mismatch"] = int(counts["num_state_mismatch"]) + mismatch
                 continue
             problem_or_none: str | None
+            delta: Sequence[NDArray[np.generic]]
             try:
-                delta = parameters_to_views(res.parameters)
+                if self.channel.compressor is None:
+                    delta = parameters_to_views(res.parameters)
+                else:  # Delta_i = decode(payload); plain numpy replies as they are
+                    delta = self.channel.decode(
+                        res.parameters, lambda: shapes_only, add_center=False
+                    )
                 problem_or_none, _ = check_reply(delta, res.num_examples, shapes)
             except Exception as error:  # a malformed reply must not stop the server
                 problem_or_none = f"unreadable reply ({error!r})"

@@ -180,11 +180,16 @@ class UplinkChannel:
         self._sampled = (sample_size, population)
         self._bytes = 0
 
-    def decode(self, parameters: Parameters, sent: Callable[[], Arrays]) -> Arrays:
+    def decode(
+        self, parameters: Parameters, sent: Callable[[], Arrays], *, add_center: bool = True
+    ) -> Arrays:
         """Rebuild a reply: w_i = c_i + the decoded payload.
 
         Plain numpy replies (clients that do not compress) are taken as they are.
         `sent()` returns the parameters that client received (called only when needed).
+        With ``add_center=False`` the decoded payload itself is returned (`sent()` then
+        only gives the shapes): for `FedADMMClientDuals`, whose payload is the change
+        of a contribution, not an offset from what the client received.
         Raises ValueError (or what numpy raises) for an unusable payload.
         """
         self._bytes += sum(len(t) for t in parameters.tensors)
@@ -193,6 +198,8 @@ class UplinkChannel:
             return cast(Arrays, parameters_to_views(parameters, check_type=False))
         center = sent()
         delta = self.compressor.decode(parameters, [c.shape for c in center])
+        if not add_center:
+            return delta
         return [c + d for c, d in zip(center, delta, strict=True)]
 
     def round_metrics(self, aggregated: bool) -> dict[str, Scalar]:

@@ -46,11 +46,20 @@ from flwr_admm import (
     ADMMClient,
     FedADMM,
     FedADMMClientDuals,
+    LocalDP,
     ResidualBalancing,
     StochasticQuantizer,
+    TopK,
 )
 from flwr_admm.checkpoint import CheckpointError
-from flwr_admm.client_duals import EXAMPLES_CHANGE, MODE_KEY, PREVIOUS_ROUND, U_SQ_NORM, W_SQ_NORM
+from flwr_admm.client_duals import (
+    EXAMPLES_CHANGE,
+    MODE_KEY,
+    PREVIOUS_ROUND,
+    U_SQ_NORM,
+    W_SQ_NORM,
+    load_state,
+)
 from flwr_admm.models import LogisticRegression
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -213,7 +222,10 @@ def test_lost_client_state_is_detected_and_rejected(caplog: pytest.LogCaptureFix
         ({"rho_schedule": "geometric"}, "rho_schedule"),
         ({"client_rho": "data_size"}, "client_rho"),
         ({"relaxation": 1.6}, "relaxation"),
-        ({"uplink": StochasticQuantizer(bits=8)}, "uplink"),
+        ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "uplink"),
+        ({"uplink": "sq"}, "uplink"),
+        ({"local_dp": LocalDP(clip=1.0, noise_multiplier=1.0)}, "local_dp"),
+        ({"uplink_residual": "dual"}, "uplink_residual"),
         ({"checkpoint_every": 0}, "checkpoint_every"),
         ({"eps_abs": -1.0}, "eps_abs"),
         ({"sampling_seed": -2}, "sampling_seed"),
@@ -230,8 +242,121 @@ def test_client_refuses_what_client_held_duals_cannot_do() -> None:
     z = [np.zeros(20)]
     with pytest.raises(ValueError, match="rho"):
         client.fit(z, {"rho": 0.0, MODE_KEY: "client", "server_round": 1})
-    with pytest.raises(ValueError, match="not supported with client-held duals"):
-        client.fit(z, {"rho": 0.1, MODE_KEY: "client", "uplink": "sq", "uplink-bits": 8})
+    dp = {"rho": 0.1, MODE_KEY: "client", **LocalDP(clip=1.0, noise_multiplier=1.0).config()}
+    with pytest.raises(ValueError, match="local DP is not supported with client-held duals"):
+        client.fit(z, dp)
+    no_feedback = StochasticQuantizer(bits=8, error_feedback=False).config()
+    with pytest.raises(ValueError, match="need error feedback"):
+        client.fit(z, {"rho": 0.1, MODE_KEY: "client", **no_feedback})
+    assert client.context.state.array_records == {}  # nothing kept by a refused fit
+
+
+# ------------------------------------------------------------------ uplink compression
+def test_seed_logreg_8_bits_with_error_feedback_reaches_the_optimum() -> None:
+    _, client, result = run_seed(
+        FedADMMClientDuals, 60, client_kwargs=CLIENT, rho=0.1, uplink=StochasticQuantizer(bits=8)
+    )
+    gap = gaps(client.matrix)
+    assert all(m["num_rejected"] == 0 for m in result.fit_metrics)
+    reached = first_round_below(gap, 1e-6)
+    assert reached is not None and reached <= 22  # measured: 17 (full precision: 17)
+    assert gap[-20:].max() <= 1e-12  # measured 3.1e-16: Delta_i -> 0, so does its error
+    # 20 parameters: 44 bytes a reply (16-byte header, lo and step, 20 one-byte levels)
+    # against 288 for the float64 .npy reply (128-byte header + 160).
+    float64 = len(ndarrays_to_parameters([np.zeros(20)]).tensors[0])
+    assert [m["uplink_bytes"] for m in result.fit_metrics] == [NUM_CLIENTS * 44] * 60
+    assert float64 / 44 >= 6.5
+
+
+def _wide_client_fn(d: int) -> Any:
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((30, d)), rng.integers(0, 2, 30)) for _ in range(6)]
+
+    def client_fn(context: Context) -> ADMMClient:
+        X, y = data[int(context.node_config["partition-id"])]
+        model = LogisticRegression(d, l2=0.01, fit_intercept=False)
+        return ADMMClient(model, X, y, context=context, local_steps=3, learning_rate=0.5)
+
+    return client_fn
+
+
+def test_uplink_bytes_are_an_eighth_of_float64_on_a_wide_model() -> None:
+    d = 5000
+    strategy = FedADMMClientDuals(
+        rho=0.1,
+        initial_parameters=ndarrays_to_parameters([np.zeros(d)]),
+        min_available_clients=6,
+        uplink=StochasticQuantizer(bits=8),
+    )
+    result = run_rounds(strategy, make_proxies(_wide_client_fn(d), 6), 2)
+    float64 = 6 * len(ndarrays_to_parameters([np.zeros(d)]).tensors[0])
+    ratios = [float64 / m["uplink_bytes"] for m in result.fit_metrics]
+    assert all(7.9 <= r <= 8.0 for r in ratios), ratios  # measured: 7.99 (30,144 vs 240,768 bytes)
+
+
+@pytest.mark.parametrize("compressor", [StochasticQuantizer(bits=4), TopK(fraction=0.1)])
+def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> None:
+    """S = sum_i n_i c_i - sum_i e_i after every round (3 of 6 clients a round)."""
+    d, num_clients = 50, 6
+    strategy = FedADMMClientDuals(
+        rho=0.1,
+        initial_parameters=ndarrays_to_parameters([np.zeros(d)]),
+        fraction_fit=0.5,
+        min_fit_clients=3,
+        min_available_clients=num_clients,
+        uplink=compressor,
+    )
+    proxies = make_proxies(_wide_client_fn(d), num_clients)
+    largest_residual = 0.0
+    for server_round in range(1, 9):
+        _one_round(strategy, proxies, server_round)
+        assert strategy.contribution_sum is not None
+        expected = np.zeros(d)
+        for proxy in proxies:
+            state = load_state(proxy.context.state, [(d,)])
+            if state is None:
+                continue
+            expected += state.num_examples * state.contribution[0]
+            assert state.residual is not None
+            expected -= state.residual[0]
+            largest_residual = max(largest_residual, float(np.abs(state.residual[0]).max()))
+        np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-12)
+    assert largest_residual > 1e-3  # measured 17.6 (TopK); S matches to 3.6e-15
+
+
+def _one_round(strategy: FedADMMClientDuals, proxies: list[Any], server_round: int) -> None:
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    parameters = strategy._broadcast or strategy.initial_parameters
+    instructions = strategy.configure_fit(server_round, parameters, manager)  # type: ignore[arg-type]
+    results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in instructions]
+    strategy.aggregate_fit(server_round, results, [])
+
+
+def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
+    strategy, proxies = _run(4, 2, uplink=StochasticQuantizer(bits=8))
+    assert strategy.contribution_sum is not None
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    instructions = strategy.configure_fit(3, strategy._broadcast, manager)  # type: ignore[arg-type]
+    assert instructions[0][1].config["uplink"] == "sq"
+    results = [(proxy, proxy.fit(ins, None, 3)) for proxy, ins in instructions]
+    results.sort(key=lambda item: int(item[1].metrics["partition-id"]))
+    flipped = bytearray(results[1][1].parameters.tensors[0])
+    flipped[-1] ^= 0x01
+    results[1][1].parameters.tensors[0] = bytes(flipped)
+    results[2][1].parameters.tensors[0] = results[2][1].parameters.tensors[0][:-3]
+    wrong = StochasticQuantizer(bits=8).encode([np.ones(21)], np.random.default_rng(0))
+    results[3][1].parameters = wrong
+    decoded = StochasticQuantizer(bits=8).decode(results[0][1].parameters, [(20,)])
+    before = [s.copy() for s in strategy.contribution_sum]
+    _, metrics = strategy.aggregate_fit(3, results, [])
+    assert metrics["num_rejected"] == 3 and metrics["num_replies"] == 1
+    np.testing.assert_allclose(strategy.contribution_sum[0], before[0] + decoded[0], atol=1e-14)
+    assert strategy.clients["partition-id:0"].last_round == 3
+    assert all(strategy.clients[f"partition-id:{i}"].last_round == 2 for i in (1, 2, 3))
 
 
 # ------------------------------------------------------------------ checkpoints
