@@ -18,11 +18,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from logging import WARNING
 
 import numpy as np
 from flwr.common import FitRes, Scalar
-from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
@@ -36,7 +34,7 @@ from flwr_admm.client_duals_protocol import (
 )
 from flwr_admm.kernels import axpy
 from flwr_admm.records import natural_key
-from flwr_admm.sampling import client_key
+from flwr_admm.sampling import client_key, keyed_replies, reject_reply
 from flwr_admm.uplink import UplinkChannel
 from flwr_admm.validation import check_reply
 from flwr_admm.wire import parameters_to_views
@@ -101,12 +99,7 @@ class ClientDualsReplyFolding:
         assert self.contribution_sum is not None
         shapes = [t.shape for t in self.contribution_sum]
         shapes_only = self.contribution_sum  # what `decode` takes the shapes from
-        keyed: list[tuple[str, ClientProxy, FitRes]] = []
-        for proxy, res in results:
-            try:
-                keyed.append((client_key(proxy, res.metrics), proxy, res))
-            except Exception as error:  # a malformed reply must not stop the server
-                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
+        keyed = keyed_replies(results, client_key, lambda key, why: self._reject(key, why, counts))
         shared = {k for k, c in Counter(k for k, _, _ in keyed).items() if c > 1}
         stats = RoundStats()
         for key, proxy, res in sorted(keyed, key=lambda item: natural_key(item[0])):
@@ -144,8 +137,7 @@ class ClientDualsReplyFolding:
 
     @staticmethod
     def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
-        log(WARNING, "FedADMMClientDuals: rejected reply of %s: %s", key, problem)
-        counts["num_rejected"] = int(counts["num_rejected"]) + 1
+        reject_reply("FedADMMClientDuals", key, problem, counts)
 
 
 class RoundStats:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from functools import partial
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from flwr_admm.consensus import ConsensusADMM
 from flwr_admm.records import NON_FINITE, NonFiniteReplyError, Reply, natural_key
-from flwr_admm.sampling import client_key
+from flwr_admm.sampling import client_key, keyed_replies, reject_reply
 from flwr_admm.uplink import UplinkChannel
 from flwr_admm.validation import check_reply
 
@@ -66,12 +66,9 @@ class ReplyFolding:
         server's peak memory stays near the cached state. Returns the number folded in.
         """
         shapes = [t.shape for t in admm.z]
-        keyed: list[tuple[str, ClientProxy, FitRes]] = []
-        for proxy, res in results:
-            try:
-                keyed.append((self._client_key(proxy, res.metrics), proxy, res))
-            except Exception as error:  # a malformed reply must not stop the server
-                self._reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})", counts)
+        keyed = keyed_replies(
+            results, self._client_key, lambda key, why: self._reject(key, why, counts)
+        )
         decoded: dict[int, tuple[NDArrays, float | None]] = {}
         dropped: set[int] = set()
         # Replies sharing a key: only those that pass the checks count as duplicates.
@@ -148,5 +145,4 @@ class ReplyFolding:
 
     @staticmethod
     def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
-        log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
-        counts["num_rejected"] = int(counts["num_rejected"]) + 1
+        reject_reply("FedADMM", key, problem, counts)

@@ -8,7 +8,8 @@ with a generator seeded by (sampling_seed, k).
 
 from __future__ import annotations
 
-from logging import INFO
+from collections.abc import Callable
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -114,3 +115,24 @@ def record_round(
     strategy.history.append({"round": server_round, **metrics})
     strategy.last_round = server_round
     return metrics
+
+
+def keyed_replies(
+    results: list[tuple[ClientProxy, FitRes]],
+    key_of: Callable[[ClientProxy, dict[str, Scalar]], str],
+    reject: Callable[[str, str], None],
+) -> list[tuple[str, ClientProxy, FitRes]]:
+    """Each reply with its client key; one whose key cannot be read goes to `reject`."""
+    keyed: list[tuple[str, ClientProxy, FitRes]] = []
+    for proxy, res in results:
+        try:
+            keyed.append((key_of(proxy, res.metrics), proxy, res))
+        except Exception as error:  # a malformed reply must not stop the server
+            reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})")
+    return keyed
+
+
+def reject_reply(strategy: str, key: str, problem: str, counts: dict[str, Scalar]) -> None:
+    """Log why `strategy` rejected the reply of `key` and count it in ``num_rejected``."""
+    log(WARNING, "%s: rejected reply of %s: %s", strategy, key, problem)
+    counts["num_rejected"] = int(counts["num_rejected"]) + 1
