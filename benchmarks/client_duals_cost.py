@@ -54,14 +54,14 @@ from benchmarks.server_setup import (
     make_replies,
 )
 from flwr_admm import FedADMMClientDuals
-from flwr_admm.client_duals import (
+from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
     PREVIOUS_ROUND,
     U_SQ_NORM,
     W_SQ_NORM,
-    ClientEntry,
 )
+from flwr_admm.server.client_duals_replies import ClientEntry
 
 SETUP_ROUND = 1
 

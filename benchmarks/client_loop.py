@@ -42,8 +42,8 @@ from benchmarks.common import (
     settle_allocator,
     write_json,
 )
+from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.data import load_task
-from flwr_admm.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.models import Model, Params
 
 RHO = 0.1

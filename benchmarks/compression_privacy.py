@@ -44,11 +44,11 @@ from flwr.server.strategy import FedAvg, Strategy
 from scipy.optimize import minimize
 
 from flwr_admm import ADMMClient, FedADMM, LocalDP, StochasticQuantizer, TopK, UplinkWrapper
-from flwr_admm.compression import Compressor
 from flwr_admm.data import Task, load_task
 from flwr_admm.models import SoftmaxRegression
-from flwr_admm.privacy import PrivacyLedger
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
+from flwr_admm.uplink.compression import Compressor
+from flwr_admm.uplink.privacy import PrivacyLedger
 
 DIGITS = {"lr": 0.2, "rho": 1.0, "epochs": 1, "batch": 16}
 DP_CLIP = 1.0  # about the median ||w_i - v_i|| of the first rounds on digits

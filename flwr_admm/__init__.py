@@ -8,24 +8,33 @@ Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privac
 """
 
 from flwr_admm.client import ADMMClient, evaluate_model
-from flwr_admm.client_duals import FedADMMClientDuals
-from flwr_admm.compression import Compressor, StochasticQuantizer, TopK
-from flwr_admm.consensus import ConsensusADMM, Reply, RoundReport
-from flwr_admm.fednova import FedNova
-from flwr_admm.local_solver import LocalPlan, LocalResult, penalized_local_solve
-from flwr_admm.privacy import LocalDP, PrivacyLedger
-from flwr_admm.regularizers import L1, L2, Regularizer
-from flwr_admm.schedules import (
+from flwr_admm.core import (
+    L1,
+    L2,
+    ConsensusADMM,
     Constant,
     Geometric,
+    LocalPlan,
+    LocalResult,
+    Regularizer,
+    Reply,
     ResidualBalancing,
     RhoSchedule,
+    RoundReport,
     RoundResiduals,
     StallIncrease,
     make_schedule,
+    penalized_local_solve,
 )
-from flwr_admm.strategy import FedADMM
-from flwr_admm.wrappers import UplinkWrapper
+from flwr_admm.server import FedADMM, FedADMMClientDuals, FedNova
+from flwr_admm.uplink import (
+    Compressor,
+    LocalDP,
+    PrivacyLedger,
+    StochasticQuantizer,
+    TopK,
+    UplinkWrapper,
+)
 
 __all__ = [
     "L1",

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.local_solver import LocalPlan, penalized_local_solve
+from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.models import Model
 
 from .admm_app.evaluation import Evaluator, get_task

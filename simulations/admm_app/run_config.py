@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr_admm.client import LOCAL_INITS
+from flwr_admm.client.admm_client import LOCAL_INITS
+from flwr_admm.core.local_solver import PROX_STEPS
+from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
-from flwr_admm.local_solver import PROX_STEPS
-from flwr_admm.schedules import SCHEDULES
 
 STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 PARTITIONERS = ("iid", "dirichlet", "pathological")

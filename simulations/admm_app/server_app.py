@@ -28,9 +28,9 @@ from flwr.server.criterion import Criterion
 from flwr.server.strategy import FedAvg, FedProx, Strategy
 
 from flwr_admm import FedADMM, Geometric, make_schedule
-from flwr_admm.client_duals import FedADMMClientDuals
 from flwr_admm.data import Task
-from flwr_admm.fednova import FedNova
+from flwr_admm.server.client_duals import FedADMMClientDuals
+from flwr_admm.server.fednova import FedNova
 
 from .evaluation import Evaluator, get_task
 from .recorder import RecordingStrategy, RunRecorder, result_paths

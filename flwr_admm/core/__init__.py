@@ -1,0 +1,42 @@
+"""Framework-free numpy core of inexact consensus ADMM (no `flwr` import).
+
+`ConsensusADMM` holds the server state and runs a round (begin, absorb, finish);
+`schedules` (rho rules), `regularizers` (prox of g), `local_solver` (the penalized
+local loop), `client_duals` (client-held-dual arithmetic), `kernels` (one-pass
+array updates), `types` (value types and errors), `validation` (reply checks).
+"""
+
+from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.local_solver import LocalPlan, LocalResult, penalized_local_solve
+from flwr_admm.core.regularizers import L1, L2, Regularizer
+from flwr_admm.core.schedules import (
+    Constant,
+    Geometric,
+    ResidualBalancing,
+    RhoSchedule,
+    RoundResiduals,
+    StallIncrease,
+    make_schedule,
+)
+from flwr_admm.core.types import Arrays, NonFiniteReplyError, Reply, RoundReport
+
+__all__ = [
+    "L1",
+    "L2",
+    "Arrays",
+    "ConsensusADMM",
+    "Constant",
+    "Geometric",
+    "LocalPlan",
+    "LocalResult",
+    "NonFiniteReplyError",
+    "Regularizer",
+    "Reply",
+    "ResidualBalancing",
+    "RhoSchedule",
+    "RoundReport",
+    "RoundResiduals",
+    "StallIncrease",
+    "make_schedule",
+    "penalized_local_solve",
+]

@@ -1,0 +1,56 @@
+"""Every key that crosses the wire or lands in a node's ``context.state``, defined once.
+
+Fit config (server -> client), reply metrics (client -> server), the round metrics
+the strategies return and record, and the ``context.state`` records a client keeps
+between rounds. Flower's own names are kept where Flower defines one
+(``proximal_mu`` for its legacy FedProx, ``partition-id`` for its node config).
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- fit config
+RHO = "rho"  # rho_i of this client: the received parameters are its center v_i
+PROXIMAL_MU = "proximal_mu"  # Flower's legacy FedProx key; FedADMM sends rho_i here too
+SERVER_ROUND = "server_round"
+LOCAL_STEPS = "local_steps"
+LOCAL_EPOCHS = "local_epochs"
+LEARNING_RATE = "learning_rate"
+BATCH_SIZE = "batch_size"
+MODE_KEY = "admm-duals"  # "client" switches ADMMClient to the client-held-dual protocol
+MODE_CLIENT = "client"
+UPLINK = "uplink"  # compressor name; uplink-* keys configure it (flwr_admm.uplink)
+UPLINK_BITS = "uplink-bits"
+UPLINK_BLOCK = "uplink-block"
+UPLINK_FRACTION = "uplink-fraction"
+UPLINK_ERROR_FEEDBACK = "uplink-error-feedback"
+UPLINK_RESIDUAL = "uplink-residual"
+DP_CLIP = "dp-clip"
+DP_NOISE = "dp-noise"
+
+# ------------------------------------------------------------- reply metrics
+CLIENT_KEY = "client-key"  # stable key of the client's server state (preferred)
+PARTITION_ID = "partition-id"  # else its partition (Flower's node-config name)
+LOSS = "loss"  # f_i(w_i) at the returned w_i
+GRAD_NORM = "grad_norm"
+PREVIOUS_ROUND = "admm-previous-round"  # client-held duals: round of its last reply (0: none)
+EXAMPLES_CHANGE = "admm-examples-change"  # n_i' - n_i
+DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
+W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
+U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
+
+# ------------------------------------------------------------- round metrics
+NUM_FAILURES = "num_failures"
+NUM_REJECTED = "num_rejected"
+NUM_RESYNCED = "num_resynced"
+NUM_STATE_MISMATCH = "num_state_mismatch"
+UPLINK_BYTES = "uplink_bytes"
+DP_EPSILON = "dp_epsilon"
+
+# ------------------------------------------------------------ context.state
+STATE_W = "flwr_admm.w"  # ADMMClient: last local w_i (warm start)
+STATE_META = "flwr_admm.meta"  # ADMMClient: round and fit count
+STATE_RESIDUAL = "flwr_admm.uplink_residual"  # ADMMClient: compression residual
+DUALS_STATE_W = "flwr_admm.duals.w"  # client-held duals: w_i
+DUALS_STATE_U = "flwr_admm.duals.u"  # client-held duals: u_i
+DUALS_STATE_META = "flwr_admm.duals.meta"  # client-held duals: n_i and round
+DUALS_STATE_RESIDUAL = "flwr_admm.duals.uplink_residual"  # client-held duals: e_i

@@ -1,0 +1,163 @@
+"""FedNova: normalized averaging of local SGD (Wang et al., NeurIPS 2020).
+
+Flower ships no FedNova; this is the plain local-SGD case of the paper (no momentum,
+no proximal term), where client i's normalizing vector a_i is all ones and
+||a_i||_1 = tau_i, its number of local steps. With x the global model sent this
+round, w_i client i's returned model and p_i = n_i / sum_j n_j over the replies,
+
+    d_i     = (x - w_i) / tau_i                 (client i's average step, lr included)
+    tau_eff = sum_i p_i tau_i
+    x'      = x - tau_eff * sum_i p_i d_i
+
+When every tau_i is equal this is FedAvg's x' = sum_i p_i w_i; when they differ it
+removes the objective inconsistency of FedAvg, which over-weights clients that take
+more steps.
+"""
+
+from __future__ import annotations
+
+import math
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from flwr_admm.core.validation import reply_problem
+
+LOCAL_STEPS_METRIC = "local_steps"
+
+
+class FedNova(FedAvg):
+    """Federated normalized averaging for clients running plain local (S)GD.
+
+    Takes every keyword of Flower's `FedAvg`. Clients MUST run plain gradient steps
+    from the received parameters (no proximal term) and report the number of steps
+    they took as the integer fit metric ``"local_steps"`` (`flwr_admm.ADMMClient`
+    does). A reply without a valid ``local_steps`` is rejected, like a reply with
+    wrong shapes or NaN entries; a client that took 0 steps must return x unchanged
+    and then contributes d_i = 0.
+
+    Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
+    """
+
+    def __init__(self, **fedavg_kwargs: Any) -> None:
+        super().__init__(**fedavg_kwargs)
+        self.current: NDArrays | None = None
+        self.history: list[dict[str, Scalar]] = []
+
+    def __repr__(self) -> str:
+        return f"FedNova(accept_failures={self.accept_failures})"
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Remember the global model x the clients start from, then sample as FedAvg."""
+        self.current = parameters_to_ndarrays(parameters)
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies."""
+        counts: dict[str, Scalar] = {"num_failures": len(failures), "num_rejected": 0}
+        if self.current is None:
+            raise RuntimeError("FedNova.aggregate_fit: configure_fit must run first")
+        if not results or (not self.accept_failures and failures):
+            return None, counts
+        replies = self._valid_replies(results, counts)
+        if not replies:
+            log(WARNING, "FedNova round %s: no usable reply; model unchanged", server_round)
+            return None, counts
+        x = [np.asarray(t, dtype=np.float64) for t in self.current]
+        new_x, tau_eff = normalized_average(x, replies)
+        metrics: dict[str, Scalar] = {
+            "tau_eff": tau_eff,
+            "num_replies": len(replies),
+            **counts,
+        }
+        if self.fit_metrics_aggregation_fn is not None:
+            user = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, res in results]
+            )
+            metrics = {**user, **metrics}
+        self.history.append({"round": server_round, **metrics})
+        dtypes = [np.asarray(t).dtype for t in self.current]
+        return (
+            ndarrays_to_parameters(
+                [a.astype(d, copy=False) for a, d in zip(new_x, dtypes, strict=True)]
+            ),
+            metrics,
+        )
+
+    def _valid_replies(
+        self, results: list[tuple[ClientProxy, FitRes]], counts: dict[str, Scalar]
+    ) -> list[tuple[NDArrays, int, int]]:
+        """(w_i, n_i, tau_i) of every reply that passes the checks."""
+        assert self.current is not None
+        shapes = [np.shape(t) for t in self.current]
+        replies = []
+        for proxy, res in results:
+            try:
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = reply_problem(arrays, res.num_examples, shapes)
+                tau = res.metrics.get(LOCAL_STEPS_METRIC)
+                if problem is None:
+                    problem = local_steps_problem(tau)
+            except Exception as error:  # a malformed reply must not stop the server
+                problem = f"unreadable reply ({error!r})"
+            if problem is None and int(tau) == 0:  # type: ignore[arg-type]
+                if not all(np.array_equal(w, x) for w, x in zip(arrays, self.current, strict=True)):
+                    problem = "local_steps is 0 but the parameters changed"
+            if problem is not None:
+                log(WARNING, "FedNova: rejected reply of cid %s: %s", proxy.cid, problem)
+                counts["num_rejected"] = int(counts["num_rejected"]) + 1
+                continue
+            replies.append((arrays, int(res.num_examples), int(tau)))  # type: ignore[arg-type]
+        return replies
+
+
+def local_steps_problem(tau: object) -> str | None:
+    """Why a reported ``local_steps`` value is unusable, or None (an integer >= 0)."""
+    if tau is None:
+        return f"missing the {LOCAL_STEPS_METRIC!r} fit metric (FedNova needs tau_i)"
+    if isinstance(tau, bool) or not isinstance(tau, int | float | np.integer | np.floating):
+        return f"{LOCAL_STEPS_METRIC} must be an integer >= 0, got {tau!r}"
+    if not math.isfinite(float(tau)) or float(tau) != int(tau) or tau < 0:
+        return f"{LOCAL_STEPS_METRIC} must be an integer >= 0, got {tau!r}"
+    return None
+
+
+def normalized_average(
+    x: NDArrays, replies: list[tuple[NDArrays, int, int]]
+) -> tuple[NDArrays, float]:
+    """FedNova's update from x and replies (w_i, n_i, tau_i); returns (x', tau_eff).
+
+    x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, p_i = n_i / sum_j n_j,
+    tau_eff = sum_i p_i tau_i; a reply with tau_i = 0 contributes d_i = 0.
+    """
+    total = float(sum(n for _, n, _ in replies))
+    weights = [n / total for _, n, _ in replies]
+    tau_eff = float(sum(p * tau for p, (_, _, tau) in zip(weights, replies, strict=True)))
+    direction = [np.zeros_like(t, dtype=np.float64) for t in x]
+    for p, (w, _, tau) in zip(weights, replies, strict=True):
+        if tau == 0:
+            continue
+        for d, xk, wk in zip(direction, x, w, strict=True):
+            d += (p / tau) * (xk - np.asarray(wk, dtype=np.float64))
+    return [xk - tau_eff * d for xk, d in zip(x, direction, strict=True)], tau_eff

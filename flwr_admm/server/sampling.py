@@ -1,0 +1,138 @@
+"""Helpers shared by the ADMM strategies: client keys, sampling, checks, round records.
+
+`FedADMM` and `FedADMMClientDuals` key every reply by a stable client key (so a
+client keeps its state across node ids) and sample clients deterministically:
+with a `sampling_seed`, round k draws from the clients ordered by key, then cid,
+with a generator seeded by (sampling_seed, k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import FitRes, Scalar
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from flwr_admm.core.types import natural_key
+
+
+def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
+    """Validate the FedAvg keywords Flower itself leaves unchecked (and `sampling_seed`)."""
+    for name in ("fraction_fit", "fraction_evaluate"):
+        fraction = getattr(strategy, name)
+        if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
+            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
+    for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
+        count = getattr(strategy, name)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+    if strategy.min_available_clients < max(strategy.min_fit_clients, 1):
+        raise ValueError(
+            f"min_available_clients: must be >= min_fit_clients ({strategy.min_fit_clients})"
+            f" and >= 1, got {strategy.min_available_clients}"
+        )
+    if not isinstance(strategy.accept_failures, bool):
+        raise ValueError(
+            f"accept_failures: must be True or False, got {strategy.accept_failures!r}"
+        )
+    if sampling_seed is not None and (
+        isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int) or sampling_seed < 0
+    ):
+        raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
+
+
+def client_key(proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
+    """A client's stable key: its ``client-key`` metric, else ``partition-id``, else cid."""
+    if "client-key" in metrics:
+        return f"client-key:{metrics['client-key']!s}"
+    if "partition-id" in metrics:
+        return f"partition-id:{int(metrics['partition-id'])}"
+    return f"cid:{proxy.cid}"
+
+
+def sample_clients(
+    strategy: FedAvg,
+    client_manager: ClientManager,
+    server_round: int,
+    sampling_seed: int | None,
+    key_of_cid: dict[str, str],
+) -> list[ClientProxy]:
+    """Wait for `min_available_clients`, THEN size the sample from who is there.
+
+    (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
+    still registering at round 1 in the simulation engine.) With a `sampling_seed`
+    the sample is drawn from the clients ordered by key (`key_of_cid`), then cid,
+    with a generator seeded by (sampling_seed, server_round).
+    """
+    _, min_num = strategy.num_fit_clients(client_manager.num_available())
+    client_manager.wait_for(min_num, timeout=86400)
+    size, _ = strategy.num_fit_clients(client_manager.num_available())
+    if sampling_seed is None:
+        return client_manager.sample(num_clients=size, min_num_clients=min_num)
+    available = client_manager.all()
+    if size > len(available):
+        log(
+            INFO,
+            "%s: sampling %s clients but only %s available",
+            type(strategy).__name__,
+            size,
+            len(available),
+        )
+        return []
+    order = sorted(
+        available,
+        key=lambda cid: (natural_key(key_of_cid.get(cid, "~")), natural_key(cid)),
+    )
+    if size < len(order):
+        rng = np.random.default_rng([sampling_seed, server_round])
+        picked = np.sort(rng.choice(len(order), size=size, replace=False))
+        order = [order[i] for i in picked]
+    return [available[cid] for cid in order]
+
+
+def record_round(
+    strategy: Any,
+    server_round: int,
+    results: list[tuple[ClientProxy, FitRes]],
+    metrics: dict[str, Scalar],
+) -> dict[str, Scalar]:
+    """Record one aggregation: merged metrics, appended to `strategy.history`.
+
+    The user's `fit_metrics_aggregation_fn` entries come first (ours win a name
+    clash); `strategy.last_round` becomes `server_round`.
+    """
+    if strategy.fit_metrics_aggregation_fn is not None:
+        user = strategy.fit_metrics_aggregation_fn(
+            [(res.num_examples, res.metrics) for _, res in results]
+        )
+        metrics = {**user, **metrics}
+    strategy.history.append({"round": server_round, **metrics})
+    strategy.last_round = server_round
+    return metrics
+
+
+def keyed_replies(
+    results: list[tuple[ClientProxy, FitRes]],
+    key_of: Callable[[ClientProxy, dict[str, Scalar]], str],
+    reject: Callable[[str, str], None],
+) -> list[tuple[str, ClientProxy, FitRes]]:
+    """Each reply with its client key; one whose key cannot be read goes to `reject`."""
+    keyed: list[tuple[str, ClientProxy, FitRes]] = []
+    for proxy, res in results:
+        try:
+            keyed.append((key_of(proxy, res.metrics), proxy, res))
+        except Exception as error:  # a malformed reply must not stop the server
+            reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})")
+    return keyed
+
+
+def reject_reply(strategy: str, key: str, problem: str, counts: dict[str, Scalar]) -> None:
+    """Log why `strategy` rejected the reply of `key` and count it in ``num_rejected``."""
+    log(WARNING, "%s: rejected reply of %s: %s", strategy, key, problem)
+    counts["num_rejected"] = int(counts["num_rejected"]) + 1

@@ -1,0 +1,249 @@
+"""The uplink channel: what a client does to its reply, and how a server undoes it.
+
+Server side (`UplinkChannel`, used by `FedADMM` and `UplinkWrapper`): puts the
+compression scheme and the local-DP settings into every fit config, decodes every
+reply against the parameters that client was sent (w_i = c_i + decode(payload)),
+counts the payload bytes and keeps the privacy ledger.
+
+Client side (`ClientUplink`, used by `ADMMClient`): from the fit config and the
+client's kept residual r_i,
+
+    delta_i = w_i - c_i                        c_i = the parameters received
+    delta_i = LocalDP.privatize(delta_i)       if dp-clip is configured
+    delta_i = delta_i + r_i                    residual "update" (error feedback)
+    payload = encode(delta_i);  d_i = decode(payload);  r_i = delta_i - d_i
+
+and replies with the payload; the server reconstructs c_i + d_i, exactly the arrays
+`ADMMClient.fit` returns. With residual "dual" (FedADMM only, seed 001's "the dual
+absorbs the quantization residual") the client instead accumulates the residuals
+E_i += delta_i - d_i and trains around the shifted center c_i - E_i: E_i is its
+private share of the dual, u_i = u_i(server) + E_i, which the server cannot hold
+because it never sees w_i (see docs/compression_privacy.md for the comparison).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import numpy as np
+from flwr.client import Client, NumPyClient
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    Scalar,
+)
+from numpy.typing import NDArray
+
+from flwr_admm.uplink.compression import Compressor, compressor_from_config
+from flwr_admm.uplink.privacy import LocalDP, PrivacyLedger
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
+
+Arrays = list[NDArray[np.float64]]
+Residual = Literal["update", "dual"]
+RESIDUAL_MODES = ("update", "dual")
+
+
+@dataclass(frozen=True)
+class UplinkReply:
+    """What a client sends, and what it keeps.
+
+    `arrays` = c + d (what the server will rebuild), the encoded `parameters` (None:
+    send `arrays` as plain numpy) and the residual to keep (None: keep none).
+    """
+
+    arrays: Arrays
+    parameters: Parameters | None
+    residual: Arrays | None
+
+
+@dataclass(frozen=True)
+class ClientUplink:
+    """The client's reading of the uplink entries of a fit config."""
+
+    compressor: Compressor | None
+    local_dp: LocalDP | None
+    residual_mode: Residual
+
+    @classmethod
+    def from_config(cls, config: dict[str, Scalar]) -> ClientUplink:
+        """Parse ``uplink*`` and ``dp-*`` entries; ValueError naming the bad one."""
+        mode = config.get("uplink-residual", "update")
+        if mode not in RESIDUAL_MODES:
+            raise ValueError(
+                f"uplink-residual: must be one of {list(RESIDUAL_MODES)}, got {mode!r}"
+            )
+        if mode == "dual" and "rho" not in config:
+            raise ValueError("uplink-residual: 'dual' needs an ADMM server (rho in the config)")
+        return cls(compressor_from_config(config), LocalDP.from_config(config), mode)  # type: ignore[arg-type]
+
+    @property
+    def keeps_residual(self) -> bool:
+        """Whether the client keeps a residual for the next round."""
+        return self.compressor is not None and self.compressor.error_feedback
+
+    def center(self, received: Arrays, residual: Arrays | None) -> Arrays:
+        """The prox center: c - E in residual mode "dual", else c."""
+        if self.residual_mode != "dual" or residual is None or not self.keeps_residual:
+            return received
+        return [c - e for c, e in zip(received, residual, strict=True)]
+
+    def reply(
+        self,
+        received: Arrays,
+        w: Sequence[NDArray[np.float64]],
+        residual: Arrays | None,
+        rng_noise: np.random.Generator,
+        rng_rounding: np.random.Generator,
+    ) -> UplinkReply:
+        """Privatize, add the kept residual, compress; see the module docstring."""
+        delta = [np.asarray(a, dtype=np.float64) - c for a, c in zip(w, received, strict=True)]
+        if self.local_dp is not None:
+            delta = self.local_dp.privatize(delta, rng_noise)
+        if self.compressor is None:
+            return UplinkReply([c + d for c, d in zip(received, delta, strict=True)], None, None)
+        feedback = self.keeps_residual and residual is not None
+        if feedback and self.residual_mode == "update":
+            delta = [d + r for d, r in zip(delta, residual or [], strict=True)]
+        payload = self.compressor.encode(delta, rng_rounding)
+        sent = self.compressor.decode(payload, [d.shape for d in delta])
+        new_residual = None
+        if self.keeps_residual:
+            new_residual = [d - s for d, s in zip(delta, sent, strict=True)]
+            if feedback and self.residual_mode == "dual":
+                new_residual = [e + r for e, r in zip(new_residual, residual or [], strict=True)]
+        arrays = [c + s for c, s in zip(received, sent, strict=True)]
+        return UplinkReply(arrays, payload, new_residual)
+
+
+class UplinkChannel:
+    """Server side: fit-config entries, reply decoding, byte counts, privacy ledger.
+
+    Parameters
+    ----------
+    compressor : Compressor, optional
+        The uplink scheme clients must use; None = full precision.
+    local_dp : LocalDP, optional
+        Local clipping and noise clients must apply; epsilon is reported when its
+        noise multiplier is > 0.
+    residual : {"update", "dual"}
+        Where a client's compression residual goes: into its next update (error
+        feedback) or into its share of the ADMM dual ("dual", FedADMM only).
+
+    """
+
+    def __init__(
+        self,
+        compressor: Compressor | None = None,
+        local_dp: LocalDP | None = None,
+        residual: Residual = "update",
+    ) -> None:
+        if compressor is not None and not isinstance(compressor, Compressor):
+            raise ValueError(f"uplink: must be a Compressor or None, got {compressor!r}")
+        if local_dp is not None and not isinstance(local_dp, LocalDP):
+            raise ValueError(f"local_dp: must be a LocalDP or None, got {local_dp!r}")
+        if residual not in RESIDUAL_MODES:
+            raise ValueError(
+                f"uplink_residual: must be one of {list(RESIDUAL_MODES)}, got {residual!r}"
+            )
+        self.compressor, self.local_dp, self.residual = compressor, local_dp, residual
+        noisy = local_dp is not None and local_dp.noise_multiplier > 0
+        self.ledger = PrivacyLedger(local_dp.noise_multiplier, local_dp.delta) if noisy else None  # type: ignore[union-attr]
+        self._bytes = 0
+        self._sampled = (0, 0)
+
+    @property
+    def active(self) -> bool:
+        """Whether the channel changes anything at all."""
+        return self.compressor is not None or self.local_dp is not None
+
+    def config(self) -> dict[str, Scalar]:
+        """Entries to merge into every fit config."""
+        entries: dict[str, Scalar] = {}
+        if self.compressor is not None:
+            entries.update(self.compressor.config())
+            entries["uplink-residual"] = self.residual
+        if self.local_dp is not None:
+            entries.update(self.local_dp.config())
+        return entries
+
+    def sampled(self, sample_size: int, population: int) -> None:
+        """Remember this round's sample for the ledger; reset the byte count."""
+        self._sampled = (sample_size, population)
+        self._bytes = 0
+
+    def decode(
+        self, parameters: Parameters, sent: Callable[[], Arrays], *, add_center: bool = True
+    ) -> Arrays:
+        """Rebuild a reply: w_i = c_i + the decoded payload.
+
+        Plain numpy replies (clients that do not compress) are taken as they are.
+        `sent()` returns the parameters that client received (called only when needed).
+        With ``add_center=False`` the decoded payload itself is returned (`sent()` then
+        only gives the shapes): for `FedADMMClientDuals`, whose payload is the change
+        of a contribution, not an offset from what the client received.
+        Raises ValueError (or what numpy raises) for an unusable payload.
+        """
+        self._bytes += sum(len(t) for t in parameters.tensors)
+        if parameters.tensor_type == NUMPY_TENSOR_TYPE or self.compressor is None:
+            # Read-only views, any real dtype: check_reply and the ADMM state cope.
+            return cast(Arrays, parameters_to_views(parameters, check_type=False))
+        center = sent()
+        delta = self.compressor.decode(parameters, [c.shape for c in center])
+        if not add_center:
+            return delta
+        return [c + d for c, d in zip(center, delta, strict=True)]
+
+    def round_metrics(self, aggregated: bool) -> dict[str, Scalar]:
+        """``uplink_bytes`` of this round's payloads and, after a release, the ledger."""
+        metrics: dict[str, Scalar] = {}
+        if self.compressor is not None:
+            metrics["uplink_bytes"] = int(self._bytes)
+        if self.ledger is not None:
+            if aggregated:
+                self.ledger.record(*self._sampled)
+            metrics.update(self.ledger.metrics())
+        return metrics
+
+
+class UplinkClient(Client):
+    """A `Client` that sends an `ADMMClient`'s encoded payload when there is one.
+
+    `fit` runs the NumPyClient as Flower's own wrapper does, then swaps in the packed
+    `Parameters` the client prepared (their own ``tensor_type``), which NumPyClient
+    cannot return itself. Everything else is Flower's standard NumPyClient wrapper.
+    When a payload exists, the arrays `fit` returned (c + decoded delta, the same
+    values) are not sent: a subclass that edits them after ``super().fit`` must not
+    expect the edit on the wire.
+    """
+
+    def __init__(self, numpy_client: NumPyClient, standard: Client) -> None:
+        self.numpy_client, self.standard = numpy_client, standard
+
+    def get_properties(self, ins: GetPropertiesIns) -> GetPropertiesRes:
+        """Forward to Flower's wrapper."""
+        return self.standard.get_properties(ins)
+
+    def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
+        """Forward to Flower's wrapper."""
+        return self.standard.get_parameters(ins)
+
+    def fit(self, ins: FitIns) -> FitRes:
+        """Flower's NumPyClient fit, with the encoded payload in place of the arrays."""
+        res = self.standard.fit(ins)
+        payload = getattr(self.numpy_client, "uplink_payload", None)
+        if payload is not None:
+            res.parameters = payload
+        return res
+
+    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
+        """Forward to Flower's wrapper."""
+        return self.standard.evaluate(ins)

@@ -1,0 +1,154 @@
+"""Smoke tests of the benchmarks: they run and write their ratios (never timed).
+
+The quick mode runs as a user would (``python -m benchmarks.all --quick``) in a
+subprocess from the repository root; the Ray engine benchmark is marked ``ray``.
+Only the presence and sanity of the numbers is checked, never their values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_module(*args: str, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def load(path: Path) -> dict[str, Any]:
+    assert path.exists(), f"{path} was not written"
+    document: dict[str, Any] = json.loads(path.read_text())
+    machine = document["machine"]
+    assert machine["nproc"] >= 1 and machine["cpu_model"] and machine["numpy"]
+    assert machine["blas_runtime"], "no BLAS library reported"
+    return document
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
+    out = run_module("benchmarks.all", "--quick", "--skip", "engine", "--output-dir", str(tmp_path))
+    assert "# goals (issue 5)" in out
+
+    convergence = load(tmp_path / "convergence.json")
+    (task,) = convergence["tasks"]
+    assert task["task"] == "seed-logreg" and task["metric"] == "gap"
+    labels = {run["label"] for run in task["runs"]}
+    assert labels == {
+        "FedAvg",
+        "FedProx",
+        "FedADMM",
+        "FedADMM-default (untuned)",
+        "FedADMM-RB (untuned)",
+        "FedADMM alpha=1.6",
+        "FedADMM alpha=1.6-RB (untuned)",
+    }
+    relaxed = [run for run in task["runs"] if run["label"].startswith("FedADMM alpha=")]
+    assert {run["relaxation"] for run in relaxed} == {1.6}
+    assert task["info"]["optimum_grad_norm"] < 1e-6
+    for key in (
+        "fedadmm_over_best_baseline",
+        "untuned_rb_over_tuned_fedadmm",
+        "relaxed_fedadmm_over_best_baseline",
+        "relaxed_untuned_rb_over_tuned",
+    ):
+        entry = task["summary"][key]
+        assert positive(entry["value"]) or positive(entry["bound"]), entry
+    for run in task["runs"]:
+        assert 1 <= run["rounds_run"] <= task["max_rounds"]
+        assert run["stop_reason"] in {"all_targets", "max_rounds", "plateau", "diverged", "stalled"}
+
+    server = load(tmp_path / "server_cost.json")
+    assert len(server["results"]) == 4
+    for row in server["results"]:
+        for key in ("time_ratio", "wall_time_ratio"):
+            assert positive(row[key]), (key, row)
+        # Replies are kept as views, not copied: the peak above the state may be ~0.
+        assert row["fedadmm_peak_extra_models"] >= 0
+        # the state of every known client is cached: N x (w_i, y_i)
+        model = row["model_bytes"]
+        assert row["cached_state_bytes"] >= 2 * row["num_clients"] * model
+        assert "aggregate_fit" in row["fedadmm_profile_seconds"]
+
+    loop = load(tmp_path / "client_loop.json")
+    assert len(loop["results"]) == 3
+    for row in loop["results"]:
+        assert positive(row["exact_step_ratio"]) and positive(row["gradient_step_ratio"])
+
+    summary = load(tmp_path / "all.json")
+    assert set(summary["seconds_per_benchmark"]) == {
+        "client_loop",
+        "server_cost",
+        "client_duals_cost",
+        "convergence",
+    }
+    duals = load(tmp_path / "client_duals_cost.json")
+    assert all(positive(row["time_ratio"]) for row in duals["results"])
+    goals = summary["goals"]
+    assert any(g["goal"].startswith("FedADMM rounds / best-tuned baseline") for g in goals)
+    assert all(g["met"] in (True, False, None) for g in goals)
+
+
+def test_server_cost_skips_and_reports_infeasible_configurations(tmp_path: Path) -> None:
+    out_file = tmp_path / "server.json"
+    out = run_module(
+        "benchmarks.server_cost",
+        "--quick",
+        "--memory-budget-gib",
+        "0.01",
+        "--output",
+        str(out_file),
+    )
+    document = load(out_file)
+    # 1e4 x 10 needs ~6 MiB and runs; everything larger exceeds 10 MiB and is listed
+    assert [(r["num_parameters"], r["num_clients"]) for r in document["results"]] == [(10**4, 10)]
+    skipped = {(s["num_parameters"], s["num_clients"]) for s in document["skipped"]}
+    assert skipped == {(10**4, 100), (10**5, 10), (10**5, 100)}
+    assert all(
+        s["state_bytes"] == (2 * s["num_clients"] + 3) * s["num_parameters"] * 8
+        for s in document["skipped"]
+    )
+    assert "skipped P=1e+05 N=100" in out
+
+
+def test_unknown_benchmark_name_is_rejected() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.all", "--quick", "--skip", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0 and "unknown benchmark" in done.stderr
+
+
+@pytest.mark.ray
+def test_engine_quick_reports_seconds_per_round(tmp_path: Path) -> None:
+    out_file = tmp_path / "engine.json"
+    run_module("benchmarks.engine", "--quick", "--output", str(out_file), timeout=600)
+    document = load(out_file)
+    assert positive(document["ratio"])
+    assert {run["strategy"] for run in document["runs"]} == {"FedAvg", "FedADMM"}
+    for run in document["runs"]:
+        assert len(run["round_seconds"]) == document["rounds"]
+        assert all(positive(t) for t in run["round_seconds"])
