@@ -88,10 +88,10 @@ PROFILED = (
     "absorb",
     "fold_in",
     "finish",
-    "_complete_sums",
-    "_z_step",
-    "_dual_step",
-    "_report",
+    "complete",
+    "z_step",
+    "dual_step",
+    "round_report",
     "_to_parameters",
 )
 
@@ -282,7 +282,7 @@ def print_tables(rows: list[dict[str, Any]], skipped: list[dict[str, Any]], budg
     if profiled:
         print(
             "\nFedADMM.aggregate_fit profile: share of its time per function (cumulative, "
-            "so nested: finish contains _dual_step ...); passes = time per reply / time "
+            "so nested: finish contains dual_step ...); passes = time per reply / time "
             "of one `a += b` over the model"
         )
         labels = [f"P={r['num_parameters']:.0e} N={r['num_clients']}" for r in profiled]

@@ -1,36 +1,9 @@
 """Framework-free server state of inexact consensus ADMM over lists of numpy arrays.
 
-Problem: min_z sum_i p_i f_i(z) + g(z), split as w_i = z, p_i = n_i / sum_j n_j.
-The server stores, per client key i, the last local model w_i, its unscaled dual
-y_i = rho_i u_i and its weight n_i. With rho_i = rho * s_i (s_i = 1 unless per-client
-rho is on) one round is
-
-    v_i   = z - y_i / rho_i                                    (prox center sent out)
-    z'    = prox_{g / rho_bar}( sum_i p_i (rho_i w_i + y_i) / rho_bar ),
-            rho_bar = sum_i p_i rho_i, over every client seen so far (stale w_i, y_i
-            of clients not sampled this round keep counting)
-    y_i  += rho_i (w_i - z')                                   (clients that replied)
-
-With uniform rho this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)), u_i += w_i - z'.
-
-Keeping y instead of u makes rho = 0 exactly FedAvg (y stays 0) and makes a change of
-rho rescale u_i = y_i / rho by rho_old / rho_new for free.
-
-Over-relaxation (Boyd et al. 2011, 3.4.3) with alpha in (0, 2): the replying clients
-enter the z-step and the dual step as w^_i = alpha w_i + (1 - alpha) z (z the center
-of the round), so y_i += rho_i (alpha (w_i - z') + (1 - alpha) (z - z')). alpha = 1 is
-plain ADMM; 1.5-1.8 often converges faster. Clients that did not reply keep counting
-with their stored w_i. The primal residual stays w_i - z'.
-
-Residuals (Boyd et al. 2011, 3.3, in the p-weighted norm over the replying clients):
-r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||,
-eps_pri = sqrt(n) eps_abs + eps_rel max(sqrt(sum p_i ||w_i||^2), ||z'||),
-eps_dual = sqrt(n) eps_abs + eps_rel sqrt(sum p_i ||y_i||^2), n = number of parameters.
-
-`ConsensusADMM` (this module) holds the state and runs the round (begin, absorb,
-finish); its parts live in `flwr_admm.core.types` (value types and errors),
-`flwr_admm.core.sums` (running sums), `flwr_admm.core.steps` (z-step, dual
-step, residuals) and `flwr_admm.core.persistence` (state_dict / load_state_dict).
+`ConsensusADMM` holds the state and runs the round (begin, absorb, finish); it is
+composed of `flwr_admm.core.sums` (the running sums), `flwr_admm.core.steps` (z-step,
+dual step, residuals), `flwr_admm.core.persistence` (checkpoints) and
+`flwr_admm.core.types` (value types and errors).
 """
 
 from __future__ import annotations
@@ -38,16 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.kernels import axpy, finite_sq_norm, single_thread_blas
-from flwr_admm.core.persistence import ConsensusPersistence
+from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
+from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
-from flwr_admm.core.steps import ConsensusSteps
-from flwr_admm.core.sums import ConsensusSums, OpenRound, RoundMode
+from flwr_admm.core.steps import DualStats, dual_step, round_report, z_step
+from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
     NON_FINITE,
@@ -77,8 +51,32 @@ __all__ = [
 
 
 @dataclass
-class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
+class ConsensusADMM:
     """Server side of consensus ADMM; the Flower strategy is a thin adapter over it.
+
+    Problem: min_z sum_i p_i f_i(z) + g(z), split as w_i = z, p_i = n_i / sum_j n_j.
+    The server stores, per client key i, the last local model w_i, its unscaled dual
+    y_i = rho_i u_i and its weight n_i, with rho_i = rho s_i (s_i = 1 unless per-client
+    rho is on). One round, over-relaxed by alpha in (0, 2) (Boyd et al. 2011, 3.4.3):
+
+        v_i   = z - y_i / rho_i                                  (prox center sent out)
+        w^_i  = alpha w_i + (1 - alpha) z                        (replying clients)
+        z'    = prox_{g / rho_bar}( sum_i p_i (rho_i w^_i + y_i) / rho_bar ),
+                rho_bar = sum_i p_i rho_i, over every client seen so far (stale w_i,
+                y_i of clients not sampled this round keep counting, unrelaxed)
+        y_i  += rho_i (w^_i - z')                                (replying clients)
+
+    With uniform rho and alpha = 1 this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)),
+    u_i += w_i - z'; alpha = 1.5-1.8 often converges faster. Keeping y instead of u
+    makes rho = 0 exactly FedAvg (y stays 0) and makes a change of rho rescale
+    u_i = y_i / rho by rho_old / rho_new for free.
+
+    Residuals (Boyd et al. 2011, 3.3, p-weighted over the replying clients,
+    n = number of parameters):
+
+        r        = sqrt(sum p_i ||w_i - z'||^2),   s = rho_bar ||z' - z||
+        eps_pri  = sqrt(n) eps_abs + eps_rel max(sqrt(sum p_i ||w_i||^2), ||z'||)
+        eps_dual = sqrt(n) eps_abs + eps_rel sqrt(sum p_i ||y_i||^2)
 
     Parameters
     ----------
@@ -109,6 +107,8 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
     relaxation: float = 1.0
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
+    sums: RunningSums = field(init=False, repr=False, compare=False)
+    _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -129,26 +129,22 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
-        self._sum_nsw: Arrays = [np.zeros_like(t) for t in self.z]
-        self._sum_ny: Arrays = [np.zeros_like(t) for t in self.z]
-        self._sum_ns = 0.0
-        self._sum_n = 0
-        self._round: OpenRound | None = None
-        self._recompute_sums()
+        self.sums = RunningSums.zeros_like(self.z)
+        self.sums.recompute(self.records)
 
     # ----------------------------------------------------------------- queries
     @property
     def num_parameters(self) -> int:
-        """Total number of scalars in the model."""
+        """Return the total number of scalars in the model."""
         return int(sum(t.size for t in self.z))
 
     def rho_for(self, key: str | None) -> float:
-        """rho_i = rho * s_i (s_i = 1 for an unseen client)."""
+        """Return rho_i = rho * s_i (s_i = 1 for an unseen client)."""
         record = self.records.get(key) if key is not None else None
         return self.rho * (record.scale if record is not None else 1.0)
 
     def center(self, key: str | None) -> Arrays:
-        """Prox center v_i = z - y_i / rho_i; z itself (not a copy) for an unseen client."""
+        """Return v_i = z - y_i / rho_i; z itself (not a copy) for an unseen client."""
         record = self.records.get(key) if key is not None else None
         rho_i = self.rho_for(key)
         if record is None or rho_i == 0.0:
@@ -192,27 +188,11 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
         """Open a round whose replies will come from (at most) `keys`.
 
         Replies are then folded in one at a time with `absorb`, so a server never holds
-        more than one reply besides its state. How S_w = sum n_i s_i w_i is kept:
-        "full" (every cached client is expected): rebuilt from the replies as they
-        arrive, in absorb order, then the clients that did not reply; "incremental"
-        (uniform rho, partial participation): S_w += n_i w_i' - n_i w_i per reply;
-        "recompute" (per-client rho, whose scales may all change): exactly in sorted
-        key order at `finish`.
+        more than one reply besides its state. How S_w is kept meanwhile ("full",
+        "incremental" or "recompute") is told in `RunningSums.open_round`.
         """
-        mode: RoundMode
-        if self.client_rho != "uniform":
-            mode = "recompute"
-        elif set(self.records) <= set(keys):
-            mode = "full"
-            for acc in self._sum_nsw:
-                acc.fill(0.0)
-            self._sum_ns, self._sum_n = 0.0, 0
-        else:
-            mode = "incremental"
-        shares = None
-        if mode == "incremental" and self.relaxation != 1.0:
-            shares = [np.zeros_like(t) for t in self.z]
-        self._round = OpenRound(mode, shares)
+        uniform, relaxed = self.client_rho == "uniform", self.relaxation != 1.0
+        self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
 
     def absorb(self, reply: Reply) -> None:
         """Store w_i, n_i of one replying client and fold it into S_w.
@@ -235,25 +215,21 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
         w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
-        n_old = record.num_examples if record is not None else 0
         if rnd.mode == "recompute":
             sq_norm = reply.sq_norm if reply.sq_norm is not None else finite_sq_norm(w)
         else:
-            old = record.w if rnd.mode == "incremental" and record is not None else None
-            sq_norm = self._fold_in(w, float(n), old, float(n_old), rnd.shares)
+            replaced = record if rnd.mode == "incremental" else None
+            sq_norm = self.sums.fold(w, n, replaced, rnd.shares)  # S_w += n_i' w_i' (- n_i w_i)
             if sq_norm is None:
-                self._roll_back(rnd)
+                self.sums.roll_back(rnd, self.records)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-            self._sum_ns += n - (n_old if old is not None else 0)
-            self._sum_n += n - (n_old if old is not None else 0)
         if sq_norm is None or not math.isfinite(sq_norm):
             raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-        if record is not None and n != n_old:
-            for acc, y in zip(self._sum_ny, record.y, strict=True):
-                axpy(float(n - n_old), y, acc)
         if record is None:
             self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
         else:
+            if n != record.num_examples:
+                self.sums.reweight_dual(record.y, n - record.num_examples)  # S_y += dn_i y_i
             record.w, record.num_examples = w, n
         rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
         rnd.keys.add(reply.key)
@@ -263,7 +239,7 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
         if self._round is not None and self._round.absorbed:
             raise ValueError("cancel: replies were absorbed; call finish()")
         if self._round is not None and self._round.mode == "full":
-            self._recompute_sums(duals=False)
+            self.sums.recompute(self.records, duals=False)
         self._round = None
 
     def finish(self, server_round: int) -> RoundReport:
@@ -272,25 +248,87 @@ class ConsensusADMM(ConsensusSums, ConsensusSteps, ConsensusPersistence):
         if rnd is None or not rnd.absorbed:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
-        rho, z_prev = self.rho, self.z
+        rho = self.rho
         with single_thread_blas():
-            self._complete_sums(rnd)
-            shares, weight = self._round_shares(rnd, ordered)
-            self.z = self._z_step(shares, weight, z_prev)
-            dz = [a - b for a, b in zip(z_prev, self.z, strict=True)]
-            stats = self._dual_step(ordered, shares, weight, dz)
-        report = self._report(ordered, dz, rho, stats)
-        next_rho, self.schedule_state = self.schedule.update(
-            rho,
-            self.schedule_state,
-            RoundResiduals(
-                server_round=server_round,
-                primal_residual=report.primal_residual,
-                dual_residual=report.dual_residual,
-                objective=report.objective,
-                primal_scale=report.primal_scale,
-                dual_scale=report.dual_scale,
-            ),
+            dz, stats = self._update(rnd, ordered)
+        # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
+        report = round_report(
+            ordered,
+            self.z,
+            dz,
+            stats,
+            self.sums,
+            rho=rho,
+            eps_abs=self.eps_abs,
+            eps_rel=self.eps_rel,
+            regularizer=self.regularizer,
+            num_clients_cached=len(self.records),
         )
-        self.rho = check_rho(next_rho, "rho_schedule output")
+        self.rho = self._next_rho(report, server_round)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
+
+    def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
+        """Run the z-step and the dual step; return z - z' and the dual step's sums."""
+        z = self.z  # the round's center
+        if rnd.mode == "recompute":
+            scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
+        self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
+        relaxed = self.relaxation != 1.0
+        shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
+        # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
+        self.z = z_step(
+            self.sums,
+            shares,
+            weight,
+            z,
+            rho=self.rho,
+            relaxation=self.relaxation,
+            regularizer=self.regularizer,
+        )
+        dz = [a - b for a, b in zip(z, self.z, strict=True)]  # z - z'
+        # y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
+        stats = dual_step(
+            ordered,
+            self.records,
+            self.z,
+            dz,
+            self.sums,
+            shares,
+            weight,
+            rho=self.rho,
+            relaxation=self.relaxation,
+        )
+        return dz, stats
+
+    def _next_rho(self, report: RoundReport, server_round: int) -> float:
+        """Return the schedule's rho for the next round; advance its state."""
+        residuals = RoundResiduals(
+            server_round=server_round,
+            primal_residual=report.primal_residual,
+            dual_residual=report.dual_residual,
+            objective=report.objective,
+            primal_scale=report.primal_scale,
+            dual_scale=report.dual_scale,
+        )
+        next_rho, self.schedule_state = self.schedule.update(
+            report.rho, self.schedule_state, residuals
+        )
+        return check_rho(next_rho, "rho_schedule output")
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> tuple[StateArrays, dict[str, Any]]:
+        """Return the arrays (live, not copied) and JSON metadata that restore this state.
+
+        Array names: z.j, sum_nsw.j (S_w), sum_ny.j (S_y), w.i.j, y.i.j (clients in
+        natural key order); metadata: rho, schedule_state, clients (key, n_i, s_i),
+        sum_ns (S_s), sum_n (N), shapes.
+        """
+        return dump_state(
+            SavedState(self.z, self.rho, self.schedule_state, self.records, self.sums)
+        )
+
+    def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
+        """Restore what `state_dict` wrote, bit for bit; the model shapes must match."""
+        saved = load_state(arrays, meta, [t.shape for t in self.z])
+        self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
+        self.records, self.sums = saved.records, saved.sums

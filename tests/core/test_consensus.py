@@ -555,7 +555,7 @@ def test_over_relaxation_with_partial_participation_reaches_the_pooled_ridge(
     assert _rel(admm.z[0], optimum) < 1e-9
     # The cached sums still equal their definition after hundreds of partial rounds.
     s_y = sum(r.num_examples * r.y[0] for r in admm.records.values())
-    np.testing.assert_allclose(admm._sum_ny[0], s_y, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(admm.sums.ny[0], s_y, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 2.0, -1.0, float("nan"), True])
