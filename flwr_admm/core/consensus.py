@@ -212,7 +212,8 @@ class ConsensusADMM:
             raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
         if reply.key in rnd.keys:
             raise ValueError("replies: client keys must be unique within a round")
-        w = [np.ascontiguousarray(t, dtype=np.float64) for t in reply.w]
+        # asarray(order="C"), not ascontiguousarray: that one turns 0-d tensors into (1,)
+        w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
         if rnd.mode == "recompute":

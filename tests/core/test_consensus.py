@@ -612,3 +612,21 @@ def test_l1_matches_the_centralized_lasso_with_exact_zeros() -> None:
     np.testing.assert_array_equal(z == 0.0, zeros)
     np.testing.assert_allclose(z[~zeros], reference[~zeros], rtol=1e-5)
     assert _rel(z, reference) < 1e-6
+
+
+@pytest.mark.parametrize("num_clients", [1, 3])
+def test_a_0d_tensor_stays_0d_in_records_centers_and_z(num_clients: int) -> None:
+    # np.ascontiguousarray turns 0-d arrays into shape (1,): a BatchNorm
+    # num_batches_tracked then no longer loads into the model it came from.
+    admm = ConsensusADMM([np.zeros(2), np.array(0.0)], 0.5)
+    for server_round in (1, 2, 3):
+        replies = [
+            Reply(f"c{i}", [np.full(2, i + 1.0), np.array(float(i + server_round))], 10)
+            for i in range(num_clients)
+        ]
+        admm.step(replies, server_round)
+        assert [t.shape for t in admm.z] == [(2,), ()]
+        for key, record in admm.records.items():
+            assert [t.shape for t in record.w] == [(2,), ()]
+            assert [t.shape for t in record.y] == [(2,), ()]
+            assert [t.shape for t in admm.center(key)] == [(2,), ()]
