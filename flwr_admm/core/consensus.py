@@ -243,6 +243,23 @@ class ConsensusADMM:
             self.sums.recompute(self.records, duals=False)
         self._round = None
 
+    def evict(self, keys: Collection[str]) -> list[str]:
+        """Forget clients `keys` between rounds: w_i, y_i, n_i leave S_w, S_s, N and S_y.
+
+        The sums are rebuilt exactly in key order (and the scales s_i with per-client
+        rho). Return the keys that were known.
+        """
+        if self._round is not None:
+            raise ValueError("evict: a round is open; call finish() or cancel() first")
+        gone = sorted((k for k in set(keys) if k in self.records), key=natural_key)
+        for key in gone:
+            del self.records[key]
+        if gone:
+            if self.client_rho != "uniform" and self.records:
+                scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
+            self.sums.recompute(self.records)
+        return gone
+
     def finish(self, server_round: int) -> RoundReport:
         """Close the round: z-step, dual step, residuals, next rho."""
         rnd, self._round = self._round, None

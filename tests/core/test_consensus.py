@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -630,3 +631,33 @@ def test_a_0d_tensor_stays_0d_in_records_centers_and_z(num_clients: int) -> None
             assert [t.shape for t in record.w] == [(2,), ()]
             assert [t.shape for t in record.y] == [(2,), ()]
             assert [t.shape for t in admm.center(key)] == [(2,), ()]
+
+
+@pytest.mark.parametrize("client_rho", ["uniform", "data_size"])
+def test_evict_leaves_the_state_of_a_run_without_those_clients(client_rho: str) -> None:
+    # Hand-built case: after evicting c1, the sums are those of c0 and c2 alone, so
+    # the next z-step equals that of a core that only ever held c0 and c2's records.
+    rng = np.random.default_rng(0)
+    admm = ConsensusADMM([np.zeros(4)], 0.5, client_rho=client_rho)
+    for server_round in (1, 2):
+        admm.step(
+            [Reply(f"c{i}", [rng.normal(size=4)], 10 * (i + 1)) for i in range(3)], server_round
+        )
+    assert admm.evict(["c1", "unknown"]) == ["c1"]
+    assert sorted(admm.records) == ["c0", "c2"]
+    kept = ConsensusADMM([t.copy() for t in admm.z], 0.5, client_rho=client_rho)
+    kept.records = copy.deepcopy(admm.records)  # the same records, not shared objects
+    kept.sums.recompute(kept.records)
+    reply = [Reply("c0", [np.ones(4)], 10)]
+    ours, theirs = admm.step(reply, 3), kept.step(reply, 3)
+    np.testing.assert_allclose(admm.z[0], kept.z[0], rtol=1e-15, atol=1e-15)
+    assert ours.primal_residual == pytest.approx(theirs.primal_residual, rel=1e-14)
+    n = sum(r.num_examples for r in admm.records.values())
+    assert admm.sums.n == n
+
+
+def test_evict_refuses_an_open_round() -> None:
+    admm = ConsensusADMM([np.zeros(2)], 0.5)
+    admm.begin(["a"])
+    with pytest.raises(ValueError, match="evict"):
+        admm.evict(["a"])
