@@ -54,3 +54,19 @@ DUALS_STATE_W = "flwr_admm.duals.w"  # client-held duals: w_i
 DUALS_STATE_U = "flwr_admm.duals.u"  # client-held duals: u_i
 DUALS_STATE_META = "flwr_admm.duals.meta"  # client-held duals: n_i and round
 DUALS_STATE_RESIDUAL = "flwr_admm.duals.uplink_residual"  # client-held duals: e_i
+
+# ------------------------------------------- round metrics (strategy results)
+# (``rho`` is reported under RHO, the key it is sent under.)
+ROUND = "round"  # server round of a `history` entry
+NUM_REPLIES = "num_replies"
+NUM_CLIENTS_CACHED = "num_clients_cached"  # client keys the server holds state for
+CONVERGED = "converged"  # 1 once r <= eps_pri and s <= eps_dual, else 0
+NEXT_RHO = "next_rho"
+PRIMAL_RESIDUAL = "primal_residual"
+PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of round k-1
+NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
+DUAL_RESIDUAL = "dual_residual"
+EPS_PRIMAL = "eps_primal"
+EPS_DUAL = "eps_dual"
+OBJECTIVE = "objective"
+TAU_EFF = "tau_eff"  # FedNova: sum_i p_i tau_i

@@ -1,7 +1,9 @@
 """Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals, FedNova.
 
 Thin translations between Flower's FitIns/FitRes and the numpy core
-(`flwr_admm.core`), plus checkpoint I/O and seeded client sampling.
+(`flwr_admm.core`). FedADMM and FedADMMClientDuals share one round skeleton
+(`flwr_admm.server.base.ConsensusStrategy`: seeded sampling, reply order, duplicate
+keys, checkpoints) and override only its hooks.
 """
 
 from flwr_admm.server.client_duals import FedADMMClientDuals

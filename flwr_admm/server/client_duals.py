@@ -51,9 +51,9 @@ reports the payload bytes of each round as in `FedADMM`. Local DP is not support
 Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
 ``admm-duals = "client"``.
 
-The client side of the protocol lives in `flwr_admm.client.client_duals` and the
-reply checks and folding in `flwr_admm.server.client_duals_replies`; their public names are
-re-exported here.
+The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
+checks in `flwr_admm.server.client_duals_replies`, and the round skeleton (sampling,
+reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
 """
 
 from __future__ import annotations
@@ -61,33 +61,41 @@ from __future__ import annotations
 import io
 import math
 import os
-from logging import INFO, WARNING
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
-from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from numpy.typing import NDArray
 
-from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
+from flwr_admm.core.kernels import axpy, single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays
-from flwr_admm.protocol import MODE_CLIENT, MODE_KEY
-from flwr_admm.server.checkpoint import (
-    CheckpointError,
-    checkpoint_every_value,
-    config_differences,
-    config_fingerprint,
-    has_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
+from flwr_admm.protocol import (
+    CONVERGED,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    EXAMPLES_CHANGE,
+    MODE_CLIENT,
+    MODE_KEY,
+    NUM_CLIENTS_CACHED,
+    NUM_DELAYED_RESIDUALS,
+    NUM_REPLIES,
+    NUM_STATE_MISMATCH,
+    OBJECTIVE,
+    PREVIOUS_PRIMAL_RESIDUAL,
+    RHO,
 )
-from flwr_admm.server.client_duals_replies import ClientDualsReplyFolding, ClientEntry, RoundStats
-from flwr_admm.server.sampling import check_flower_fields, record_round, sample_clients
+from flwr_admm.server.base import ConsensusStrategy
+from flwr_admm.server.client_duals_replies import (
+    ClientEntry,
+    RoundStats,
+    decoded_change,
+    protocol_problem,
+    z_step,
+)
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
@@ -98,7 +106,7 @@ UNSUPPORTED = ("local_dp", "uplink_residual")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
-class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
+class FedADMMClientDuals(ConsensusStrategy):
     """Federated consensus ADMM with client-held duals (see the module docstring).
 
     Takes every keyword of Flower's `FedAvg` plus:
@@ -139,6 +147,9 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
 
     """
 
+    label: ClassVar[str] = STRATEGY
+    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH,)
+
     def __init__(
         self,
         *,
@@ -162,7 +173,14 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
                 raise ValueError(
                     f"{name}: not supported by FedADMMClientDuals (client-held duals); use FedADMM"
                 )
-        super().__init__(**fedavg_kwargs)
+        super().__init__(
+            channel=UplinkChannel(_checked_uplink(uplink)),
+            stop_on_convergence=stop_on_convergence,
+            sampling_seed=sampling_seed,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            **fedavg_kwargs,
+        )
         _check_unsupported(rho_schedule, client_rho, relaxation)
         if isinstance(rho, bool) or not (
             isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
@@ -175,195 +193,109 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
         for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-        if uplink is not None and not isinstance(uplink, Compressor):
-            raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
-        if uplink is not None and not uplink.error_feedback:
-            raise ValueError(
-                "uplink: client-held duals need error_feedback=True (S would keep every "
-                f"compression error), got {uplink!r}"
-            )
-        check_flower_fields(self, sampling_seed)
-        self.channel = UplinkChannel(uplink)
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
-        self.stop_on_convergence = stop_on_convergence
-        self.sampling_seed = sampling_seed
         self.z: Arrays | None = None
         self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
         self.total_examples = 0  # N = sum_i n_i
         self.clients: dict[str, ClientEntry] = {}
-        self.history: list[dict[str, Scalar]] = []
-        self.converged = False
-        self.last_round = 0
-        self._dtypes: list[np.dtype[Any]] = []
-        self._key_of_cid: dict[str, str] = {}
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
-        self._round_offset = 0  # rounds done before a resume
-        self.checkpoint_every = checkpoint_every_value(checkpoint_every)
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-        if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
-            self.load_checkpoint(self.checkpoint_dir)
+        self._stats = RoundStats()  # of the round being folded in
+        self._resume(resume)
 
     def __repr__(self) -> str:
         return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """The restored z after a resume, else Flower's `initial_parameters`."""
-        initial = super().initialize_parameters(client_manager)
-        if self.z is None:
-            return initial
-        if initial is not None:
-            shapes = [np.shape(a) for a in parameters_to_ndarrays(initial)]
-            if shapes != [t.shape for t in self.z]:
-                raise ValueError(
-                    f"initial_parameters: shapes {shapes} differ from the checkpoint's "
-                    f"{[t.shape for t in self.z]}"
-                )
+    # ------------------------------------------------------------------- fit
+    def _fit_instructions(
+        self, clients: list[ClientProxy], parameters: Parameters, config: dict[str, Scalar]
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Send z^k, rho and the mode key, the same FitIns to every sampled client."""
+        fit_ins = FitIns(parameters, {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT})
+        return [(client, fit_ins) for client in clients]
+
+    def _open_round(self, keys: list[str]) -> None:
+        self._stats = RoundStats()
+
+    def _fold_reply(
+        self,
+        key: str,
+        proxy: ClientProxy,
+        res: FitRes,
+        server_round: int,
+        counts: dict[str, Scalar],
+    ) -> bool:
+        """Add Delta_i to S and n_i' - n_i to N for a reply that keeps the protocol."""
+        assert self.contribution_sum is not None
+        report = protocol_problem(self.clients.get(key), res)
+        if report is not None:
+            problem, mismatch = report
+            self._reject(key, problem, counts)
+            counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + mismatch
+            return False
+        problem_or_none, delta = decoded_change(self.channel, res, self.contribution_sum)
+        if problem_or_none is not None:
+            self._reject(key, problem_or_none, counts)
+            return False
+        for acc, change in zip(self.contribution_sum, delta, strict=True):
+            axpy(1.0, np.asarray(change, dtype=np.float64), acc)
+        self.total_examples += int(res.metrics[EXAMPLES_CHANGE])
+        self.clients[key] = ClientEntry(int(res.num_examples), server_round)
+        self._key_of_cid[proxy.cid] = key
+        self._stats.add(res)
+        return True
+
+    def _discard_round(self) -> dict[str, Scalar]:
+        return {RHO: self.rho, NUM_CLIENTS_CACHED: len(self.clients)}
+
+    def _finish_round(self, server_round: int) -> dict[str, Scalar]:
+        """Take the z-step z = prox_{g/rho}(S / N); return the round's residuals."""
+        assert self.z is not None and self.contribution_sum is not None
+        with single_thread_blas():
+            dz_sq = z_step(
+                self.z, self.contribution_sum, self.total_examples, self.regularizer, self.rho
+            )
+        return self._residuals(self._stats, dz_sq)
+
+    def _residuals(self, stats: RoundStats, dz_sq: float) -> dict[str, Scalar]:
+        """Compute s = rho ||z' - z||, the delayed r, eps_pri and eps_dual; set `converged`."""
+        assert self.z is not None
+        root_p = math.sqrt(sum(t.size for t in self.z))
+        z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in self.z))
+        eps_primal = root_p * self.eps_abs + self.eps_rel * max(stats.w_norm, z_norm)
+        eps_dual = root_p * self.eps_abs + self.eps_rel * self.rho * stats.u_norm
+        dual = self.rho * math.sqrt(dz_sq)
+        metrics: dict[str, Scalar] = {
+            RHO: self.rho,
+            DUAL_RESIDUAL: dual,
+            EPS_PRIMAL: eps_primal,
+            EPS_DUAL: eps_dual,
+            NUM_REPLIES: stats.num_replies,
+            NUM_DELAYED_RESIDUALS: stats.num_delayed,
+            NUM_CLIENTS_CACHED: len(self.clients),
+        }
+        previous = stats.previous_primal
+        if previous is not None:
+            metrics[PREVIOUS_PRIMAL_RESIDUAL] = previous
+        self.converged = previous is not None and previous <= eps_primal and dual <= eps_dual
+        metrics[CONVERGED] = int(self.converged)
+        if stats.objective is not None:
+            objective = stats.objective
+            if self.regularizer is not None:
+                objective += self.regularizer.value(self.z)
+            metrics[OBJECTIVE] = objective
+        return metrics
+
+    # ----------------------------------------------------------------- state
+    def _consensus(self) -> Arrays | None:
+        return self.z
+
+    def _serialized_consensus(self) -> Parameters:
+        assert self.z is not None
         self._broadcast = _serialize(self.z, self._dtypes)
         return self._broadcast
 
-    # ------------------------------------------------------------------- fit
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        """Send z^k, rho and the mode key, the same FitIns to every sampled client."""
-        self._adopt(parameters)
-        server_round += self._round_offset
-        if self.stop_on_convergence and self.converged:
-            log(INFO, "FedADMMClientDuals: converged; no clients sampled")
-            return []
-        config: dict[str, Scalar] = {}
-        if self.on_fit_config_fn is not None:
-            config = dict(self.on_fit_config_fn(server_round))
-        config.update(self.channel.config())
-        config.update({"rho": self.rho, MODE_KEY: MODE_CLIENT, "server_round": server_round})
-        clients = sample_clients(
-            self, client_manager, server_round, self.sampling_seed, self._key_of_cid
-        )
-        self.channel.sampled(len(clients), client_manager.num_available())
-        fit_ins = FitIns(parameters, config)
-        return [(client, fit_ins) for client in clients]
-
-    def aggregate_fit(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """S += Delta_i, N += change of n_i per valid reply; z = prox_{g/rho}(S / N)."""
-        server_round += self._round_offset
-        counts: dict[str, Scalar] = {
-            "num_failures": len(failures),
-            "num_rejected": 0,
-            "num_state_mismatch": 0,
-        }
-        if self.z is None or (not self.accept_failures and failures):
-            return None, counts
-        with single_thread_blas():
-            stats = self._fold_replies(server_round, results, counts)
-            if stats.num_replies == 0:
-                log(
-                    WARNING,
-                    "FedADMMClientDuals round %s: no usable reply; z unchanged",
-                    server_round,
-                )
-                return None, {
-                    **counts,
-                    **self.channel.round_metrics(aggregated=False),
-                    "rho": self.rho,
-                    "num_clients_known": len(self.clients),
-                }
-            dz_sq = self._z_step()
-        metrics = {
-            **self._residuals(stats, dz_sq),
-            **counts,
-            **self.channel.round_metrics(aggregated=True),
-        }
-        metrics = record_round(self, server_round, results, metrics)
-        self._broadcast = _serialize(self.z, self._dtypes)
-        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
-            self.save_checkpoint(self.checkpoint_dir)
-        return self._broadcast, metrics
-
-    # ------------------------------------------------------------- checkpoints
-    def configuration(self) -> dict[str, Any]:
-        """The configuration a checkpoint must agree with (JSON)."""
-        return {
-            "strategy": STRATEGY,
-            "rho": self.rho,
-            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
-            "eps_abs": self.eps_abs,
-            "eps_rel": self.eps_rel,
-        }
-
-    def fingerprint(self) -> str:
-        """SHA-256 of `configuration`."""
-        return config_fingerprint(self.configuration())
-
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write z, S, N, the per-key entries, the round and `converged` (atomic, no pickle)."""
-        if self.z is None or self.contribution_sum is None:
-            raise CheckpointError("checkpoint: nothing to save before the first round")
-        keys = list(self.clients)
-        arrays: dict[str, Any] = {f"z_{i}": t for i, t in enumerate(self.z)}
-        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
-        arrays["entry_examples"] = np.array(
-            [self.clients[k].num_examples for k in keys], dtype=np.int64
-        )
-        arrays["entry_rounds"] = np.array(
-            [self.clients[k].last_round for k in keys], dtype=np.int64
-        )
-        manifest = {
-            "fingerprint": self.fingerprint(),
-            "configuration": self.configuration(),
-            "num_tensors": len(self.z),
-            "dtypes": [str(d) for d in self._dtypes],
-            "total_examples": int(self.total_examples),
-            "keys": keys,
-            "key_of_cid": self._key_of_cid,
-            "converged": self.converged,
-        }
-        return save_checkpoint(path, arrays, manifest, self.last_round)
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
-        """Restore the server state from directory `path`; return its round."""
-        arrays, manifest = load_checkpoint(path)
-        if manifest.get("fingerprint") != self.fingerprint():
-            differences = config_differences(manifest.get("configuration"), self.configuration())
-            detail = "; ".join(differences) or "not a FedADMMClientDuals checkpoint"
-            raise CheckpointError(
-                f"checkpoint: {path} was written with another configuration ({detail}); "
-                "refusing to resume"
-            )
-        try:
-            count = int(manifest["num_tensors"])
-            z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
-            s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
-            dtypes = [np.dtype(d) for d in manifest["dtypes"]]
-            keys = [str(k) for k in manifest["keys"]]
-            examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
-            if [t.shape for t in s] != [t.shape for t in z] or len(dtypes) != count:
-                raise ValueError("z, S and dtypes disagree")
-            if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
-                raise ValueError("entries and keys disagree")
-            clients = {
-                key: ClientEntry(int(n), int(r))
-                for key, n, r in zip(keys, examples.tolist(), rounds.tolist(), strict=True)
-            }
-            total = int(manifest["total_examples"])
-            last_round = int(manifest["round"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint: {path} is incomplete ({error!r})") from error
-        self.z, self.contribution_sum, self._dtypes = z, s, dtypes
-        self.total_examples, self.clients = total, clients
-        self._key_of_cid = {str(c): str(k) for c, k in manifest.get("key_of_cid", {}).items()}
-        self.converged = bool(manifest.get("converged", False))
-        self._broadcast = None
-        self.last_round = self._round_offset = last_round
-        return last_round
-
-    # ----------------------------------------------------------------- helpers
     def _adopt(self, parameters: Parameters) -> None:
         """Take the broadcast z as z^k (decoded unless it is what we returned)."""
         if parameters is self._broadcast and self.z is not None:
@@ -380,55 +312,67 @@ class FedADMMClientDuals(ClientDualsReplyFolding, FedAvg):
             )
         self.z = z
 
-    def _z_step(self) -> float:
-        """Z <- prox_{g/rho}(S / N) in place, block by block; returns ||z' - z||^2.
-
-        (No model-sized temporary: each block of the new z is compared with the old
-        one while both are in cache.)
-        """
-        assert self.z is not None and self.contribution_sum is not None
-        largest = max(t.size for t in self.z)
-        new, diff = np.empty(min(BLOCK, largest)), np.empty(min(BLOCK, largest))
-        total = 0.0
-        for z, s in zip(self.z, self.contribution_sum, strict=True):
-            z_flat, s_flat = z.reshape(-1), s.reshape(-1)
-            for block in blocks(z_flat.size):
-                size = block.stop - block.start
-                np.divide(s_flat[block], float(self.total_examples), out=new[:size])
-                if self.regularizer is not None:
-                    self.regularizer.prox_([new[:size]], self.rho)
-                np.subtract(new[:size], z_flat[block], out=diff[:size])
-                total += float(np.dot(diff[:size], diff[:size]))
-                z_flat[block] = new[:size]
-        return total
-
-    def _residuals(self, stats: RoundStats, dz_sq: float) -> dict[str, Scalar]:
-        assert self.z is not None
-        root_p = math.sqrt(sum(t.size for t in self.z))
-        z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in self.z))
-        eps_primal = root_p * self.eps_abs + self.eps_rel * max(stats.w_norm, z_norm)
-        eps_dual = root_p * self.eps_abs + self.eps_rel * self.rho * stats.u_norm
-        dual = self.rho * math.sqrt(dz_sq)
-        metrics: dict[str, Scalar] = {
+    # ------------------------------------------------------------- checkpoints
+    def configuration(self) -> dict[str, Any]:
+        """Return the configuration a checkpoint must agree with (JSON)."""
+        return {
+            "strategy": STRATEGY,
             "rho": self.rho,
-            "dual_residual": dual,
-            "eps_primal": eps_primal,
-            "eps_dual": eps_dual,
-            "num_replies": stats.num_replies,
-            "num_delayed_residuals": stats.num_delayed,
-            "num_clients_known": len(self.clients),
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
         }
-        previous = stats.previous_primal
-        if previous is not None:
-            metrics["previous_primal_residual"] = previous
-        self.converged = previous is not None and previous <= eps_primal and dual <= eps_dual
-        metrics["converged"] = int(self.converged)
-        if stats.objective is not None:
-            objective = stats.objective
-            if self.regularizer is not None:
-                objective += self.regularizer.value(self.z)
-            metrics["objective"] = objective
-        return metrics
+
+    def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return z, S, N and the per-key entries (n_i, last round)."""
+        assert self.z is not None and self.contribution_sum is not None
+        keys = list(self.clients)
+        arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
+        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
+        arrays["entry_examples"] = np.array(
+            [self.clients[k].num_examples for k in keys], dtype=np.int64
+        )
+        arrays["entry_rounds"] = np.array(
+            [self.clients[k].last_round for k in keys], dtype=np.int64
+        )
+        manifest = {
+            "num_tensors": len(self.z),
+            "total_examples": int(self.total_examples),
+            "keys": keys,
+        }
+        return arrays, manifest
+
+    def _load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
+    ) -> None:
+        count = int(manifest["num_tensors"])
+        z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
+        s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
+        keys = [str(k) for k in manifest["keys"]]
+        examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
+        if [t.shape for t in s] != [t.shape for t in z] or len(dtypes) != count:
+            raise ValueError("z, S and dtypes disagree")
+        if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
+            raise ValueError("entries and keys disagree")
+        clients = {
+            key: ClientEntry(int(n), int(r))
+            for key, n, r in zip(keys, examples.tolist(), rounds.tolist(), strict=True)
+        }
+        total = int(manifest["total_examples"])
+        self.z, self.contribution_sum = z, s
+        self.total_examples, self.clients = total, clients
+        self._broadcast = None
+
+
+def _checked_uplink(uplink: Compressor | None) -> Compressor | None:
+    if uplink is not None and not isinstance(uplink, Compressor):
+        raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
+    if uplink is not None and not uplink.error_feedback:
+        raise ValueError(
+            "uplink: client-held duals need error_feedback=True (S would keep every "
+            f"compression error), got {uplink!r}"
+        )
+    return uplink
 
 
 def _check_unsupported(rho_schedule: Any, client_rho: str, relaxation: float) -> None:

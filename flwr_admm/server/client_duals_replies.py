@@ -1,40 +1,39 @@
-"""Server-side checks, folding and statistics of replies under client-held duals.
+"""Server-side arithmetic of client-held duals: reply checks, round statistics, z-step.
 
 The server keeps, per client key, only n_i and the round it last took part in
 (`ClientEntry`). A reply is consistent with that record iff it reports the same
 previous round and n_i' = n_i + (its change of n), and it sends d2_i = ||w_i - z^k||^2
-exactly when it took part before (`protocol_problem`). Each valid reply is folded in,
-in client-key order (deterministic sums): S += Delta_i, N += n_i' - n_i. A compressed
-reply is decoded by the strategy's `UplinkChannel` (no center: Delta_i = decode(payload))
-and checked like a plain one (shapes, finite) before it touches S. `RoundStats`
+exactly when it took part before (`protocol_problem`). A compressed reply is decoded
+by the strategy's `UplinkChannel` (no center: Delta_i = decode(payload)) and checked
+like a plain one (shapes, finite) before it touches S (`decoded_change`). `RoundStats`
 sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for the
 residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 ||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
+`z_step` computes z = prox_{g/rho}(S / N) in place.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.common import FitRes, Scalar
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import FitRes
 from numpy.typing import NDArray
 
-from flwr_admm.core.kernels import axpy
-from flwr_admm.core.types import Arrays, natural_key
+from flwr_admm.core.kernels import BLOCK, blocks
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
+    LOSS,
     PREVIOUS_ROUND,
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.server.sampling import client_key, keyed_replies, reject_reply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import parameters_to_views
 
@@ -79,64 +78,51 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
     return None
 
 
-class ClientDualsReplyFolding:
-    """Reply checks and folding of `FedADMMClientDuals` (mixed into it)."""
+def decoded_change(
+    channel: UplinkChannel, res: FitRes, like: Arrays
+) -> tuple[str | None, Sequence[NDArray[np.generic]]]:
+    """Delta_i of a reply (decoded if compressed) and why it is unusable, or None.
 
-    contribution_sum: Arrays | None
-    total_examples: int
-    clients: dict[str, ClientEntry]
-    _key_of_cid: dict[str, str]
-    channel: UplinkChannel
+    `like` gives the expected shapes (S itself: nothing is copied from it).
+    """
+    delta: Sequence[NDArray[np.generic]] = []
+    try:
+        if channel.compressor is None:
+            delta = parameters_to_views(res.parameters)
+        else:  # Delta_i = decode(payload); plain numpy replies as they are
+            delta = channel.decode(res.parameters, lambda: like, add_center=False)
+        problem, _ = check_reply(delta, res.num_examples, [t.shape for t in like])
+    except Exception as error:  # a malformed reply must not stop the server
+        problem = f"unreadable reply ({error!r})"
+    return problem, delta
 
-    def _fold_replies(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        counts: dict[str, Scalar],
-    ) -> RoundStats:
-        """Check each reply and add it to S, in client-key order (deterministic sums)."""
-        assert self.contribution_sum is not None
-        shapes = [t.shape for t in self.contribution_sum]
-        shapes_only = self.contribution_sum  # what `decode` takes the shapes from
-        keyed = keyed_replies(results, client_key, lambda key, why: self._reject(key, why, counts))
-        shared = {k for k, c in Counter(k for k, _, _ in keyed).items() if c > 1}
-        stats = RoundStats()
-        for key, proxy, res in sorted(keyed, key=lambda item: natural_key(item[0])):
-            if key in shared:
-                self._reject(key, "several replies share this client key", counts)
-                continue
-            report = protocol_problem(self.clients.get(key), res)
-            if report is not None:
-                problem, mismatch = report
-                self._reject(key, problem, counts)
-                counts["num_state_mismatch"] = int(counts["num_state_mismatch"]) + mismatch
-                continue
-            problem_or_none: str | None
-            delta: Sequence[NDArray[np.generic]]
-            try:
-                if self.channel.compressor is None:
-                    delta = parameters_to_views(res.parameters)
-                else:  # Delta_i = decode(payload); plain numpy replies as they are
-                    delta = self.channel.decode(
-                        res.parameters, lambda: shapes_only, add_center=False
-                    )
-                problem_or_none, _ = check_reply(delta, res.num_examples, shapes)
-            except Exception as error:  # a malformed reply must not stop the server
-                problem_or_none = f"unreadable reply ({error!r})"
-            if problem_or_none is not None:
-                self._reject(key, problem_or_none, counts)
-                continue
-            for acc, change in zip(self.contribution_sum, delta, strict=True):
-                axpy(1.0, np.asarray(change, dtype=np.float64), acc)
-            self.total_examples += int(res.metrics[EXAMPLES_CHANGE])
-            self.clients[key] = ClientEntry(int(res.num_examples), server_round)
-            self._key_of_cid[proxy.cid] = key
-            stats.add(res)
-        return stats
 
-    @staticmethod
-    def _reject(key: str, problem: str, counts: dict[str, Scalar]) -> None:
-        reject_reply("FedADMMClientDuals", key, problem, counts)
+def z_step(
+    z: Arrays,
+    contribution_sum: Arrays,
+    total_examples: int,
+    regularizer: Regularizer | None,
+    rho: float,
+) -> float:
+    """Set z <- prox_{g/rho}(S / N) in place, block by block; return ||z' - z||^2.
+
+    (No model-sized temporary: each block of the new z is compared with the old one
+    while both are in cache.)
+    """
+    largest = max(t.size for t in z)
+    new, diff = np.empty(min(BLOCK, largest)), np.empty(min(BLOCK, largest))
+    total = 0.0
+    for z_t, s_t in zip(z, contribution_sum, strict=True):
+        z_flat, s_flat = z_t.reshape(-1), s_t.reshape(-1)
+        for block in blocks(z_flat.size):
+            size = block.stop - block.start
+            np.divide(s_flat[block], float(total_examples), out=new[:size])
+            if regularizer is not None:
+                regularizer.prox_([new[:size]], rho)
+            np.subtract(new[:size], z_flat[block], out=diff[:size])
+            total += float(np.dot(diff[:size], diff[:size]))
+            z_flat[block] = new[:size]
+    return total
 
 
 class RoundStats:
@@ -159,7 +145,7 @@ class RoundStats:
             self.num_delayed += 1
             self.n_delayed += n
             self.d2 += n * float(metrics[DELAYED_SQ_RESIDUAL])  # type: ignore[arg-type]
-        loss = metrics.get("loss")
+        loss = metrics.get(LOSS)
         if isinstance(loss, int | float) and math.isfinite(loss):
             self.loss += n * float(loss)
         else:

@@ -1,6 +1,6 @@
 """FedADMM: Flower strategy for inexact consensus ADMM with server-held duals.
 
-The strategy is a thin adapter over `flwr_admm.consensus.ConsensusADMM`:
+The strategy is a thin adapter over `flwr_admm.core.consensus.ConsensusADMM`:
 
 - ``configure_fit`` sends client i its prox center v_i = z - u_i as the parameters and
   ``rho`` (and ``proximal_mu`` = rho) in the config. An unmodified FedProx client, one
@@ -11,17 +11,17 @@ The strategy is a thin adapter over `flwr_admm.consensus.ConsensusADMM`:
 
 Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_i.
 
-Reply checks and folding are in `flwr_admm.server.reply_folding`, checkpoints in
-`flwr_admm.server.strategy_checkpoint`, client keys and seeded sampling in
-`flwr_admm.server.sampling`.
+The round skeleton (sampling, reply order, duplicate keys, checkpoints) is
+`flwr_admm.server.base.ConsensusStrategy`; this module fills in its hooks.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from logging import INFO, WARNING
-from pathlib import Path
-from typing import Any
+from functools import partial
+from logging import INFO
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import (
@@ -34,32 +34,38 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
-from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
-from flwr_admm.server.checkpoint import CheckpointError, checkpoint_every_value, has_checkpoint
-from flwr_admm.server.reply_folding import ReplyFolding
-from flwr_admm.server.sampling import check_flower_fields, client_key, record_round, sample_clients
-from flwr_admm.server.strategy_checkpoint import StrategyCheckpoint
+from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
+from flwr_admm.core.validation import check_reply
+from flwr_admm.protocol import (
+    CONVERGED,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    LOSS,
+    NEXT_RHO,
+    NUM_CLIENTS_CACHED,
+    NUM_REPLIES,
+    NUM_RESYNCED,
+    OBJECTIVE,
+    PRIMAL_RESIDUAL,
+    PROXIMAL_MU,
+    RHO,
+)
+from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
 
-__all__ = [
-    "CheckpointError",
-    "FedADMM",
-    "check_flower_fields",
-    "client_key",
-    "sample_clients",
-]
+__all__ = ["FedADMM"]
 
 
-class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
+class FedADMM(ConsensusStrategy):
     """Federated inexact consensus ADMM (server-held duals).
 
     Takes every keyword of Flower's `FedAvg` plus:
@@ -107,6 +113,9 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
 
     """
 
+    label: ClassVar[str] = "FedADMM"
+    counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
+
     def __init__(
         self,
         *,
@@ -127,8 +136,14 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
         local_dp: LocalDP | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_kwargs)
-        self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
+        super().__init__(
+            channel=UplinkChannel(uplink, local_dp, uplink_residual),
+            stop_on_convergence=stop_on_convergence,
+            sampling_seed=sampling_seed,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            **fedavg_kwargs,
+        )
         if isinstance(rho_schedule, str):
             rho_schedule = make_schedule(rho_schedule)
         if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
@@ -137,34 +152,18 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
             )
         if regularizer is not None and not isinstance(regularizer, Regularizer):
             raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        self._check_flower_fields(sampling_seed)
         self.rho = rho
         self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
         self.regularizer = regularizer
         self.client_rho: ClientRho = client_rho
         self.eps_abs, self.eps_rel = eps_abs, eps_rel
         self.relaxation = relaxation
-        self.stop_on_convergence = stop_on_convergence
-        self.sampling_seed = sampling_seed
         # Build once to validate rho, client_rho, eps and their combination.
         self._new_admm([np.zeros(1)])
         self.rho, self.relaxation = float(rho), float(relaxation)
         self.admm: ConsensusADMM | None = None
-        self.history: list[dict[str, Scalar]] = []
-        self.converged = False
-        self._dtypes: list[np.dtype[Any]] = []
-        self._key_of_cid: dict[str, str] = {}
-        self._sent_key: dict[str, str | None] = {}
-        self._round_offset = 0
-        self.last_round = 0
-        self.checkpoint_every = checkpoint_every_value(checkpoint_every)
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-        if self.checkpoint_dir is not None and resume and has_checkpoint(self.checkpoint_dir):
-            self.load_checkpoint(self.checkpoint_dir)
-
-    def _check_flower_fields(self, sampling_seed: int | None) -> None:
-        """Validate the FedAvg keywords Flower itself leaves unchecked."""
-        check_flower_fields(self, sampling_seed)
+        self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
+        self._resume(resume)
 
     def __repr__(self) -> str:
         schedule = type(self.rho_schedule).__name__
@@ -173,31 +172,13 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
             f"regularizer={self.regularizer!r}, relaxation={self.relaxation})"
         )
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """The restored z after a resume, else Flower's `initial_parameters`."""
-        initial = super().initialize_parameters(client_manager)
-        if self.admm is None:
-            return initial
-        if initial is not None:
-            shapes = [np.shape(a) for a in parameters_to_ndarrays(initial)]
-            self.admm.check_shapes([np.empty(shape) for shape in shapes], "initial_parameters")
-        return self._to_parameters(self.admm.z)
-
     # ------------------------------------------------------------------- fit
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    def _fit_instructions(
+        self, clients: list[ClientProxy], parameters: Parameters, config: dict[str, Scalar]
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Send each sampled client its center v_i = z - u_i and its rho_i."""
-        admm = self._adopt(parameters)
-        server_round += self._round_offset
-        if self.stop_on_convergence and self.converged:
-            log(INFO, "FedADMM: converged (r <= eps_pri, s <= eps_dual); no clients sampled")
-            return []
-        config: dict[str, Scalar] = {}
-        if self.on_fit_config_fn is not None:
-            config = dict(self.on_fit_config_fn(server_round))
-        clients = self._sample(client_manager, server_round)
-        self.channel.sampled(len(clients), client_manager.num_available())
+        admm = self.admm
+        assert admm is not None
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
@@ -205,68 +186,125 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
             rho_i = admm.rho_for(key)
             payload = parameters if center is admm.z else self._to_parameters(center)
             self._sent_key[client.cid] = key if key in admm.records else None
-            fit_config = {
-                **config,
-                **self.channel.config(),
-                "rho": rho_i,
-                "proximal_mu": rho_i,
-                "server_round": server_round,
-            }
+            fit_config = {**config, RHO: rho_i, PROXIMAL_MU: rho_i}
             instructions.append((client, FitIns(payload, fit_config)))
         return instructions
 
-    def aggregate_fit(
+    def _open_round(self, keys: list[str]) -> None:
+        assert self.admm is not None
+        self.admm.begin(keys)
+
+    def _fold_reply(
         self,
+        key: str,
+        proxy: ClientProxy,
+        res: FitRes,
         server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Validate replies, then z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z."""
-        server_round += self._round_offset
+        counts: dict[str, Scalar],
+    ) -> bool:
+        """Absorb w_i, n_i (and f_i(w_i)) of one checked reply into the open round."""
         admm = self.admm
-        counts: dict[str, Scalar] = {
-            "num_failures": len(failures),
-            "num_rejected": 0,
-            "num_resynced": 0,
-        }
-        if admm is None or (not self.accept_failures and failures):
-            return None, counts
-        with single_thread_blas():
-            folded = self._fold_replies(results, admm, counts)
-        if not folded:
-            admm.cancel()
-            log(WARNING, "FedADMM round %s: no usable reply; z, duals, rho unchanged", server_round)
-            return None, {
-                **counts,
-                **self.channel.round_metrics(aggregated=False),
-                "rho": admm.rho,
-                "num_clients_cached": len(admm.records),
-            }
-        report = admm.finish(server_round)
+        assert admm is not None
+        checked = self._checked(key, proxy, res, [t.shape for t in admm.z], counts)
+        if checked is None:
+            return False
+        self._key_of_cid[proxy.cid] = key
+        if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
+            # It trained around a center that was not its own (new node id after a
+            # restart): keep its dual and cached share, send the right center next.
+            log(INFO, "%s: %s re-identified under cid %s; resynced", self.label, key, proxy.cid)
+            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
+            return False
+        loss = res.metrics.get(LOSS)
+        finite = isinstance(loss, int | float) and math.isfinite(loss)
+        objective = float(loss) if finite and isinstance(loss, int | float) else None
+        arrays, sq_norm = checked
+        try:
+            admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
+        except NonFiniteReplyError:  # found while folding it in; state rolled back
+            self._reject(key, NON_FINITE, counts)
+            return False
+        return True
+
+    def _checked(
+        self,
+        key: str,
+        proxy: ClientProxy,
+        res: FitRes,
+        shapes: list[tuple[int, ...]],
+        counts: dict[str, Scalar],
+    ) -> tuple[NDArrays, float | None] | None:
+        """Decode a reply against its center and check its structure; None if rejected.
+
+        NaN/inf entries are left to `ConsensusADMM.absorb`, which finds them in the
+        pass that folds the reply in.
+        """
+        try:
+            arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
+            problem, sq_norm = check_reply(arrays, res.num_examples, shapes, finite=False)
+        except Exception as error:  # a malformed reply must not stop the server
+            problem, sq_norm = f"unreadable reply ({error!r})", None
+        if problem is not None:
+            self._reject(key, problem, counts)
+            return None
+        return arrays, sq_norm
+
+    def _sent(self, cid: str) -> NDArrays:
+        """Return the center client `cid` was sent this round, as it received it.
+
+        (z, the duals and the dtypes do not change between configure_fit and
+        aggregate_fit, so the center can be recomputed instead of stored.)
+        """
+        assert self.admm is not None
+        center = self.admm.center(self._sent_key.get(cid))
+        return [
+            np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
+            for c, d in zip(center, self._dtypes, strict=True)
+        ]
+
+    def _discard_round(self) -> dict[str, Scalar]:
+        assert self.admm is not None
+        self.admm.cancel()
+        return {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
+
+    def _finish_round(self, server_round: int) -> dict[str, Scalar]:
+        """Take z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z; return residuals, next rho."""
+        assert self.admm is not None
+        report = self.admm.finish(server_round)
         self.converged = report.converged
         metrics: dict[str, Scalar] = {
-            "rho": report.rho,
-            "next_rho": report.next_rho,
-            "primal_residual": report.primal_residual,
-            "dual_residual": report.dual_residual,
-            "eps_primal": report.eps_primal,
-            "eps_dual": report.eps_dual,
-            "converged": int(report.converged),
-            "num_replies": report.num_replies,
-            "num_clients_cached": report.num_clients_cached,
-            **counts,
-            **self.channel.round_metrics(aggregated=True),
+            RHO: report.rho,
+            NEXT_RHO: report.next_rho,
+            PRIMAL_RESIDUAL: report.primal_residual,
+            DUAL_RESIDUAL: report.dual_residual,
+            EPS_PRIMAL: report.eps_primal,
+            EPS_DUAL: report.eps_dual,
+            CONVERGED: int(report.converged),
+            NUM_REPLIES: report.num_replies,
+            NUM_CLIENTS_CACHED: report.num_clients_cached,
         }
         if report.objective is not None:
-            metrics["objective"] = report.objective
-        metrics = record_round(self, server_round, results, metrics)
-        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
-            self.save_checkpoint(self.checkpoint_dir)
-        return self._to_parameters(admm.z), metrics
+            metrics[OBJECTIVE] = report.objective
+        return metrics
 
-    # ----------------------------------------------------------------- helpers
+    # ----------------------------------------------------------------- state
+    def _consensus(self) -> Arrays | None:
+        return None if self.admm is None else self.admm.z
+
+    def _serialized_consensus(self) -> Parameters:
+        assert self.admm is not None
+        return self._to_parameters(self.admm.z)
+
+    def _adopt(self, parameters: Parameters) -> None:
+        z = parameters_to_ndarrays(parameters)
+        if self.admm is None:
+            self._dtypes = [np.asarray(t).dtype for t in z]
+            self.admm = self._new_admm(z)
+        else:
+            self.admm.adopt_consensus(z)
+
     def _new_admm(self, z: NDArrays) -> ConsensusADMM:
-        """A fresh numpy core with this strategy's configuration (validates it too)."""
+        """Build a fresh numpy core with this strategy's configuration (validates it)."""
         return ConsensusADMM(
             z,
             self.rho,
@@ -278,21 +316,45 @@ class FedADMM(ReplyFolding, StrategyCheckpoint, FedAvg):
             self.relaxation,
         )
 
-    def _adopt(self, parameters: Parameters) -> ConsensusADMM:
-        z = parameters_to_ndarrays(parameters)
-        if self.admm is None:
-            self._dtypes = [np.asarray(t).dtype for t in z]
-            self.admm = self._new_admm(z)
-        else:
-            self.admm.adopt_consensus(z)
-        return self.admm
-
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
         return ndarrays_to_parameters(
             [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
         )
 
-    def _sample(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
-        return sample_clients(
-            self, client_manager, server_round, self.sampling_seed, self._key_of_cid
-        )
+    # ------------------------------------------------------------- checkpoints
+    def configuration(self) -> dict[str, Any]:
+        """Return rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel (JSON)."""
+        config: dict[str, Any] = {
+            "rho": self.rho,
+            "rho_schedule": self.rho_schedule.describe(),
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "client_rho": self.client_rho,
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+        }
+        if self.relaxation != 1.0:  # absent at 1: older checkpoints keep resuming
+            config["relaxation"] = self.relaxation
+        return config
+
+    def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return z, every cached w_i and dual, the sums, rho, schedule and privacy ledger."""
+        assert self.admm is not None
+        arrays, meta = self.admm.state_dict()
+        ledger = self.channel.ledger
+        manifest = {
+            "admm": meta,
+            "sent_key": self._sent_key,
+            "privacy": ledger.state_dict() if ledger is not None else {},
+        }
+        return arrays, manifest
+
+    def _load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
+    ) -> None:
+        meta = manifest["admm"]
+        admm = self._new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
+        admm.load_state_dict(arrays, meta)
+        self.admm = admm
+        self._sent_key = dict(manifest.get("sent_key", {}))
+        if self.channel.ledger is not None:
+            self.channel.ledger.load_state_dict(manifest.get("privacy", {}))

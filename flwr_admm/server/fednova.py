@@ -36,8 +36,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.validation import reply_problem
-
-LOCAL_STEPS_METRIC = "local_steps"
+from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
 
 
 class FedNova(FedAvg):
@@ -75,7 +74,7 @@ class FedNova(FedAvg):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies."""
-        counts: dict[str, Scalar] = {"num_failures": len(failures), "num_rejected": 0}
+        counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         if self.current is None:
             raise RuntimeError("FedNova.aggregate_fit: configure_fit must run first")
         if not results or (not self.accept_failures and failures):
@@ -87,8 +86,8 @@ class FedNova(FedAvg):
         x = [np.asarray(t, dtype=np.float64) for t in self.current]
         new_x, tau_eff = normalized_average(x, replies)
         metrics: dict[str, Scalar] = {
-            "tau_eff": tau_eff,
-            "num_replies": len(replies),
+            TAU_EFF: tau_eff,
+            NUM_REPLIES: len(replies),
             **counts,
         }
         if self.fit_metrics_aggregation_fn is not None:
@@ -96,7 +95,7 @@ class FedNova(FedAvg):
                 [(res.num_examples, res.metrics) for _, res in results]
             )
             metrics = {**user, **metrics}
-        self.history.append({"round": server_round, **metrics})
+        self.history.append({ROUND: server_round, **metrics})
         dtypes = [np.asarray(t).dtype for t in self.current]
         return (
             ndarrays_to_parameters(
@@ -116,7 +115,7 @@ class FedNova(FedAvg):
             try:
                 arrays = parameters_to_ndarrays(res.parameters)
                 problem = reply_problem(arrays, res.num_examples, shapes)
-                tau = res.metrics.get(LOCAL_STEPS_METRIC)
+                tau = res.metrics.get(LOCAL_STEPS)
                 if problem is None:
                     problem = local_steps_problem(tau)
             except Exception as error:  # a malformed reply must not stop the server
@@ -126,7 +125,7 @@ class FedNova(FedAvg):
                     problem = "local_steps is 0 but the parameters changed"
             if problem is not None:
                 log(WARNING, "FedNova: rejected reply of cid %s: %s", proxy.cid, problem)
-                counts["num_rejected"] = int(counts["num_rejected"]) + 1
+                counts[NUM_REJECTED] = int(counts[NUM_REJECTED]) + 1
                 continue
             replies.append((arrays, int(res.num_examples), int(tau)))  # type: ignore[arg-type]
         return replies
@@ -135,11 +134,11 @@ class FedNova(FedAvg):
 def local_steps_problem(tau: object) -> str | None:
     """Why a reported ``local_steps`` value is unusable, or None (an integer >= 0)."""
     if tau is None:
-        return f"missing the {LOCAL_STEPS_METRIC!r} fit metric (FedNova needs tau_i)"
+        return f"missing the {LOCAL_STEPS!r} fit metric (FedNova needs tau_i)"
     if isinstance(tau, bool) or not isinstance(tau, int | float | np.integer | np.floating):
-        return f"{LOCAL_STEPS_METRIC} must be an integer >= 0, got {tau!r}"
+        return f"{LOCAL_STEPS} must be an integer >= 0, got {tau!r}"
     if not math.isfinite(float(tau)) or float(tau) != int(tau) or tau < 0:
-        return f"{LOCAL_STEPS_METRIC} must be an integer >= 0, got {tau!r}"
+        return f"{LOCAL_STEPS} must be an integer >= 0, got {tau!r}"
     return None
 
 

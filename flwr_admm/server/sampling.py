@@ -20,6 +20,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.types import natural_key
+from flwr_admm.protocol import CLIENT_KEY, NUM_REJECTED, PARTITION_ID, ROUND
 
 
 def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
@@ -49,10 +50,10 @@ def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
 
 def client_key(proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
     """A client's stable key: its ``client-key`` metric, else ``partition-id``, else cid."""
-    if "client-key" in metrics:
-        return f"client-key:{metrics['client-key']!s}"
-    if "partition-id" in metrics:
-        return f"partition-id:{int(metrics['partition-id'])}"
+    if CLIENT_KEY in metrics:
+        return f"{CLIENT_KEY}:{metrics[CLIENT_KEY]!s}"
+    if PARTITION_ID in metrics:
+        return f"{PARTITION_ID}:{int(metrics[PARTITION_ID])}"
     return f"cid:{proxy.cid}"
 
 
@@ -112,7 +113,7 @@ def record_round(
             [(res.num_examples, res.metrics) for _, res in results]
         )
         metrics = {**user, **metrics}
-    strategy.history.append({"round": server_round, **metrics})
+    strategy.history.append({ROUND: server_round, **metrics})
     strategy.last_round = server_round
     return metrics
 
@@ -135,4 +136,4 @@ def keyed_replies(
 def reject_reply(strategy: str, key: str, problem: str, counts: dict[str, Scalar]) -> None:
     """Log why `strategy` rejected the reply of `key` and count it in ``num_rejected``."""
     log(WARNING, "%s: rejected reply of %s: %s", strategy, key, problem)
-    counts["num_rejected"] = int(counts["num_rejected"]) + 1
+    counts[NUM_REJECTED] = int(counts[NUM_REJECTED]) + 1
