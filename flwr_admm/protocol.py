@@ -70,3 +70,17 @@ EPS_PRIMAL = "eps_primal"
 EPS_DUAL = "eps_dual"
 OBJECTIVE = "objective"
 TAU_EFF = "tau_eff"  # FedNova: sum_i p_i tau_i
+
+# --------------------------------------- node config, evaluate metrics, ledger
+NUM_PARTITIONS = "num-partitions"  # Flower's node-config name, next to PARTITION_ID
+ACCURACY = "accuracy"  # evaluate reply: share of correct argmax predictions
+AUC = "auc"  # evaluate reply: ROC AUC (binary tasks, both classes present)
+DP_EPSILON_UNAMPLIFIED = "dp_epsilon_unamplified"  # PrivacyLedger: epsilon with q = 1
+DP_DELTA = "dp_delta"
+DP_SAMPLING_RATE = "dp_sampling_rate"
+DP_ROUNDS = "dp_rounds"
+
+# ------------------------------------ fields of the context.state meta records
+META_ROUND = "round"  # STATE_META, DUALS_STATE_META: server round of the last fit
+META_FITS = "fits"  # STATE_META: fits so far (the round when the config has none)
+META_NUM_EXAMPLES = "num_examples"  # DUALS_STATE_META: n_i

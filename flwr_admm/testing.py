@@ -36,6 +36,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from flwr_admm.protocol import NUM_PARTITIONS, PARTITION_ID
+
 ClientFn = Callable[[Context], Client | NumPyClient]
 
 
@@ -104,7 +106,7 @@ def make_proxies(
             Context(
                 run_id=0,
                 node_id=ids[i],
-                node_config={"partition-id": i, "num-partitions": num_clients},
+                node_config={PARTITION_ID: i, NUM_PARTITIONS: num_clients},
                 state=RecordDict(),
                 run_config={},
             ),

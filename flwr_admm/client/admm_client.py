@@ -32,7 +32,28 @@ from flwr_admm.client import client_duals
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
-from flwr_admm.protocol import MODE_CLIENT, MODE_KEY, STATE_META, STATE_RESIDUAL, STATE_W
+from flwr_admm.protocol import (
+    ACCURACY,
+    AUC,
+    BATCH_SIZE,
+    CLIENT_KEY,
+    GRAD_NORM,
+    LEARNING_RATE,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    LOSS,
+    META_FITS,
+    META_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
+    PARTITION_ID,
+    PROXIMAL_MU,
+    RHO,
+    SERVER_ROUND,
+    STATE_META,
+    STATE_RESIDUAL,
+    STATE_W,
+)
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
 
 LocalInit = Literal["previous", "center"]
@@ -124,7 +145,7 @@ class ADMMClient(NumPyClient):
         self.seed = int(seed)
         self.dp_seed = None if dp_seed is None else int(dp_seed)
         node_config = context.node_config if context is not None else {}
-        self.partition_id = node_config.get("partition-id")
+        self.partition_id = node_config.get(PARTITION_ID)
         self.client_key = client_key
         self._w: Params | None = None  # used only without a context
         self._residual: Params | None = None  # used only without a context
@@ -153,7 +174,7 @@ class ADMMClient(NumPyClient):
         self.model.check_params(received, field="parameters")
         plan = self._plan(config)
         uplink = ClientUplink.from_config(config)
-        server_round = int(config.get("server_round", self._fit_count() + 1))
+        server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if config.get(MODE_KEY) == MODE_CLIENT:
             if uplink.local_dp is not None:
                 raise ValueError(
@@ -166,12 +187,12 @@ class ADMMClient(NumPyClient):
                     "(S would keep every compression error)"
                 )
             return self._fit_client_duals(received, config, plan, server_round, uplink)
-        if "rho" in config:
-            rho = _nonnegative(config["rho"], "rho")
+        if RHO in config:
+            rho = _nonnegative(config[RHO], RHO)
             start = self._previous(server_round) if self.local_init == "previous" else None
             start = received if start is None else start
         else:
-            rho = _nonnegative(config.get("proximal_mu", 0.0), "proximal_mu")
+            rho = _nonnegative(config.get(PROXIMAL_MU, 0.0), PROXIMAL_MU)
             start = received
         stream = [self.seed, int(self.partition_id or 0), server_round]
         residual = self._residual_kept(received) if uplink.keeps_residual else None
@@ -187,18 +208,15 @@ class ADMMClient(NumPyClient):
             self._noise_rng(server_round),
             np.random.default_rng([*stream, 1]),
         )
-        keep = "rho" in config and self.local_init == "previous"
+        keep = RHO in config and self.local_init == "previous"
         self._remember(result.params if keep else None, server_round, reply.residual)
         self.uplink_payload = reply.parameters
         metrics: dict[str, Scalar] = {
-            "loss": float(result.loss),
-            "local_steps": int(result.steps),
-            "grad_norm": float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
+            LOSS: float(result.loss),
+            LOCAL_STEPS: int(result.steps),
+            GRAD_NORM: float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
         }
-        if self.partition_id is not None:
-            metrics["partition-id"] = int(self.partition_id)
-        if self.client_key is not None:
-            metrics["client-key"] = str(self.client_key)
+        metrics.update(self._key_metrics())
         return list(reply.arrays), int(self.X.shape[0]), metrics
 
     def _fit_client_duals(
@@ -213,7 +231,7 @@ class ADMMClient(NumPyClient):
 
         With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload).
         """
-        rho = _nonnegative(config.get("rho", 0.0), "rho")
+        rho = _nonnegative(config.get(RHO, 0.0), RHO)
         if rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
         shapes = [t.shape for t in z]
@@ -240,7 +258,7 @@ class ADMMClient(NumPyClient):
         )
         metrics = self._key_metrics()
         metrics.update(client_duals.reply_metrics(state, begin, w, n))
-        metrics.update({"loss": float(result.loss), "local_steps": int(result.steps)})
+        metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
         kept = dual_math.DualState(w, begin.dual, n, server_round, sent.residual)
         if self.context is None:  # state last: a failed fit leaves it as it was
             self._duals = kept
@@ -253,9 +271,9 @@ class ADMMClient(NumPyClient):
         """``partition-id`` / ``client-key``: the key the server files this client under."""
         metrics: dict[str, Scalar] = {}
         if self.partition_id is not None:
-            metrics["partition-id"] = int(self.partition_id)
+            metrics[PARTITION_ID] = int(self.partition_id)
         if self.client_key is not None:
-            metrics["client-key"] = str(self.client_key)
+            metrics[CLIENT_KEY] = str(self.client_key)
         return metrics
 
     def evaluate(
@@ -278,14 +296,14 @@ class ADMMClient(NumPyClient):
 
     def _plan(self, config: dict[str, Scalar]) -> LocalPlan:
         plan = self.plan
-        lr = float(config.get("learning_rate", plan.learning_rate))
-        epochs = config.get("local_epochs", plan.epochs)
-        steps = config.get("local_steps", plan.steps)
-        if "local_epochs" in config and "local_steps" not in config:
+        lr = float(config.get(LEARNING_RATE, plan.learning_rate))
+        epochs = config.get(LOCAL_EPOCHS, plan.epochs)
+        steps = config.get(LOCAL_STEPS, plan.steps)
+        if LOCAL_EPOCHS in config and LOCAL_STEPS not in config:
             steps = None
-        elif "local_steps" in config and "local_epochs" not in config:
+        elif LOCAL_STEPS in config and LOCAL_EPOCHS not in config:
             epochs = None
-        batch = config.get("batch_size", plan.batch_size)
+        batch = config.get(BATCH_SIZE, plan.batch_size)
         if isinstance(batch, int | float) and not isinstance(batch, bool) and batch <= 0:
             batch = None  # 0 in a run config means "full batch"
         return LocalPlan(
@@ -299,7 +317,7 @@ class ADMMClient(NumPyClient):
 
     def _fit_count(self) -> int:
         if self.context is not None and STATE_META in self.context.state.config_records:
-            return int(self.context.state.config_records[STATE_META]["fits"])  # type: ignore[arg-type]
+            return int(self.context.state.config_records[STATE_META][META_FITS])  # type: ignore[arg-type]
         return self._fits
 
     def _previous(self, server_round: int) -> Params | None:
@@ -345,7 +363,7 @@ class ADMMClient(NumPyClient):
         elif STATE_RESIDUAL in records:
             del records[STATE_RESIDUAL]
         self.context.state.config_records[STATE_META] = ConfigRecord(
-            {"round": int(server_round), "fits": int(self._fits)}
+            {META_ROUND: int(server_round), META_FITS: int(self._fits)}
         )
 
 
@@ -365,9 +383,9 @@ def evaluate_model(
     """Loss, n and {accuracy, auc (binary, both classes present)} of `params` on (X, y)."""
     loss = model.loss(params, X, y)
     proba = model.predict_proba(params, X)
-    metrics: dict[str, Scalar] = {"accuracy": float(np.mean(proba.argmax(axis=1) == y))}
+    metrics: dict[str, Scalar] = {ACCURACY: float(np.mean(proba.argmax(axis=1) == y))}
     if proba.shape[1] == 2 and np.unique(y).size == 2:
-        metrics["auc"] = binary_auc(y, proba[:, 1])
+        metrics[AUC] = binary_auc(y, proba[:, 1])
     return float(loss), int(X.shape[0]), metrics
 
 

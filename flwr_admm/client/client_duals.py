@@ -31,6 +31,8 @@ from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
+    META_NUM_EXAMPLES,
+    META_ROUND,
     PREVIOUS_ROUND,
     U_SQ_NORM,
     W_SQ_NORM,
@@ -111,7 +113,7 @@ def load_state(records: RecordDict, shapes: list[tuple[int, ...]]) -> DualState 
         residual = [np.asarray(a, dtype=np.float64) for a in kept]
         if [t.shape for t in residual] != shapes:
             return None
-    return DualState(w, u, int(meta["num_examples"]), int(meta["round"]), residual)  # type: ignore[arg-type]
+    return DualState(w, u, int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND]), residual)  # type: ignore[arg-type]
 
 
 def save_state(records: RecordDict, state: DualState) -> None:
@@ -123,5 +125,5 @@ def save_state(records: RecordDict, state: DualState) -> None:
     elif STATE_RESIDUAL in records.array_records:
         del records.array_records[STATE_RESIDUAL]
     records.config_records[STATE_META] = ConfigRecord(
-        {"num_examples": int(state.num_examples), "round": int(state.server_round)}
+        {META_NUM_EXAMPLES: int(state.num_examples), META_ROUND: int(state.server_round)}
     )

@@ -173,3 +173,10 @@ def assemble_clients(
         feature_mean=means,
         feature_scale=scales,
     )
+
+
+def missing_extra(package: str, task: str) -> ImportError:
+    """The ImportError for a task whose optional `package` is absent: it names the extra."""
+    return ImportError(
+        f'{task} needs {package}, which is not installed: pip install "flwr-admm[simulations]"'
+    )

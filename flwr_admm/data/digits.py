@@ -18,9 +18,13 @@ clients; ``standardize=True`` switches to per-client standardization
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_digits
 
-from flwr_admm.data.base import FederatedData, assemble_clients, stratified_split
+from flwr_admm.data.base import (
+    FederatedData,
+    assemble_clients,
+    missing_extra,
+    stratified_split,
+)
 from flwr_admm.data.partition import PartitionSpec, partition_rows
 
 NUM_FEATURES = 64
@@ -36,6 +40,10 @@ def digits_federated(
     standardize: bool = False,
 ) -> FederatedData:
     """Federated digits: partitioned training pool, per-client and shared test sets."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:
+        raise missing_extra("scikit-learn", "the digits task") from error
     bunch = load_digits()
     X = np.asarray(bunch.data, dtype=np.float64) / 16.0
     y = np.asarray(bunch.target, dtype=np.int64)

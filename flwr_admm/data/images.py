@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from flwr_admm.data.base import FederatedData, FloatArray, LabelArray, assemble_clients
+from flwr_admm.data.base import (
+    FederatedData,
+    FloatArray,
+    LabelArray,
+    assemble_clients,
+    missing_extra,
+)
 from flwr_admm.data.partition import PartitionSpec, load_partitions
 
 # task -> (hub id, image column, features, classes)
@@ -50,7 +56,10 @@ def to_arrays(split: Any, image_column: str) -> tuple[FloatArray, LabelArray]:
 def _from_hub(
     source: str, spec: PartitionSpec, seed: int, load_kwargs: dict[str, Any]
 ) -> tuple[list[Any], Any]:
-    from flwr_datasets import FederatedDataset
+    try:
+        from flwr_datasets import FederatedDataset
+    except ImportError as error:
+        raise missing_extra("flwr-datasets", "the image tasks") from error
 
     built: list[Any] = []
 
@@ -70,7 +79,10 @@ def _from_hub(
 
 
 def _in_memory(dataset: Any, spec: PartitionSpec, seed: int) -> tuple[list[Any], Any]:
-    from datasets import Dataset, DatasetDict
+    try:
+        from datasets import Dataset, DatasetDict
+    except ImportError as error:
+        raise missing_extra("flwr-datasets", "the image tasks") from error
 
     if isinstance(dataset, Dataset):
         dataset = dataset.train_test_split(test_size=0.2, seed=seed)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.data.base import missing_extra
+
 if TYPE_CHECKING:
     from datasets import Dataset
     from flwr_datasets.partitioner import Partitioner
@@ -57,11 +59,14 @@ class PartitionSpec:
 
     def build(self, seed: int) -> Partitioner:
         """A fresh, unassigned Flower Datasets partitioner for this spec."""
-        from flwr_datasets.partitioner import (
-            DirichletPartitioner,
-            IidPartitioner,
-            PathologicalPartitioner,
-        )
+        try:
+            from flwr_datasets.partitioner import (
+                DirichletPartitioner,
+                IidPartitioner,
+                PathologicalPartitioner,
+            )
+        except ImportError as error:
+            raise missing_extra("flwr-datasets", "partitioning") from error
 
         if self.kind == "iid":
             return IidPartitioner(num_partitions=self.num_clients)
@@ -132,7 +137,10 @@ def partition_rows(
     (`IidPartitioner` cuts contiguous shards). Only the labels travel through Arrow;
     the features stay in numpy untouched.
     """
-    from datasets import Dataset
+    try:
+        from datasets import Dataset
+    except ImportError as error:
+        raise missing_extra("flwr-datasets", "partitioning") from error
 
     order = np.random.default_rng(seed).permutation(labels.shape[0]).astype(np.int64)
     table = Dataset.from_dict({"row": order, "label": labels[order]})

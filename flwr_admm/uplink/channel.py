@@ -43,6 +43,7 @@ from flwr.common import (
 )
 from numpy.typing import NDArray
 
+from flwr_admm.protocol import RHO, UPLINK_BYTES, UPLINK_RESIDUAL
 from flwr_admm.uplink.compression import Compressor, compressor_from_config
 from flwr_admm.uplink.privacy import LocalDP, PrivacyLedger
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
@@ -76,13 +77,15 @@ class ClientUplink:
     @classmethod
     def from_config(cls, config: dict[str, Scalar]) -> ClientUplink:
         """Parse ``uplink*`` and ``dp-*`` entries; ValueError naming the bad one."""
-        mode = config.get("uplink-residual", "update")
+        mode = config.get(UPLINK_RESIDUAL, "update")
         if mode not in RESIDUAL_MODES:
             raise ValueError(
-                f"uplink-residual: must be one of {list(RESIDUAL_MODES)}, got {mode!r}"
+                f"{UPLINK_RESIDUAL}: must be one of {list(RESIDUAL_MODES)}, got {mode!r}"
             )
-        if mode == "dual" and "rho" not in config:
-            raise ValueError("uplink-residual: 'dual' needs an ADMM server (rho in the config)")
+        if mode == "dual" and RHO not in config:
+            raise ValueError(
+                f"{UPLINK_RESIDUAL}: 'dual' needs an ADMM server ({RHO} in the config)"
+            )
         return cls(compressor_from_config(config), LocalDP.from_config(config), mode)  # type: ignore[arg-type]
 
     @property
@@ -170,7 +173,7 @@ class UplinkChannel:
         entries: dict[str, Scalar] = {}
         if self.compressor is not None:
             entries.update(self.compressor.config())
-            entries["uplink-residual"] = self.residual
+            entries[UPLINK_RESIDUAL] = self.residual
         if self.local_dp is not None:
             entries.update(self.local_dp.config())
         return entries
@@ -206,7 +209,7 @@ class UplinkChannel:
         """``uplink_bytes`` of this round's payloads and, after a release, the ledger."""
         metrics: dict[str, Scalar] = {}
         if self.compressor is not None:
-            metrics["uplink_bytes"] = int(self._bytes)
+            metrics[UPLINK_BYTES] = int(self._bytes)
         if self.ledger is not None:
             if aggregated:
                 self.ledger.record(*self._sampled)

@@ -36,6 +36,14 @@ import numpy as np
 from flwr.common import Parameters, Scalar
 from numpy.typing import NDArray
 
+from flwr_admm.protocol import (
+    UPLINK,
+    UPLINK_BITS,
+    UPLINK_BLOCK,
+    UPLINK_ERROR_FEEDBACK,
+    UPLINK_FRACTION,
+)
+
 Arrays = list[NDArray[np.float64]]
 SQ_TENSOR_TYPE = "flwr_admm.sq/v1"
 TOPK_TENSOR_TYPE = "flwr_admm.topk/v1"
@@ -166,10 +174,10 @@ class StochasticQuantizer(Compressor):
     def config(self) -> dict[str, Scalar]:
         """``uplink`` = "sq", ``uplink-bits``, ``uplink-block`` (0 = per tensor)."""
         return {
-            "uplink": "sq",
-            "uplink-bits": self.bits,
-            "uplink-block": self.block_size or 0,
-            "uplink-error-feedback": self.error_feedback,
+            UPLINK: "sq",
+            UPLINK_BITS: self.bits,
+            UPLINK_BLOCK: self.block_size or 0,
+            UPLINK_ERROR_FEEDBACK: self.error_feedback,
         }
 
     def _block(self, count: int) -> int:
@@ -264,9 +272,9 @@ class TopK(Compressor):
     def config(self) -> dict[str, Scalar]:
         """``uplink`` = "topk", ``uplink-fraction``."""
         return {
-            "uplink": "topk",
-            "uplink-fraction": self.fraction,
-            "uplink-error-feedback": self.error_feedback,
+            UPLINK: "topk",
+            UPLINK_FRACTION: self.fraction,
+            UPLINK_ERROR_FEEDBACK: self.error_feedback,
         }
 
     def k_of(self, count: int) -> int:
@@ -319,24 +327,24 @@ class TopK(Compressor):
 
 def compressor_from_config(config: dict[str, Scalar]) -> Compressor | None:
     """The scheme a fit config asks for (None without ``uplink``); ValueError if bad."""
-    scheme = config.get("uplink")
+    scheme = config.get(UPLINK)
     if scheme is None or scheme == "none":
         return None
-    feedback = config.get("uplink-error-feedback", True)
+    feedback = config.get(UPLINK_ERROR_FEEDBACK, True)
     if not isinstance(feedback, bool | int) or feedback not in (0, 1):
-        raise ValueError(f"uplink-error-feedback: must be true or false, got {feedback!r}")
+        raise ValueError(f"{UPLINK_ERROR_FEEDBACK}: must be true or false, got {feedback!r}")
     if scheme == "sq":
-        bits, block = config.get("uplink-bits", 8), config.get("uplink-block", 0)
+        bits, block = config.get(UPLINK_BITS, 8), config.get(UPLINK_BLOCK, 0)
         if not isinstance(bits, int) or not isinstance(block, int):
             raise ValueError(
-                f"uplink-bits / uplink-block: must be integers, got {bits!r}, {block!r}"
+                f"{UPLINK_BITS} / {UPLINK_BLOCK}: must be integers, got {bits!r}, {block!r}"
             )
         return StochasticQuantizer(
             bits=bits, block_size=block or None, error_feedback=bool(feedback)
         )
     if scheme == "topk":
-        fraction = config.get("uplink-fraction", 0.1)
+        fraction = config.get(UPLINK_FRACTION, 0.1)
         if not isinstance(fraction, int | float):
-            raise ValueError(f"uplink-fraction: must be a number, got {fraction!r}")
+            raise ValueError(f"{UPLINK_FRACTION}: must be a number, got {fraction!r}")
         return TopK(fraction=float(fraction), error_feedback=bool(feedback))
-    raise ValueError(f"uplink: must be 'sq', 'topk' or 'none', got {scheme!r}")
+    raise ValueError(f"{UPLINK}: must be 'sq', 'topk' or 'none', got {scheme!r}")

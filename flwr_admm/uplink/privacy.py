@@ -26,6 +26,9 @@ client replies in every round (then sum_i p_i u_i = 0 and z is the weighted mean
 the noisy replies); with partial participation the server reuses cached replies of
 absent clients, and ``dp_epsilon`` is an approximation (``dp_epsilon_unamplified``,
 which charges every round to every client, still bounds it).
+
+The accountant's backend is optional: ``pip install "flwr-admm[dp]"``. Without it
+`LocalDP` still clips (and noises), and a `PrivacyLedger` refuses to start.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ from typing import Any
 import numpy as np
 from flwr.common import Scalar
 from numpy.typing import NDArray
+
+from flwr_admm.protocol import (
+    DP_CLIP,
+    DP_DELTA,
+    DP_EPSILON,
+    DP_EPSILON_UNAMPLIFIED,
+    DP_NOISE,
+    DP_ROUNDS,
+    DP_SAMPLING_RATE,
+)
 
 Arrays = list[NDArray[np.float64]]
 # Integer orders keep dp-accounting on its closed-form path (fractional orders need a
@@ -89,16 +102,16 @@ class LocalDP:
 
     def config(self) -> dict[str, Scalar]:
         """Fit-config entries: ``dp-clip`` = C, ``dp-noise`` = sigma."""
-        return {"dp-clip": float(self.clip), "dp-noise": float(self.noise_multiplier)}
+        return {DP_CLIP: float(self.clip), DP_NOISE: float(self.noise_multiplier)}
 
     @classmethod
     def from_config(cls, config: dict[str, Scalar]) -> LocalDP | None:
         """The LocalDP a fit config asks for (None without ``dp-clip``)."""
-        if "dp-clip" not in config:
+        if DP_CLIP not in config:
             return None
-        clip, noise = config["dp-clip"], config.get("dp-noise", 0.0)
+        clip, noise = config[DP_CLIP], config.get(DP_NOISE, 0.0)
         if not (_is_number(clip) and _is_number(noise)):
-            raise ValueError(f"dp-clip / dp-noise: must be numbers, got {clip!r}, {noise!r}")
+            raise ValueError(f"{DP_CLIP} / {DP_NOISE}: must be numbers, got {clip!r}, {noise!r}")
         return cls(float(clip), float(noise))  # type: ignore[arg-type]
 
     def privatize(self, delta: Sequence[NDArray[np.generic]], rng: np.random.Generator) -> Arrays:
@@ -112,6 +125,17 @@ class LocalDP:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _require_dp_accounting() -> None:
+    """Import Flower's RDP backend, or raise an ImportError naming the ``dp`` extra."""
+    try:
+        import dp_accounting  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "PrivacyLedger: Flower's RDP accountant needs the dp-accounting package, "
+            'which is not installed: pip install "flwr-admm[dp]"'
+        ) from error
 
 
 class PrivacyLedger:
@@ -133,6 +157,7 @@ class PrivacyLedger:
     def __init__(self, noise_multiplier: float, delta: float) -> None:
         if not (_is_number(noise_multiplier) and noise_multiplier > 0):
             raise ValueError(f"noise_multiplier: must be > 0, got {noise_multiplier!r}")
+        _require_dp_accounting()  # fail when configured, not after the first round
         self.noise_multiplier, self.delta = float(noise_multiplier), float(delta)
         self._population: int | None = None
         self._amplified: Any = None
@@ -185,11 +210,11 @@ class PrivacyLedger:
     def metrics(self) -> dict[str, Scalar]:
         """The ledger's metrics after the last recorded round."""
         return {
-            "dp_epsilon": self.epsilon(True),
-            "dp_epsilon_unamplified": self.epsilon(False),
-            "dp_delta": self.delta,
-            "dp_sampling_rate": self._last_rate,
-            "dp_rounds": self.rounds,
+            DP_EPSILON: self.epsilon(True),
+            DP_EPSILON_UNAMPLIFIED: self.epsilon(False),
+            DP_DELTA: self.delta,
+            DP_SAMPLING_RATE: self._last_rate,
+            DP_ROUNDS: self.rounds,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flwr_admm.core.validation import reply_problem
+from flwr_admm.protocol import NUM_REJECTED
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
@@ -126,7 +127,7 @@ class UplinkWrapper(Strategy):
             decoded.append((proxy, FitRes(res.status, plain, res.num_examples, res.metrics)))
         parameters, metrics = self.strategy.aggregate_fit(server_round, decoded, failures)
         extra = self.channel.round_metrics(aggregated=parameters is not None)
-        return parameters, {**metrics, **extra, "num_rejected": rejected}
+        return parameters, {**metrics, **extra, NUM_REJECTED: rejected}
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
