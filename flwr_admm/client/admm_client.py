@@ -77,6 +77,7 @@ class ADMMClient(NumPyClient):
         Minibatch size; None = full batch.
     local_init : {"previous", "center"}
         ADMM warm start: the client's own last w_i (kept in ``context.state``) or v_i.
+        With rho = 0 the local loop always starts at the received z (FedAvg).
     prox_step : {"exact", "gradient"}
         Proximal-gradient step (stable for any rho) or the seed's explicit step.
     grad_tol : float, optional
@@ -189,7 +190,10 @@ class ADMMClient(NumPyClient):
             return self._fit_client_duals(received, config, plan, server_round, uplink)
         if RHO in config:
             rho = _nonnegative(config[RHO], RHO)
-            start = self._previous(server_round) if self.local_init == "previous" else None
+            # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
+            # FedAvg's step starts at the received z (v_i = z when y_i = 0).
+            warm = self.local_init == "previous" and rho > 0
+            start = self._previous(server_round) if warm else None
             start = received if start is None else start
         else:
             rho = _nonnegative(config.get(PROXIMAL_MU, 0.0), PROXIMAL_MU)
