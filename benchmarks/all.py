@@ -20,7 +20,7 @@ BENCHMARKS = ("client_loop", "server_cost", "client_duals_cost", "convergence", 
 
 
 def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's goals, each with its measured value and whether it is met."""
+    """Return the issue's goals, each with its measured value and whether it is met."""
     rows: list[dict[str, Any]] = []
 
     def add(goal: str, limit: float, value: float | None, note: str = "") -> None:

@@ -95,7 +95,7 @@ def duals_results(
 def prepared(
     num_parameters: int, num_clients: int, reply_sets: list[list[Parameters]]
 ) -> tuple[FedADMMClientDuals, list[list[tuple[ClientProxy, FitRes]]], list[ClientProxy]]:
-    """A strategy that knows N clients, and the two timed reply lists of 10 of them."""
+    """Return a strategy that knows N clients, and the two timed reply lists of 10 of them."""
     strategy, proxies, manager = known_clients(num_clients, FedADMMClientDuals)
     parameters = ndarrays_to_parameters([np.zeros(s) for s in layer_shapes(num_parameters)])
     manager.next_sample = proxies[:SAMPLED]

@@ -81,7 +81,7 @@ def cases() -> list[Case]:
 
 
 def bare_loop(case: Case, start: Params, steps: int) -> Callable[[], Params]:
-    """The baseline: plain gradient steps over the batches the solver draws (same seed)."""
+    """Return the baseline: plain gradient steps over the batches the solver draws (same seed)."""
     plan = LocalPlan(learning_rate=case.learning_rate, steps=steps, batch_size=case.batch_size)
     lr = case.learning_rate
 

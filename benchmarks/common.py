@@ -24,7 +24,7 @@ BLAS_THREADS = 1
 
 
 def cpu_model() -> str:
-    """The first ``model name`` of /proc/cpuinfo (platform.processor() elsewhere)."""
+    """Return the first ``model name`` of /proc/cpuinfo (platform.processor() elsewhere)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -59,7 +59,7 @@ def blas_info() -> list[dict[str, Any]]:
 
 
 def numpy_blas_build() -> str:
-    """The build-time BLAS of numpy from ``numpy.show_config`` (name and configuration)."""
+    """Return the build-time BLAS of numpy from ``numpy.show_config`` (name and configuration)."""
     import numpy
 
     try:
@@ -70,7 +70,7 @@ def numpy_blas_build() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on: cores, CPU, memory, library versions, load."""
+    """Return what the numbers were measured on: cores, CPU, memory, library versions, load."""
     import flwr
     import numpy
     import scipy
@@ -145,7 +145,7 @@ def median(values: Sequence[float]) -> float:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-markdown table with columns padded to their widest cell."""
+    """Return a GitHub-markdown table with columns padded to their widest cell."""
     cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [_row(cells[0], widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]

@@ -136,7 +136,7 @@ def fedavg(uplink: Compressor | None = None, local_dp: LocalDP | None = None) ->
 
 # --------------------------------------------------------------- 1. bytes
 def wire_bytes() -> list[dict[str, Any]]:
-    """Serialized FitRes of one reply per scheme, for three model sizes."""
+    """Return serialized FitRes of one reply per scheme, for three model sizes."""
     rows = []
     digits = load_task("digits", partitioner="dirichlet", dirichlet_alpha=0.1, model="mlp")
     seed_task = load_task("seed-logreg")
@@ -302,7 +302,7 @@ def sigma_for_epsilon(epsilon: float, rounds: int, delta: float = 1e-5) -> float
 
 
 def rounds_to_target(rounds: int, seeds: list[int]) -> dict[str, Any]:
-    """Rounds to 90% / 93% for FedADMM (lr x rho) and FedAvg (lr) on a small grid."""
+    """Return the rounds to 90% / 93% for FedADMM (lr x rho) and FedAvg (lr) on a small grid."""
     task = digits_task()
     grid: dict[str, tuple[Callable[..., Strategy], float]] = {}
     for lr in (0.2, 0.5):

@@ -180,7 +180,7 @@ def run_one(
 
 
 def best_runs(runs: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The run reaching `target` in the fewest rounds (grid order breaks ties)."""
+    """Return the run reaching `target` in the fewest rounds (grid order breaks ties)."""
     hits = [r for r in runs if r["rounds_to"][str(target)] is not None]
     return min(hits, key=lambda r: r["rounds_to"][str(target)]) if hits else None
 

@@ -102,7 +102,7 @@ def centralized_optimum(task: Task) -> tuple[float, float, int]:
 def convex_problem(
     name: str, task: Task, grid: Grid, max_rounds: int, defaults: dict[str, float]
 ) -> Problem:
-    """A convex task measured by the relative objective gap to the pooled optimum."""
+    """Return a convex task measured by the relative objective gap to the pooled optimum."""
     objective = pooled_objective(task)
     started = time.perf_counter()
     f_star, grad_norm, iterations = centralized_optimum(task)
@@ -156,7 +156,7 @@ def digits_problem(grid: Grid, max_rounds: int, targets: tuple[float, ...]) -> P
 
 
 def build_problems(names: list[str], quick: bool) -> list[Problem]:
-    """The benchmark's tasks with their grids (a one-point grid in quick mode)."""
+    """Return the benchmark's tasks with their grids (a one-point grid in quick mode)."""
     problems = []
     for name in names:
         if name == "seed-logreg":

@@ -43,7 +43,7 @@ class ScriptedClientManager(SimpleClientManager):
     def sample(
         self, num_clients: int, min_num_clients: int | None = None, criterion: Any = None
     ) -> list[ClientProxy]:
-        """The scripted clients (exactly `num_clients` of them)."""
+        """Return the scripted clients (exactly `num_clients` of them)."""
         assert len(self.next_sample) == num_clients, (len(self.next_sample), num_clients)
         return list(self.next_sample)
 

@@ -51,7 +51,7 @@ class RhoSchedule(ABC):
     """A rule that maps (rho, state, residuals of the round) to the next rho."""
 
     def init(self) -> ScheduleState:
-        """Initial schedule state (JSON-serializable)."""
+        """Return the initial schedule state (JSON-serializable)."""
         return {}
 
     @abstractmethod
@@ -200,7 +200,7 @@ class ResidualBalancing(RhoSchedule):
         self.max_changes = None if max_changes is None else int(max_changes)
 
     def init(self) -> ScheduleState:
-        """Number of times rho has changed so far."""
+        """Return the number of times rho has changed so far."""
         return {"changes": 0}
 
     def update(

@@ -176,7 +176,7 @@ def assemble_clients(
 
 
 def missing_extra(package: str, task: str) -> ImportError:
-    """The ImportError for a task whose optional `package` is absent: it names the extra."""
+    """Return the ImportError for a task whose optional `package` is absent: it names the extra."""
     return ImportError(
         f'{task} needs {package}, which is not installed: pip install "flwr-admm[simulations]"'
     )

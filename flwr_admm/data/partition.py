@@ -58,7 +58,7 @@ class PartitionSpec:
             raise ValueError(f"dirichlet_alpha: must be a finite number > 0, got {alpha!r}")
 
     def build(self, seed: int) -> Partitioner:
-        """A fresh, unassigned Flower Datasets partitioner for this spec."""
+        """Return a fresh, unassigned Flower Datasets partitioner for this spec."""
         try:
             from flwr_datasets.partitioner import (
                 DirichletPartitioner,

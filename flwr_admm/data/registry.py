@@ -206,7 +206,7 @@ TASKS: dict[str, Callable[..., Task]] = {
 
 
 def task_options(name: str) -> dict[str, Any]:
-    """The options task `name` accepts, with their default values."""
+    """Return the options task `name` accepts, with their default values."""
     if name not in TASKS:
         raise ValueError(f"task: must be one of {sorted(TASKS)}, got {name!r}")
     parameters = inspect.signature(TASKS[name]).parameters.values()

@@ -37,7 +37,7 @@ NUM_CLASSES = 10
 
 
 def synthetic_sizes(num_clients: int, rng: np.random.Generator) -> np.ndarray:
-    """Samples per user: int(lognormal(4, 2)) + 50 (the generator's first draw)."""
+    """Return samples per user: int(lognormal(4, 2)) + 50 (the generator's first draw)."""
     return rng.lognormal(4, 2, num_clients).astype(np.int64) + 50
 
 

@@ -94,7 +94,7 @@ class ClientUplink:
         return self.compressor is not None and self.compressor.error_feedback
 
     def center(self, received: Arrays, residual: Arrays | None) -> Arrays:
-        """The prox center: c - E in residual mode "dual", else c."""
+        """Return the prox center: c - E in residual mode "dual", else c."""
         if self.residual_mode != "dual" or residual is None or not self.keeps_residual:
             return received
         return [c - e for c, e in zip(received, residual, strict=True)]

@@ -326,7 +326,7 @@ class TopK(Compressor):
 
 
 def compressor_from_config(config: dict[str, Scalar]) -> Compressor | None:
-    """The scheme a fit config asks for (None without ``uplink``); ValueError if bad."""
+    """Return the scheme a fit config asks for (None without ``uplink``); ValueError if bad."""
     scheme = config.get(UPLINK)
     if scheme is None or scheme == "none":
         return None

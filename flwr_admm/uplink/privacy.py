@@ -106,7 +106,7 @@ class LocalDP:
 
     @classmethod
     def from_config(cls, config: dict[str, Scalar]) -> LocalDP | None:
-        """The LocalDP a fit config asks for (None without ``dp-clip``)."""
+        """Return the LocalDP a fit config asks for (None without ``dp-clip``)."""
         if DP_CLIP not in config:
             return None
         clip, noise = config[DP_CLIP], config.get(DP_NOISE, 0.0)
@@ -208,7 +208,7 @@ class PrivacyLedger:
         return 0.0 if accountant is None else float(accountant.get_epsilon(self.delta))
 
     def metrics(self) -> dict[str, Scalar]:
-        """The ledger's metrics after the last recorded round."""
+        """Return the ledger's metrics after the last recorded round."""
         return {
             DP_EPSILON: self.epsilon(True),
             DP_EPSILON_UNAMPLIFIED: self.epsilon(False),

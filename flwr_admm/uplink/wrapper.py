@@ -77,13 +77,13 @@ class UplinkWrapper(Strategy):
         )
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """The wrapped strategy's initial parameters."""
+        """Return the wrapped strategy's initial parameters."""
         return self.strategy.initialize_parameters(client_manager)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """The wrapped strategy's instructions, plus the channel's config entries."""
+        """Return the wrapped strategy's instructions, plus the channel's config entries."""
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self.channel.sampled(len(instructions), client_manager.num_available())
         self._sent, self._decoded = {}, {}
@@ -132,7 +132,7 @@ class UplinkWrapper(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """The wrapped strategy's evaluation instructions."""
+        """Return the wrapped strategy's evaluation instructions."""
         return self.strategy.configure_evaluate(server_round, parameters, client_manager)
 
     def aggregate_evaluate(
@@ -141,11 +141,11 @@ class UplinkWrapper(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        """The wrapped strategy's evaluation aggregate."""
+        """Return the wrapped strategy's evaluation aggregate."""
         return self.strategy.aggregate_evaluate(server_round, results, failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
-        """The wrapped strategy's centralized evaluation."""
+        """Return the wrapped strategy's centralized evaluation."""
         return self.strategy.evaluate(server_round, parameters)
