@@ -84,3 +84,13 @@ DP_ROUNDS = "dp_rounds"
 META_ROUND = "round"  # STATE_META, DUALS_STATE_META: server round of the last fit
 META_FITS = "fits"  # STATE_META: fits so far (the round when the config has none)
 META_NUM_EXAMPLES = "num_examples"  # DUALS_STATE_META: n_i
+
+# ------------------------- client-held duals: acknowledgement and rebuild sweep
+ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)
+REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e_i
+RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
+REBUILDING = "rebuilding"  # round metric: 1 while S still holds a stale share
+DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not yet acked)
+DUALS_PENDING_U = "flwr_admm.duals.pending.u"  # u_i of the pending reply
+DUALS_PENDING_META = "flwr_admm.duals.pending.meta"  # n_i' and the reply's round
+DUALS_PENDING_RESIDUAL = "flwr_admm.duals.pending.uplink_residual"  # e_i' of it
