@@ -94,3 +94,11 @@ DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not ye
 DUALS_PENDING_U = "flwr_admm.duals.pending.u"  # u_i of the pending reply
 DUALS_PENDING_META = "flwr_admm.duals.pending.meta"  # n_i' and the reply's round
 DUALS_PENDING_RESIDUAL = "flwr_admm.duals.pending.uplink_residual"  # e_i' of it
+
+# ------------------------------------------ client identity and eviction (issue 12)
+NUM_KEY_CONFLICTS = "num_key_conflicts"  # replies claiming a key bound to another node
+NUM_EVICTED = "num_evicted"  # client keys whose server state was dropped this round
+# Fit-config keys the strategies set themselves: a user's on_fit_config_fn may not
+# return them (ValueError naming the key); keys with these prefixes are reserved too.
+RESERVED_CONFIG_KEYS = (RHO, PROXIMAL_MU, SERVER_ROUND, MODE_KEY)
+RESERVED_CONFIG_PREFIXES = ("admm-", "uplink", "dp-")

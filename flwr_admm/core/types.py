@@ -25,9 +25,26 @@ CLIENT_RHO_MODES = ("uniform", "data_size")
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 
 
+_DIGIT_RUN = re.compile(r"([0-9]+)")
+MAX_NUMERIC_DIGITS = 30  # longer digit runs compare as strings (no huge int())
+
+
 def natural_key(key: str) -> tuple[object, ...]:
-    """Sort key that orders "partition-id:2" before "partition-id:10"."""
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key))
+    """Return a sort key that orders "partition-id:2" before "partition-id:10".
+
+    Total for any string: ASCII digit runs of at most `MAX_NUMERIC_DIGITS` digits
+    compare as integers, longer ones after them (by length, then as strings), and
+    the text between runs as strings; the parts alternate text / run, so an integer
+    is never compared with a string.
+    """
+    parts = _DIGIT_RUN.split(str(key))
+    return tuple(part if i % 2 == 0 else _digit_run(part) for i, part in enumerate(parts))
+
+
+def _digit_run(run: str) -> tuple[int, int, str]:
+    if len(run) <= MAX_NUMERIC_DIGITS:
+        return (0, int(run), "")
+    return (1, len(run), run)
 
 
 def check_rho(rho: float, field_name: str = "rho") -> float:
