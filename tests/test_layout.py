@@ -1,0 +1,88 @@
+"""The package's layout rules, read from its source: what a reviewer would check by hand.
+
+- `flwr_admm.core` imports nothing from `flwr` (and, run alone, loads no `flwr` module);
+- no module of `flwr_admm` is longer than 450 lines;
+- no class is built from two or more of the package's own classes (composition, not
+  mixins).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "flwr_admm"
+MAX_LINES = 450
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_core_imports_nothing_from_flwr() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(
+            name for name in imported_modules(path) if name == "flwr" or name.startswith("flwr.")
+        )
+        for path in sorted((PACKAGE / "core").rglob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_core_runs_without_flwr_installed() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'flwr' or name.startswith('flwr.'):\n"
+        "            raise ImportError('flwr blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import importlib.util, pathlib, types\n"
+        f"root = pathlib.Path({str(PACKAGE)!r})\n"
+        "pkg = types.ModuleType('flwr_admm'); pkg.__path__ = [str(root)]\n"
+        "sys.modules['flwr_admm'] = pkg\n"
+        "import numpy as np\n"
+        "from flwr_admm.core import ConsensusADMM, Reply\n"
+        "admm = ConsensusADMM([np.zeros(2)], 1.0)\n"
+        "admm.step([Reply('a', [np.ones(2)], 3)], 1)\n"
+        "print(admm.z[0].tolist())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[1.0, 1.0]"  # z = w of the only client
+
+
+def test_no_module_is_longer_than_450_lines() -> None:
+    lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in modules()}
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+
+
+def test_no_class_has_two_bases_from_the_package() -> None:
+    ours: set[str] = set()
+    bases_of: dict[str, list[str]] = {}
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                ours.add(node.name)
+                bases_of[f"{path.relative_to(PACKAGE)}:{node.name}"] = [
+                    base.id if isinstance(base, ast.Name) else ast.unparse(base)
+                    for base in node.bases
+                ]
+    mixed = {
+        name: bases
+        for name, bases in bases_of.items()
+        if sum(base.split(".")[-1] in ours for base in bases) >= 2
+    }
+    assert mixed == {}
