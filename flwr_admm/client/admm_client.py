@@ -34,6 +34,7 @@ from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_sol
 from flwr_admm.models.base import Model, Params
 from flwr_admm.protocol import (
     ACCURACY,
+    ACK_ROUND,
     AUC,
     BATCH_SIZE,
     CLIENT_KEY,
@@ -48,6 +49,7 @@ from flwr_admm.protocol import (
     MODE_KEY,
     PARTITION_ID,
     PROXIMAL_MU,
+    REBUILD,
     RHO,
     SERVER_ROUND,
     STATE_META,
@@ -150,7 +152,7 @@ class ADMMClient(NumPyClient):
         self.client_key = client_key
         self._w: Params | None = None  # used only without a context
         self._residual: Params | None = None  # used only without a context
-        self._duals: dual_math.DualState | None = None  # used only without a context
+        self._duals = client_duals.KeptDuals(None, None)  # used only without a context
         self._fits = 0
         self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
 
@@ -231,18 +233,19 @@ class ADMMClient(NumPyClient):
         server_round: int,
         uplink: ClientUplink,
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """One round of `FedADMMClientDuals`: dual update, local solve, contribution change.
+        """Run one round of `FedADMMClientDuals`: dual update, local solve, change.
 
-        With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload).
+        Trains from the state the server acknowledges (``admm-ack-round``: the
+        pending state if its reply was used, else the committed one, else fresh).
+        With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload);
+        with ``admm-rebuild = 1`` the full share sigma_i' follows Delta_i.
         """
         rho = _nonnegative(config.get(RHO, 0.0), RHO)
         if rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
-        shapes = [t.shape for t in z]
-        if self.context is None:
-            state = self._duals
-        else:
-            state = client_duals.load_state(self.context.state, shapes)
+        kept = self._kept_duals([t.shape for t in z])
+        base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
+        state = base.state
         begin = dual_math.start_round(state, z)
         previous = state.w if state is not None and self.local_init == "previous" else None
         start = [t.copy() for t in previous] if previous is not None else begin.center
@@ -254,22 +257,31 @@ class ADMMClient(NumPyClient):
         w = [np.asarray(t, dtype=np.float64) for t in result.params]
         n = int(self.X.shape[0])
         change = dual_math.contribution_change(state, w, begin.dual, n)
-        sent = client_duals.uplink_change(
-            change,
-            None if state is None else state.residual,
-            uplink.compressor,
-            np.random.default_rng([*stream, 1]),
-        )
+        residual = None if state is None else state.residual
+        rounding = np.random.default_rng([*stream, 1])
+        sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
+        pending = dual_math.DualState(w, begin.dual, n, server_round, sent.residual)
+        if _flag(config, REBUILD):
+            sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()
-        metrics.update(client_duals.reply_metrics(state, begin, w, n))
+        metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync))
         metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
-        kept = dual_math.DualState(w, begin.dual, n, server_round, sent.residual)
-        if self.context is None:  # state last: a failed fit leaves it as it was
-            self._duals = kept
-        else:
-            client_duals.save_state(self.context.state, kept)
+        self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
         self.uplink_payload = sent.payload
         return list(sent.arrays), n, metrics
+
+    def _kept_duals(self, shapes: list[tuple[int, ...]]) -> client_duals.KeptDuals:
+        """Return the committed and pending states (context.state, else this object)."""
+        if self.context is None:
+            return self._duals
+        return client_duals.load_states(self.context.state, shapes)
+
+    def _keep_duals(self, kept: client_duals.KeptDuals) -> None:
+        """Store both states (a failed fit never gets here: it leaves them as they were)."""
+        if self.context is None:
+            self._duals = kept
+        else:
+            client_duals.save_states(self.context.state, kept)
 
     def _key_metrics(self) -> dict[str, Scalar]:
         """``partition-id`` / ``client-key``: the key the server files this client under."""
@@ -369,6 +381,24 @@ class ADMMClient(NumPyClient):
         self.context.state.config_records[STATE_META] = ConfigRecord(
             {META_ROUND: int(server_round), META_FITS: int(self._fits)}
         )
+
+
+def _ack_round(config: dict[str, Scalar]) -> int | None:
+    """Return ``admm-ack-round`` (None when the server sends none); ValueError if bad."""
+    if ACK_ROUND not in config:
+        return None
+    value = config[ACK_ROUND]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{ACK_ROUND}: must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _flag(config: dict[str, Scalar], field: str) -> bool:
+    """Return a 0/1 config flag (absent: 0); ValueError naming the field otherwise."""
+    value = config.get(field, 0)
+    if isinstance(value, bool) or value not in (0, 1):
+        raise ValueError(f"{field}: must be 0 or 1, got {value!r}")
+    return value == 1
 
 
 def _nonnegative(value: Scalar, field: str) -> float:

@@ -2,7 +2,10 @@
 
 Client i keeps w_i, its scaled dual u_i (before the pending update), n_i and the
 round it last took part in, in its ``context.state`` (`DualState`), and with uplink
-compression its residual e_i (zero at first). Round k, given z^k:
+compression its residual e_i (zero at first). It keeps two such states (`KeptDuals`):
+the committed one (what the server's S holds) and the pending one (after its last
+reply), and trains from the one the fit config's ``admm-ack-round`` names
+(`flwr_admm.core.client_duals.acknowledged`). Round k, given z^k:
 
     if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k   (`start_round`)
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2      (the caller's local solve)
@@ -12,44 +15,64 @@ With a compressor in the fit config (`uplink_change`, error feedback): x = Delta
 e_i, payload = encode(x), e_i' = x - decode(payload); the reply is the payload and the
 server adds decode(payload) to S, so S = sum_i n_i c_i - sum_i e_i at all times.
 Without one, a kept residual is flushed: x = Delta_i + e_i is sent in full, e_i' = 0.
+With ``admm-rebuild = 1`` the reply also carries the full new share sigma_i' =
+n_i' c_i' - e_i' in full precision, as a second block of tensors (`with_share`).
 
 The reply carries Delta_i (or its payload) as its parameters and the protocol metrics
 (`reply_metrics`): the previous round (0: none), the change of n_i, ||w_i'||^2,
-||u_i||^2 and d2_i when it took part before. The state is stored last
-(`save_state`), after anything that can fail.
+||u_i||^2, d2_i when it took part before, and ``admm-resync``. The states are stored
+last (`save_states`), after anything that can fail.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
-from flwr.common import ArrayRecord, ConfigRecord, Parameters, RecordDict, Scalar
+from flwr.common import ArrayRecord, ConfigRecord, Parameters, RecordDict, Scalar, ndarray_to_bytes
 
 from flwr_admm.core.client_duals import DualStart, DualState
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
+    DUALS_PENDING_META,
+    DUALS_PENDING_RESIDUAL,
+    DUALS_PENDING_U,
+    DUALS_PENDING_W,
+    DUALS_STATE_META,
+    DUALS_STATE_RESIDUAL,
+    DUALS_STATE_U,
+    DUALS_STATE_W,
     EXAMPLES_CHANGE,
     META_NUM_EXAMPLES,
     META_ROUND,
     PREVIOUS_ROUND,
+    RESYNC,
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.protocol import (
-    DUALS_STATE_META as STATE_META,
-)
-from flwr_admm.protocol import (
-    DUALS_STATE_RESIDUAL as STATE_RESIDUAL,
-)
-from flwr_admm.protocol import (
-    DUALS_STATE_U as STATE_U,
-)
-from flwr_admm.protocol import (
-    DUALS_STATE_W as STATE_W,
-)
 from flwr_admm.uplink.compression import Compressor
+
+
+class Slot(NamedTuple):
+    """The ``context.state`` records of one kept state: w, u, meta, residual."""
+
+    w: str
+    u: str
+    meta: str
+    residual: str
+
+
+COMMITTED = Slot(DUALS_STATE_W, DUALS_STATE_U, DUALS_STATE_META, DUALS_STATE_RESIDUAL)
+PENDING = Slot(DUALS_PENDING_W, DUALS_PENDING_U, DUALS_PENDING_META, DUALS_PENDING_RESIDUAL)
+
+
+class KeptDuals(NamedTuple):
+    """A client's two states: what S holds (committed), and after its last reply."""
+
+    committed: DualState | None
+    pending: DualState | None
 
 
 @dataclass(frozen=True)
@@ -67,7 +90,7 @@ def uplink_change(
     compressor: Compressor | None,
     rng: np.random.Generator,
 ) -> UplinkChange:
-    """X = Delta_i + e_i; compressed: payload = encode(x), e_i' = x - decode(payload).
+    """Send x = Delta_i + e_i; compressed: payload = encode(x), e_i' = x - decode(payload).
 
     Without a compressor x is sent in full and e_i' = 0 (a kept residual is flushed).
     """
@@ -79,51 +102,75 @@ def uplink_change(
     return UplinkChange(sent, payload, [a - b for a, b in zip(x, sent, strict=True)])
 
 
+def with_share(sent: UplinkChange, share: Arrays) -> UplinkChange:
+    """Append sigma_i' (full-precision ``.npy`` tensors) after the change's own tensors."""
+    payload = sent.payload
+    if payload is not None:
+        tensors = [*payload.tensors, *(ndarray_to_bytes(t) for t in share)]
+        payload = Parameters(tensors=tensors, tensor_type=payload.tensor_type)
+    return replace(sent, arrays=[*sent.arrays, *share], payload=payload)
+
+
 def reply_metrics(
-    state: DualState | None, start: DualStart, w: Arrays, num_examples: int
+    state: DualState | None, start: DualStart, w: Arrays, num_examples: int, resync: bool
 ) -> dict[str, Scalar]:
-    """The protocol metrics of a reply (see `FedADMMClientDuals`)."""
+    """Return the protocol metrics of a reply (see `FedADMMClientDuals`)."""
     metrics: dict[str, Scalar] = {
         PREVIOUS_ROUND: 0 if state is None else int(state.server_round),
         EXAMPLES_CHANGE: int(num_examples) - (0 if state is None else int(state.num_examples)),
         W_SQ_NORM: float(sum(np.vdot(t, t) for t in w)),
         U_SQ_NORM: float(sum(np.vdot(u, u) for u in start.dual)),
+        RESYNC: int(resync),
     }
     if start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
     return metrics
 
 
-def load_state(records: RecordDict, shapes: list[tuple[int, ...]]) -> DualState | None:
-    """The kept state from a context's RecordDict, or None (also if shapes differ)."""
-    if STATE_META not in records.config_records or STATE_W not in records.array_records:
-        return None
-    meta = records.config_records[STATE_META]
-    w = [
-        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_W].to_numpy_ndarrays()
+def load_states(records: RecordDict, shapes: list[tuple[int, ...]]) -> KeptDuals:
+    """Return the committed and pending states kept in a context's RecordDict."""
+    return KeptDuals(_load(records, shapes, COMMITTED), _load(records, shapes, PENDING))
+
+
+def save_states(records: RecordDict, kept: KeptDuals) -> None:
+    """Store both states in a context's RecordDict (call last: after anything can fail)."""
+    _save(records, kept.committed, COMMITTED)
+    _save(records, kept.pending, PENDING)
+
+
+def _arrays(records: RecordDict, name: str) -> Arrays:
+    return [
+        np.asarray(a, dtype=np.float64) for a in records.array_records[name].to_numpy_ndarrays()
     ]
-    u = [
-        np.asarray(a, dtype=np.float64) for a in records.array_records[STATE_U].to_numpy_ndarrays()
-    ]
-    if [t.shape for t in w] != shapes or [t.shape for t in u] != shapes:
+
+
+def _load(records: RecordDict, shapes: list[tuple[int, ...]], slot: Slot) -> DualState | None:
+    """Return one kept state, or None (absent, incomplete, or shapes differ)."""
+    arrays = records.array_records
+    if slot.meta not in records.config_records or slot.w not in arrays or slot.u not in arrays:
         return None
-    residual = None
-    if STATE_RESIDUAL in records.array_records:
-        kept = records.array_records[STATE_RESIDUAL].to_numpy_ndarrays()
-        residual = [np.asarray(a, dtype=np.float64) for a in kept]
-        if [t.shape for t in residual] != shapes:
-            return None
+    meta = records.config_records[slot.meta]
+    w, u = _arrays(records, slot.w), _arrays(records, slot.u)
+    residual = _arrays(records, slot.residual) if slot.residual in arrays else None
+    if any([t.shape for t in a] != shapes for a in (w, u, residual or w)):
+        return None
     return DualState(w, u, int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND]), residual)  # type: ignore[arg-type]
 
 
-def save_state(records: RecordDict, state: DualState) -> None:
-    """Store the state in a context's RecordDict (call last: after anything can fail)."""
-    records.array_records[STATE_W] = ArrayRecord([t.copy() for t in state.w])
-    records.array_records[STATE_U] = ArrayRecord([t.copy() for t in state.u])
+def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
+    """Write one state into its slot; None clears the slot."""
+    arrays = records.array_records
+    if state is None:
+        for name in (slot.w, slot.u, slot.residual):
+            arrays.pop(name, None)
+        records.config_records.pop(slot.meta, None)
+        return
+    arrays[slot.w] = ArrayRecord([t.copy() for t in state.w])
+    arrays[slot.u] = ArrayRecord([t.copy() for t in state.u])
     if state.residual is not None:
-        records.array_records[STATE_RESIDUAL] = ArrayRecord([t.copy() for t in state.residual])
-    elif STATE_RESIDUAL in records.array_records:
-        del records.array_records[STATE_RESIDUAL]
-    records.config_records[STATE_META] = ConfigRecord(
+        arrays[slot.residual] = ArrayRecord([t.copy() for t in state.residual])
+    else:
+        arrays.pop(slot.residual, None)
+    records.config_records[slot.meta] = ConfigRecord(
         {META_NUM_EXAMPLES: int(state.num_examples), META_ROUND: int(state.server_round)}
     )

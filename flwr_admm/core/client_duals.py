@@ -7,7 +7,17 @@ round it last took part in (`DualState`). Round k, given z^k:
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2      (the caller's local solve)
     Delta_i = n_i' (w_i' + u_i) - n_i c_i,  c_i = w_i + u_i   (`contribution_change`)
 
-The server side (`flwr_admm.server.FedADMMClientDuals`) keeps S = sum_i n_i c_i.
+The server side (`flwr_admm.server.FedADMMClientDuals`) keeps S = sum_i n_i c_i and
+acknowledges, in every fit config, the round a whose contribution S holds for this
+client. The client keeps two states: the committed one C (what S held when it last
+heard, round a_c) and the pending one P (after its last reply, round p), and trains
+from the one S holds (`acknowledged`):
+
+    p == a     the reply was used: commit, C = P
+    a_c == a   the reply was not used (lost, rejected, its round dropped): train from C
+    a == 0     S holds nothing of it: start fresh
+    otherwise  its state is gone (a SuperNode restart): resynchronize, i.e. start
+               fresh and say so; the server replaces its stale share
 """
 
 from __future__ import annotations
@@ -34,8 +44,43 @@ class DualState:
 
     @property
     def contribution(self) -> Arrays:
-        """C_i = w_i + u_i, the share S holds (times n_i)."""
+        """Return c_i = w_i + u_i, the share S holds (times n_i)."""
         return [w + u for w, u in zip(self.w, self.u, strict=True)]
+
+    @property
+    def share(self) -> Arrays:
+        """Return sigma_i = n_i c_i - e_i, this client's exact part of S."""
+        n = float(self.num_examples)
+        share = [n * (w + u) for w, u in zip(self.w, self.u, strict=True)]
+        if self.residual is not None:
+            for total, residual in zip(share, self.residual, strict=True):
+                total -= residual
+        return share
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """The state to train from, and whether the client resynchronizes."""
+
+    state: DualState | None  # None: start as a new client
+    resync: bool  # S holds a share of this client that it no longer has
+
+
+def acknowledged(
+    committed: DualState | None, pending: DualState | None, ack: int | None
+) -> Acknowledged:
+    """Return the state S holds for ack round a: P if p == a, C if a_c == a, else none.
+
+    ``ack=None`` (a server that sends no acknowledgement): the newest state, as if the
+    last reply had been used. a > 0 matching neither state: resynchronize.
+    """
+    newest = pending if pending is not None else committed
+    if ack is None:
+        return Acknowledged(newest, resync=False)
+    for state in (pending, committed):
+        if state is not None and state.server_round == ack:
+            return Acknowledged(state, resync=False)
+    return Acknowledged(None, resync=ack != 0)
 
 
 @dataclass(frozen=True)
@@ -48,7 +93,7 @@ class DualStart:
 
 
 def start_round(state: DualState | None, z: Arrays) -> DualStart:
-    """U_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i."""
+    """Update u_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i."""
     if state is None:
         dual = [np.zeros_like(t) for t in z]
         return DualStart(dual, [t.copy() for t in z], None)
@@ -61,7 +106,7 @@ def start_round(state: DualState | None, z: Arrays) -> DualStart:
 def contribution_change(
     state: DualState | None, w: Arrays, dual: Arrays, num_examples: int
 ) -> Arrays:
-    """Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
+    """Return Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
     change = [float(num_examples) * (a + u) for a, u in zip(w, dual, strict=True)]
     if state is not None:
         for delta, old in zip(change, state.contribution, strict=True):

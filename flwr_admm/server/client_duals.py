@@ -5,7 +5,7 @@ The server stores the consensus z, S = sum_i n_i c_i and N = sum_i n_i, where
 c_i = w_i + u_i is client i's last contribution, plus two small integers per client
 key (n_i and the round it last took part in). Round k:
 
-    server   broadcasts z^k (one FitIns for every sampled client)
+    server   broadcasts z^k (with each sampled client's acknowledgement, see below)
     client   if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k
              w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2    (inexact local solve)
              sends Delta_i = n_i' (w_i' + u_i) - n_i c_i, then keeps w_i', u_i, n_i'
@@ -26,19 +26,39 @@ that had taken part before is server-held FedADMM's primal residual of round k -
 ||w_i'||^2), ||z^{k+1}||), eps_dual = sqrt(P) eps_abs + eps_rel rho sqrt(sum p_i
 ||u_i||^2), p_i = n_i / sum of the replies' n.
 
-Lost client state. A reply reports the round of the client's previous participation
-(0: none) and its change of n. If either disagrees with the server's record of that
-key (e.g. an insecure SuperNode restarted with an empty state under a stable
-``partition-id``), the client cannot remove its old contribution from S: the reply is
-rejected (``num_state_mismatch``) and S is untouched, but the old n_i c_i stays in S
-(a bias) for the rest of the run. Persistent client state (a SuperNode that keeps its
-``context.state``, or a key that changes with it) prevents it.
+Acknowledgement. A reply the server does not use (lost after the client saved its
+state, a duplicate, a replay, a NaN, a truncated payload, a round dropped with
+``accept_failures=False``) must not leave the client a step ahead of S. So each
+sampled client's fit config carries ``admm-ack-round`` = a, the round whose
+contribution S holds for its key (0: none), and the client keeps its committed state
+C (round a_c, what S held) next to its pending state P (round p, after its last
+reply). It trains from P if p == a (the reply was used: C := P), from C if a_c == a
+(it was not: P is dropped, and so is its compression residual), fresh if a == 0;
+otherwise its state is gone (a SuperNode restart) and it resynchronizes: a full
+contribution F_i = n_i' c_i' as a new client (previous round 0, ``admm-resync`` = 1).
+A reply that reports a previous round other than the server's record (a replay, a
+duplicate) is rejected (``num_state_mismatch``) without touching S; the next
+acknowledgement brings the client back.
 
-Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the round and the
-convergence flag, plus a fingerprint of the configuration (rho, regularizer, eps_abs,
-eps_rel). The duals stay with the clients: a resumed run continues exactly only if the
-clients kept their ``context.state`` (persistent SuperNodes); a client that lost it is
-rejected as out of sync, as above.
+Rebuild sweep. A resync for a key S holds is accepted (N += n_i' - n_i, S += F_i,
+``num_resynced``), but S still holds the client's old share, which the server cannot
+subtract (it never had it). S without it is the sum of the current shares, so the
+server sweeps (`flwr_admm.server.client_duals_sweep`): every sampled key not yet
+rebuilt gets ``admm-rebuild`` = 1 and replies with its usual Delta_j and, as a second
+block of tensors in full precision, its full share sigma_j' = n_j' c_j' - e_j'; S +=
+Delta_j as usual and S_new += sigma_j' (rebuilt keys add Delta_j to S_new too; new and
+resyncing keys count as rebuilt with their first contribution). Once every key the
+server holds has rebuilt, S := S_new, exactly. Until then the stale shares keep their
+weight N_stale in z = prox_{g/rho}(S / (N + N_stale)) and the round metric
+``rebuilding`` is 1. An evicted key's share leaves S the same way (`_evict`). Cost:
+one extra model-sized upload per client per sweep, one extra model copy (S_new) on
+the server while it runs; under full participation it ends one round after it started.
+
+Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
+the rebuilt keys, N_stale), the round and the convergence flag, plus a fingerprint of
+the configuration (rho, regularizer, eps_abs, eps_rel). The duals stay with the
+clients: a resumed run continues exactly if they kept their ``context.state``
+(persistent SuperNodes); a client that lost it resynchronizes, as above.
 
 Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
 residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
@@ -61,10 +81,12 @@ from __future__ import annotations
 import io
 import math
 import os
+from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
@@ -73,29 +95,35 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    ACK_ROUND,
     CONVERGED,
     DUAL_RESIDUAL,
     EPS_DUAL,
     EPS_PRIMAL,
-    EXAMPLES_CHANGE,
     MODE_CLIENT,
     MODE_KEY,
     NUM_CLIENTS_CACHED,
     NUM_DELAYED_RESIDUALS,
     NUM_REPLIES,
+    NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     OBJECTIVE,
     PREVIOUS_PRIMAL_RESIDUAL,
+    PREVIOUS_ROUND,
+    REBUILD,
+    REBUILDING,
     RHO,
 )
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.client_duals_replies import (
     ClientEntry,
+    DecodedReply,
     RoundStats,
-    decoded_change,
+    decoded_reply,
     protocol_problem,
     z_step,
 )
+from flwr_admm.server.client_duals_sweep import RebuildSweep
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
@@ -148,7 +176,7 @@ class FedADMMClientDuals(ConsensusStrategy):
     """
 
     label: ClassVar[str] = STRATEGY
-    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH,)
+    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH, NUM_RESYNCED)
 
     def __init__(
         self,
@@ -200,6 +228,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
         self.total_examples = 0  # N = sum_i n_i
         self.clients: dict[str, ClientEntry] = {}
+        self.sweep = RebuildSweep()  # takes stale shares out of S
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
         self._stats = RoundStats()  # of the round being folded in
         self._resume(resume)
@@ -211,9 +240,21 @@ class FedADMMClientDuals(ConsensusStrategy):
     def _fit_instructions(
         self, clients: list[ClientProxy], parameters: Parameters, config: dict[str, Scalar]
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Send z^k, rho and the mode key, the same FitIns to every sampled client."""
-        fit_ins = FitIns(parameters, {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT})
-        return [(client, fit_ins) for client in clients]
+        """Send z^k (one payload for all), rho, and each client's ack and rebuild flag.
+
+        ack = the round whose contribution S holds for the client's key (0: none);
+        rebuild = 1 while a sweep needs that key's full share.
+        """
+        common = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
+        instructions = []
+        for client in clients:
+            key = self._key_of_cid.get(client.cid)
+            entry = None if key is None else self.clients.get(key)
+            ack = 0 if entry is None else entry.last_round
+            rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
+            own = {**common, ACK_ROUND: ack, REBUILD: int(rebuild)}
+            instructions.append((client, FitIns(parameters, own)))
+        return instructions
 
     def _open_round(self, keys: list[str]) -> None:
         self._stats = RoundStats()
@@ -226,37 +267,79 @@ class FedADMMClientDuals(ConsensusStrategy):
         server_round: int,
         counts: dict[str, Scalar],
     ) -> bool:
-        """Add Delta_i to S and n_i' - n_i to N for a reply that keeps the protocol."""
+        """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
+
+        A full contribution (previous round 0) for a key S holds is a resync: its old
+        share goes stale and the sweep takes it out of S.
+        """
         assert self.contribution_sum is not None
-        report = protocol_problem(self.clients.get(key), res)
+        entry = self.clients.get(key)
+        report = protocol_problem(entry, res)
         if report is not None:
             problem, mismatch = report
             self._reject(key, problem, counts)
             counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + mismatch
             return False
-        problem_or_none, delta = decoded_change(self.channel, res, self.contribution_sum)
-        if problem_or_none is not None:
-            self._reject(key, problem_or_none, counts)
+        reply = decoded_reply(self.channel, res, self.contribution_sum)
+        if reply.problem is not None:
+            self._reject(key, reply.problem, counts)
             return False
-        for acc, change in zip(self.contribution_sum, delta, strict=True):
-            axpy(1.0, np.asarray(change, dtype=np.float64), acc)
-        self.total_examples += int(res.metrics[EXAMPLES_CHANGE])
+        full = res.metrics[PREVIOUS_ROUND] == 0
+        if full and entry is not None:
+            log(INFO, "%s: %s resynchronized (its state was lost)", self.label, key)
+            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        self._add(key, reply, full)
+        self.total_examples += int(res.num_examples) - (0 if entry is None else entry.num_examples)
         self.clients[key] = ClientEntry(int(res.num_examples), server_round)
         self._key_of_cid[proxy.cid] = key
         self._stats.add(res)
         return True
 
+    def _add(self, key: str, reply: DecodedReply, full: bool) -> None:
+        """Add Delta_i to S, and to S_new as the sweep says (`RebuildSweep`)."""
+        assert self.contribution_sum is not None
+        for acc, change in zip(self.contribution_sum, reply.change, strict=True):
+            axpy(1.0, np.asarray(change, dtype=np.float64), acc)
+        if full:
+            self.sweep.add_full(key, reply.change)
+        else:
+            self.sweep.add_change(key, reply.change, reply.share)
+
+    def _evict(self, keys: list[str]) -> None:
+        """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
+        for key in keys:
+            entry = self.clients.pop(key, None)
+            if entry is None or self.contribution_sum is None:
+                continue
+            self.total_examples -= entry.num_examples
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        self._end_sweep()
+
+    def _end_sweep(self) -> None:
+        """Set S := S_new once every key the server holds has rebuilt."""
+        rebuilt = self.sweep.finish(self.clients)
+        if rebuilt is not None:
+            self.contribution_sum = rebuilt
+
     def _discard_round(self) -> dict[str, Scalar]:
-        return {RHO: self.rho, NUM_CLIENTS_CACHED: len(self.clients)}
+        return {
+            RHO: self.rho,
+            NUM_CLIENTS_CACHED: len(self.clients),
+            REBUILDING: int(self.sweep.active),
+        }
 
     def _finish_round(self, server_round: int) -> dict[str, Scalar]:
-        """Take the z-step z = prox_{g/rho}(S / N); return the round's residuals."""
+        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals.
+
+        (N_stale = 0 unless a sweep is still on: S := S_new first if it is complete.)
+        """
+        self._end_sweep()
         assert self.z is not None and self.contribution_sum is not None
+        weight = self.total_examples + self.sweep.stale_examples
         with single_thread_blas():
-            dz_sq = z_step(
-                self.z, self.contribution_sum, self.total_examples, self.regularizer, self.rho
-            )
-        return self._residuals(self._stats, dz_sq)
+            dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
+        return {**self._residuals(self._stats, dz_sq), REBUILDING: int(self.sweep.active)}
 
     def _residuals(self, stats: RoundStats, dz_sq: float) -> dict[str, Scalar]:
         """Compute s = rho ||z' - z||, the delayed r, eps_pri and eps_dual; set `converged`."""
@@ -324,7 +407,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
-        """Return z, S, N and the per-key entries (n_i, last round)."""
+        """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
         assert self.z is not None and self.contribution_sum is not None
         keys = list(self.clients)
         arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
@@ -340,7 +423,8 @@ class FedADMMClientDuals(ConsensusStrategy):
             "total_examples": int(self.total_examples),
             "keys": keys,
         }
-        return arrays, manifest
+        sweep_arrays, sweep_manifest = self.sweep.state_dict()
+        return {**arrays, **sweep_arrays}, {**manifest, **sweep_manifest}
 
     def _load_state_dict(
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
@@ -359,6 +443,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             for key, n, r in zip(keys, examples.tolist(), rounds.tolist(), strict=True)
         }
         total = int(manifest["total_examples"])
+        self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = total, clients
         self._broadcast = None

@@ -3,13 +3,15 @@
 The server keeps, per client key, only n_i and the round it last took part in
 (`ClientEntry`). A reply is consistent with that record iff it reports the same
 previous round and n_i' = n_i + (its change of n), and it sends d2_i = ||w_i - z^k||^2
-exactly when it took part before (`protocol_problem`). A compressed reply is decoded
-by the strategy's `UplinkChannel` (no center: Delta_i = decode(payload)) and checked
-like a plain one (shapes, finite) before it touches S (`decoded_change`). `RoundStats`
+exactly when it took part before (`protocol_problem`); a reply with previous round 0
+is a full contribution (a new key, or a resync of a key S holds: n_i' is all new).
+A compressed reply is decoded by the strategy's `UplinkChannel` (no center: Delta_i =
+decode(payload)), a full share sigma_i' after it is read as plain ``.npy`` tensors, and
+both are checked (shapes, finite) before they touch S (`decoded_reply`). `RoundStats`
 sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for the
 residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 ||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
-`z_step` computes z = prox_{g/rho}(S / N) in place.
+`z_step` computes z = prox_{g/rho}(S / N) in place (N: the weight S holds).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.common import FitRes
+from flwr.common import FitRes, Parameters
 from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import BLOCK, blocks
@@ -31,11 +33,12 @@ from flwr_admm.protocol import (
     EXAMPLES_CHANGE,
     LOSS,
     PREVIOUS_ROUND,
+    RESYNC,
     U_SQ_NORM,
     W_SQ_NORM,
 )
 from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.wire import parameters_to_views
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 
 @dataclass
@@ -47,7 +50,11 @@ class ClientEntry:
 
 
 def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] | None:
-    """Why the reply's metrics break the protocol (and 1 if it is a state mismatch)."""
+    """Return why the reply's metrics break the protocol (and 1 if it is a state mismatch).
+
+    A reply with previous round 0 is a full contribution: a new key's, or (for a key
+    S holds) a resync's; its change of n is then all of n_i'.
+    """
     metrics = res.metrics
     for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
         if name not in metrics:
@@ -64,13 +71,20 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
         and _integer(res.num_examples)
     ):
         return f"{PREVIOUS_ROUND}, {EXAMPLES_CHANGE}, num_examples must be integers", 0
-    known_round = entry.last_round if entry is not None else 0
-    known_n = entry.num_examples if entry is not None else 0
+    resync = metrics.get(RESYNC, 0)
+    if not (_integer(resync) and resync in (0, 1)):
+        return f"{RESYNC} must be 0 or 1", 0
+    if resync == 1 and previous != 0:
+        return f"{RESYNC} = 1 needs {PREVIOUS_ROUND} = 0 (a full contribution)", 0
+    held = entry if previous != 0 else None  # a full contribution replaces what S holds
+    known_round = held.last_round if held is not None else 0
+    known_n = held.num_examples if held is not None else 0
     if previous != known_round or known_n + change != res.num_examples:
         return (
             f"client state out of sync (client reports its previous round {previous} "
             f"and n change {change} to n={res.num_examples}; the server recorded round "
-            f"{known_round}, n={known_n}). Its old contribution stays in S",
+            f"{known_round}, n={known_n}); the acknowledgement of its next round "
+            "brings it back",
             1,
         )
     if (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
@@ -78,23 +92,45 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
     return None
 
 
-def decoded_change(
-    channel: UplinkChannel, res: FitRes, like: Arrays
-) -> tuple[str | None, Sequence[NDArray[np.generic]]]:
-    """Delta_i of a reply (decoded if compressed) and why it is unusable, or None.
+@dataclass(frozen=True)
+class DecodedReply:
+    """Delta_i of a reply, its full share sigma_i' if it sent one, or why it is unusable."""
 
-    `like` gives the expected shapes (S itself: nothing is copied from it).
+    problem: str | None
+    change: Sequence[NDArray[np.generic]]
+    share: Sequence[NDArray[np.generic]] | None
+
+
+def decoded_reply(channel: UplinkChannel, res: FitRes, like: Arrays) -> DecodedReply:
+    """Decode Delta_i (the first P tensors) and sigma_i' (P more ``.npy`` tensors, if any).
+
+    `like` gives the expected shapes (S itself: nothing is copied from it). Both
+    blocks are checked (shapes, finite) before anything touches S.
     """
-    delta: Sequence[NDArray[np.generic]] = []
+    tensors, count = res.parameters.tensors, len(like)
+    shapes = [t.shape for t in like]
     try:
-        if channel.compressor is None:
-            delta = parameters_to_views(res.parameters)
-        else:  # Delta_i = decode(payload); plain numpy replies as they are
-            delta = channel.decode(res.parameters, lambda: like, add_center=False)
-        problem, _ = check_reply(delta, res.num_examples, [t.shape for t in like])
+        change = _decoded(channel, Parameters(tensors[:count], res.parameters.tensor_type), like)
+        problem, _ = check_reply(change, res.num_examples, shapes)
+        share = None
+        if problem is None and len(tensors) == 2 * count:
+            share = channel.decode(Parameters(tensors[count:], NUMPY_TENSOR_TYPE), lambda: like)
+            problem, _ = check_reply(share, res.num_examples, shapes)
+            problem = None if problem is None else f"share: {problem}"
+        elif problem is None and len(tensors) != count:
+            problem = f"expected {count} or {2 * count} tensors, got {len(tensors)}"
     except Exception as error:  # a malformed reply must not stop the server
-        problem = f"unreadable reply ({error!r})"
-    return problem, delta
+        return DecodedReply(f"unreadable reply ({error!r})", [], None)
+    return DecodedReply(problem, change, share)
+
+
+def _decoded(
+    channel: UplinkChannel, parameters: Parameters, like: Arrays
+) -> Sequence[NDArray[np.generic]]:
+    """Return Delta_i: the reply's views, or decode(payload) when compressed."""
+    if channel.compressor is None:
+        return parameters_to_views(parameters)
+    return channel.decode(parameters, lambda: like, add_center=False)
 
 
 def z_step(

@@ -34,7 +34,6 @@ from flwr.common import (
     RecordDict,
     Status,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
@@ -51,7 +50,7 @@ from flwr_admm import (
     StochasticQuantizer,
     TopK,
 )
-from flwr_admm.client.client_duals import load_state
+from flwr_admm.client.client_duals import load_states
 from flwr_admm.models import LogisticRegression
 from flwr_admm.protocol import (
     EXAMPLES_CHANGE,
@@ -176,39 +175,60 @@ def test_bad_replies_are_rejected_without_touching_s() -> None:
     assert strategy.total_examples == n
 
 
-def test_lost_client_state_is_detected_and_rejected(caplog: pytest.LogCaptureFixture) -> None:
+def _shares(proxies: list[Any], d: int) -> np.ndarray:
+    """Sum of the clients' shares n_i c_i - e_i after their last (accepted) reply."""
+    total = np.zeros(d)
+    for proxy in proxies:
+        kept = load_states(proxy.context.state, [(d,)])
+        state = kept.pending or kept.committed
+        if state is not None:
+            total += state.share[0]
+    return total
+
+
+def test_lost_client_state_resyncs_and_the_sweep_rebuilds_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client whose state is gone rejoins at once; one more round rebuilds S exactly.
+
+    (Before the acknowledgement its replies were rejected as out of sync for the rest
+    of the run, and its old contribution stayed in S.)
+    """
+    strategy, proxies = _run(4, 3)
+    proxies[1].context.state = RecordDict()  # a SuperNode restarted with an empty state
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        instructions, metrics = _one_round(strategy, proxies, 4)
+    assert [ins.config["admm-ack-round"] for _, ins in instructions] == [3] * 4
+    assert metrics["num_resynced"] == 1 and metrics["num_rejected"] == 0
+    assert metrics["num_replies"] == 4 and metrics["rebuilding"] == 1
+    assert any("partition-id:1 resynchronized" in r.getMessage() for r in caplog.records)
+    assert strategy.contribution_sum is not None
+    stale = strategy.contribution_sum[0] - _shares(proxies, 20)
+    assert np.abs(stale).max() > 1.0  # S still holds the old share
+    assert strategy.total_examples == 4 * 500 and strategy.sweep.stale_examples == 500
+    # Round 5: every key but the resynced one sends its full share too; S := S_new.
+    instructions, metrics = _one_round(strategy, proxies, 5)
+    assert [ins.config["admm-rebuild"] for _, ins in instructions] == [1, 0, 1, 1]
+    assert metrics["rebuilding"] == 0 and metrics["num_resynced"] == 0
+    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
+    assert strategy.sweep.stale_examples == 0 and not strategy.sweep.active
+    instructions, metrics = _one_round(strategy, proxies, 6)  # back to plain replies
+    assert [ins.config["admm-rebuild"] for _, ins in instructions] == [0] * 4
+    assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
+
+
+def test_an_evicted_keys_share_leaves_s() -> None:
     strategy, proxies = _run(4, 3)
     assert strategy.contribution_sum is not None
-    n_before = strategy.total_examples
-    proxies[1].context.state = RecordDict()  # a SuperNode restarted with an empty state
-    manager = SimpleClientManager()
-    for proxy in proxies:
-        manager.register(proxy)
-    instructions = strategy.configure_fit(4, strategy._broadcast, manager)  # type: ignore[arg-type]
-    results = [(proxy, proxy.fit(ins, None, 4)) for proxy, ins in instructions]
-    before = [s.copy() for s in strategy.contribution_sum]
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        _, metrics = strategy.aggregate_fit(4, results, [])
-    assert metrics["num_state_mismatch"] == 1 and metrics["num_rejected"] == 1
-    assert metrics["num_replies"] == 3
-    assert any(
-        "partition-id:1" in r.getMessage() and "out of sync" in r.getMessage()
-        for r in caplog.records
+    strategy._evict(["partition-id:3"])
+    strategy.min_available_clients = 3  # its node is gone too
+    assert strategy.total_examples == 3 * 500 and strategy.sweep.active
+    _, metrics = _one_round(strategy, proxies[:3], 4)
+    assert metrics["rebuilding"] == 0 and metrics["num_replies"] == 3
+    assert sorted(strategy.clients) == [f"partition-id:{i}" for i in range(3)]
+    np.testing.assert_allclose(
+        strategy.contribution_sum[0], _shares(proxies[:3], 20), rtol=0, atol=1e-10
     )
-    # S changed by the three accepted deltas only; the lost client's entry is unchanged.
-    accepted = [res for proxy, res in results if proxy is not proxies[1]]
-    expected = before[0].copy()
-    for res in sorted(accepted, key=lambda r: int(r.metrics["partition-id"])):
-        expected += parameters_to_ndarrays(res.parameters)[0]
-    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=1e-14, atol=1e-14)
-    assert strategy.clients["partition-id:1"].last_round == 3
-    assert strategy.total_examples == n_before
-    # The client cannot learn that it was rejected (one FitIns for all): it stays out of
-    # sync, and is rejected again, until the run ends (a documented limitation).
-    instructions = strategy.configure_fit(5, strategy._broadcast, manager)  # type: ignore[arg-type]
-    results = [(proxy, proxy.fit(ins, None, 5)) for proxy, ins in instructions]
-    _, metrics = strategy.aggregate_fit(5, results, [])
-    assert metrics["num_state_mismatch"] == 1 and metrics["num_replies"] == 3
 
 
 # ------------------------------------------------------------------ configuration
@@ -313,7 +333,8 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
         assert strategy.contribution_sum is not None
         expected = np.zeros(d)
         for proxy in proxies:
-            state = load_state(proxy.context.state, [(d,)])
+            kept = load_states(proxy.context.state, [(d,)])
+            state = kept.pending or kept.committed
             if state is None:
                 continue
             expected += state.num_examples * state.contribution[0]
@@ -324,14 +345,18 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
     assert largest_residual > 1e-3  # measured 17.6 (TopK); S matches to 3.6e-15
 
 
-def _one_round(strategy: FedADMMClientDuals, proxies: list[Any], server_round: int) -> None:
+def _one_round(
+    strategy: FedADMMClientDuals, proxies: list[Any], server_round: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """Run one round by hand; return the instructions and the round metrics."""
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
     parameters = strategy._broadcast or strategy.initial_parameters
     instructions = strategy.configure_fit(server_round, parameters, manager)  # type: ignore[arg-type]
     results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in instructions]
-    strategy.aggregate_fit(server_round, results, [])
+    _, metrics = strategy.aggregate_fit(server_round, results, [])
+    return instructions, metrics
 
 
 def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
@@ -388,13 +413,14 @@ def test_resume_with_persistent_clients_is_bit_identical(tmp_path: Path) -> None
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     _, before, _ = _checkpointed(tmp_path / "ckpt", proxies, 6)
     assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["round"] == 6
-    # A SuperLink restart that loses its SuperNodes' state too: every returning client is
-    # out of sync (checkpoint_every keeps this probe from overwriting the checkpoint).
+    # A SuperLink restart that loses its SuperNodes' state too: every returning client
+    # resynchronizes (checkpoint_every keeps this probe from overwriting the checkpoint).
     lost, _, probe = _checkpointed(
         tmp_path / "ckpt", make_proxies(admm_client_fn(**CLIENT), 10), 1, checkpoint_every=99
     )
-    assert probe.fit_metrics[0]["num_state_mismatch"] == 3  # its 3 sampled clients
-    assert lost.last_round == 6  # no usable reply: nothing aggregated, nothing saved
+    assert probe.fit_metrics[0]["num_resynced"] == 3  # its 3 sampled clients
+    assert probe.fit_metrics[0]["rebuilding"] == 1 and lost.last_round == 7
+    assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["round"] == 6
 
     second, after, result = _checkpointed(tmp_path / "ckpt", proxies, 4)
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)

@@ -14,16 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
 from flwr_admm import FedADMMClientDuals
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
-
-pytestmark = pytest.mark.xfail(reason="issue 12: being built; the marker goes when it lands")
-
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 ROUNDS = 80

@@ -1,0 +1,124 @@
+"""The rebuild sweep of `FedADMMClientDuals`: take stale shares out of S exactly.
+
+S = sum_i sigma_i + (stale shares), where sigma_i = n_i c_i - e_i is the current share
+of a key the server holds. A share goes stale when its client lost its state and
+resynchronized (it sent a new full contribution, but the old one is still in S), or
+when its key was evicted. The server cannot subtract it: it never had it. But S
+without the stale shares is the sum of the current shares of the keys it holds, so
+the sweep collects those:
+
+    S_new = sum_{i in R} sigma_i            R: the keys rebuilt so far
+
+A key enters R with a full share: the first contribution of a new or resyncing key,
+or sigma_j' sent on request (``admm-rebuild = 1``) next to its usual change Delta_j.
+After that its changes go into S_new as well as S. Once R holds every key the server
+holds, S := S_new and the stale shares are gone. Meanwhile they keep their weight
+N_stale in the z-step, as absent clients do: z = prox_{g/rho}(S / (N + N_stale)).
+
+A stale share inside S_new (a rebuilt key resyncs again, or is evicted) restarts the
+sweep: S_new = 0, R = {}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_admm.core.kernels import axpy
+from flwr_admm.core.types import Arrays
+
+__all__ = ["RebuildSweep"]
+
+
+class RebuildSweep:
+    """S_new, the rebuilt keys R and the stale weight N_stale of one sweep (or none)."""
+
+    def __init__(self) -> None:
+        self.new_sum: Arrays | None = None  # S_new; None: no sweep
+        self.rebuilt: set[str] = set()  # R
+        self.stale_examples = 0  # N_stale: the n of the stale shares still in S
+
+    @property
+    def active(self) -> bool:
+        """Return whether S still holds a stale share."""
+        return self.new_sum is not None
+
+    def wants_share(self, key: str) -> bool:
+        """Return whether `key` must send its full share sigma' (``admm-rebuild``)."""
+        return self.new_sum is not None and key not in self.rebuilt
+
+    def drop(self, key: str, num_examples: int, like: Arrays) -> None:
+        """Mark the share of `key` in S stale; start the sweep, or restart it.
+
+        Restart (S_new = 0, R = {}) when that share is inside S_new (`key` in R).
+        """
+        if self.new_sum is None or key in self.rebuilt:
+            self.new_sum = [np.zeros_like(t) for t in like]
+            self.rebuilt = set()
+        self.stale_examples += num_examples
+
+    def add_full(self, key: str, contribution: Sequence[NDArray[np.generic]]) -> None:
+        """Fold a first (or resyncing) contribution, all of its share: S_new += it."""
+        if self.new_sum is None:
+            return
+        self._add(contribution)
+        self.rebuilt.add(key)
+
+    def add_change(
+        self,
+        key: str,
+        change: Sequence[NDArray[np.generic]],
+        share: Sequence[NDArray[np.generic]] | None,
+    ) -> None:
+        """Fold Delta_j: S_new += Delta_j if j is in R, else S_new += sigma_j' (j joins R)."""
+        if self.new_sum is None:
+            return
+        if key in self.rebuilt:
+            self._add(change)
+        elif share is not None:
+            self._add(share)
+            self.rebuilt.add(key)
+
+    def finish(self, held: Iterable[str]) -> Arrays | None:
+        """Return S_new and end the sweep once every held key is in R; else None."""
+        if self.new_sum is None or not set(held) <= self.rebuilt:
+            return None
+        new_sum = self.new_sum
+        self._reset()
+        return new_sum
+
+    def _reset(self) -> None:
+        self.new_sum, self.rebuilt, self.stale_examples = None, set(), 0
+
+    def _add(self, arrays: Sequence[NDArray[np.generic]]) -> None:
+        assert self.new_sum is not None
+        for acc, array in zip(self.new_sum, arrays, strict=True):
+            axpy(1.0, np.asarray(array, dtype=np.float64), acc)
+
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return S_new (arrays ``s_new_<i>``) and R, N_stale (manifest entries)."""
+        arrays = {f"s_new_{i}": t for i, t in enumerate(self.new_sum or [])}
+        manifest = {
+            "rebuilding": self.active,
+            "rebuilt": sorted(self.rebuilt),
+            "stale_examples": int(self.stale_examples),
+        }
+        return arrays, manifest
+
+    def load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], like: Arrays
+    ) -> None:
+        """Restore a sweep from `state_dict` output (no entries: no sweep)."""
+        self._reset()
+        if not manifest.get("rebuilding", False):
+            return
+        new_sum = [np.asarray(arrays[f"s_new_{i}"], dtype=np.float64) for i in range(len(like))]
+        if [t.shape for t in new_sum] != [t.shape for t in like]:
+            raise ValueError("S_new and S disagree")
+        self.new_sum = new_sum
+        self.rebuilt = {str(k) for k in manifest["rebuilt"]}
+        self.stale_examples = int(manifest["stale_examples"])
