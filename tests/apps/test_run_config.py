@@ -1,0 +1,110 @@
+"""The simulations app's run config (simulations/admm_app/run_config.py).
+
+References: the app's own pyproject.toml, whose [tool.flwr.app] config must be the
+validated DEFAULTS; hand-written expectations for every rejected key and value; and the
+ServerConfig that server_fn hands to Flower (round-timeout).
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from flwr.common import Context, RecordDict
+
+from simulations.admm_app.run_config import DEFAULTS, fit_config, parse_run_config
+from simulations.admm_app.server_app import server_fn
+from simulations.launcher import APP_DIR
+
+# ----------------------------------------------------------------- run config
+
+
+def test_pyproject_config_is_the_validated_defaults():
+    app = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["config"] == DEFAULTS
+    assert app["components"] == {
+        "serverapp": "admm_app.server_app:app",
+        "clientapp": "admm_app.client_app:app",
+    }
+    assert (
+        "federations" not in tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]
+    )
+    parse_run_config(app["config"])
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ({"strategy": "sgd"}, ["'strategy'", "fedadmm", "fednova", "'sgd'"]),
+        ({"task": "nope"}, ["'task'", "seed-logreg"]),
+        ({"num-server-rounds": 0}, ["'num-server-rounds'", ">= 1"]),
+        ({"num-server-rounds": 2.5}, ["'num-server-rounds'"]),
+        ({"rho": -1.0}, ["'rho'", ">= 0"]),
+        ({"rho-schedule": "cosine"}, ["'rho-schedule'", "residual-balancing"]),
+        ({"relaxation": 2.0}, ["'relaxation'", "(0, 2)"]),
+        ({"round-timeout": -1.0}, ["'round-timeout'", "0 = no limit"]),
+        (
+            {"strategy": "fedadmm-client-duals", "rho-schedule": "residual-balancing"},
+            ["'rho-schedule'", "'constant'"],
+        ),
+        ({"strategy": "fedadmm-client-duals", "relaxation": 1.6}, ["'relaxation'", "must be 1"]),
+        ({"strategy": "fedadmm-client-duals", "rho": 0.0}, ["'rho'", "> 0"]),
+        ({"relaxation": 0.0}, ["'relaxation'", "(0, 2)"]),
+        ({"local-init": "zero"}, ["'local-init'", "previous", "center"]),
+        ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
+        ({"local-steps": 5, "local-epochs": 2}, ["'local-steps'", "'local-epochs'", "at most one"]),
+        ({"local-steps": -1}, ["'local-steps'"]),
+        ({"batch-size": -2}, ["'batch-size'", "-1 = task default"]),
+        ({"learning-rate": float("nan")}, ["'learning-rate'"]),
+        ({"proximal-mu": -0.1}, ["'proximal-mu'"]),
+        ({"fraction-fit": 1.5}, ["'fraction-fit'", "[0, 1]"]),
+        ({"partitioner": "shard"}, ["'partitioner'", "iid", "dirichlet", "pathological"]),
+        ({"dirichlet-alpha": 0.0}, ["'dirichlet-alpha'", "> 0"]),
+        ({"seed": -3}, ["'seed'"]),
+        ({"output-dir": ""}, ["'output-dir'"]),
+        ({"run-tag": "a b"}, ["'run-tag'"]),
+        ({"strategy": 3}, ["'strategy'"]),
+        ({"rho": True}, ["'rho'"]),
+        ({"bogus-key": 1}, ["unknown keys", "bogus-key"]),
+    ],
+)
+def test_run_config_errors_name_the_key_and_the_allowed_values(override, words):
+    with pytest.raises(ValueError) as info:
+        parse_run_config(override)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_options_a_task_does_not_have_are_refused():
+    with pytest.raises(ValueError, match=r"'model'.*seed-logreg"):
+        parse_run_config({"model": "mlp"}).task_options()
+    assert parse_run_config({"num-clients": 5}).task_options() == {"num_clients": 5}
+
+
+def test_task_defaults_fill_only_what_is_left_unset():
+    task_defaults = {"learning_rate": 0.5, "local_epochs": 2, "batch_size": 32, "fraction_fit": 0.3}
+    s = parse_run_config({}, task_defaults)
+    assert (s.learning_rate, s.local_steps, s.local_epochs, s.batch_size) == (0.5, None, 2, 32)
+    assert s.fraction_fit == 0.3
+    s = parse_run_config(
+        {"learning-rate": 0.1, "local-steps": 7, "batch-size": 0, "fraction-fit": 1.0},
+        task_defaults,
+    )
+    assert (s.learning_rate, s.local_steps, s.local_epochs, s.batch_size) == (0.1, 7, None, None)
+    assert s.fraction_fit == 1.0
+    assert fit_config(s) == {"learning_rate": 0.1, "batch_size": 0, "local_steps": 7}
+
+
+# ----------------------------------------------------- run config in the server app
+
+
+def test_round_timeout_reaches_flowers_server_config():
+    assert parse_run_config({}).round_timeout is None  # 0: no limit
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"round-timeout": 15.0, "num-server-rounds": 2},
+    )
+    assert server_fn(context).config.round_timeout == 15.0
