@@ -90,25 +90,17 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
-from flwr_admm.core.kernels import axpy, single_thread_blas
+from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
-    CONVERGED,
-    DUAL_RESIDUAL,
-    EPS_DUAL,
-    EPS_PRIMAL,
     MODE_CLIENT,
     MODE_KEY,
     NUM_CLIENTS_CACHED,
-    NUM_DELAYED_RESIDUALS,
-    NUM_REPLIES,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
-    OBJECTIVE,
-    PREVIOUS_PRIMAL_RESIDUAL,
     PREVIOUS_ROUND,
     REBUILD,
     REBUILDING,
@@ -117,10 +109,12 @@ from flwr_admm.protocol import (
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.client_duals_replies import (
     ClientEntry,
-    DecodedReply,
     RoundStats,
     decoded_reply,
+    entries_from_arrays,
+    entry_arrays,
     protocol_problem,
+    round_residuals,
     z_step,
 )
 from flwr_admm.server.client_duals_sweep import RebuildSweep
@@ -289,22 +283,12 @@ class FedADMMClientDuals(ConsensusStrategy):
             log(INFO, "%s: %s resynchronized (its state was lost)", self.label, key)
             counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
             self.sweep.drop(key, entry.num_examples, self.contribution_sum)
-        self._add(key, reply, full)
+        self.sweep.fold(key, self.contribution_sum, reply.change, reply.share, full=full)
         self.total_examples += int(res.num_examples) - (0 if entry is None else entry.num_examples)
         self.clients[key] = ClientEntry(int(res.num_examples), server_round)
         self._key_of_cid[proxy.cid] = key
         self._stats.add(res)
         return True
-
-    def _add(self, key: str, reply: DecodedReply, full: bool) -> None:
-        """Add Delta_i to S, and to S_new as the sweep says (`RebuildSweep`)."""
-        assert self.contribution_sum is not None
-        for acc, change in zip(self.contribution_sum, reply.change, strict=True):
-            axpy(1.0, np.asarray(change, dtype=np.float64), acc)
-        if full:
-            self.sweep.add_full(key, reply.change)
-        else:
-            self.sweep.add_change(key, reply.change, reply.share)
 
     def _evict(self, keys: list[str]) -> None:
         """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
@@ -339,36 +323,11 @@ class FedADMMClientDuals(ConsensusStrategy):
         weight = self.total_examples + self.sweep.stale_examples
         with single_thread_blas():
             dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
-        return {**self._residuals(self._stats, dz_sq), REBUILDING: int(self.sweep.active)}
-
-    def _residuals(self, stats: RoundStats, dz_sq: float) -> dict[str, Scalar]:
-        """Compute s = rho ||z' - z||, the delayed r, eps_pri and eps_dual; set `converged`."""
-        assert self.z is not None
-        root_p = math.sqrt(sum(t.size for t in self.z))
-        z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in self.z))
-        eps_primal = root_p * self.eps_abs + self.eps_rel * max(stats.w_norm, z_norm)
-        eps_dual = root_p * self.eps_abs + self.eps_rel * self.rho * stats.u_norm
-        dual = self.rho * math.sqrt(dz_sq)
-        metrics: dict[str, Scalar] = {
-            RHO: self.rho,
-            DUAL_RESIDUAL: dual,
-            EPS_PRIMAL: eps_primal,
-            EPS_DUAL: eps_dual,
-            NUM_REPLIES: stats.num_replies,
-            NUM_DELAYED_RESIDUALS: stats.num_delayed,
-            NUM_CLIENTS_CACHED: len(self.clients),
-        }
-        previous = stats.previous_primal
-        if previous is not None:
-            metrics[PREVIOUS_PRIMAL_RESIDUAL] = previous
-        self.converged = previous is not None and previous <= eps_primal and dual <= eps_dual
-        metrics[CONVERGED] = int(self.converged)
-        if stats.objective is not None:
-            objective = stats.objective
-            if self.regularizer is not None:
-                objective += self.regularizer.value(self.z)
-            metrics[OBJECTIVE] = objective
-        return metrics
+        metrics, self.converged = round_residuals(
+            self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
+        )
+        metrics[NUM_CLIENTS_CACHED] = len(self.clients)
+        return {**metrics, REBUILDING: int(self.sweep.active)}
 
     # ----------------------------------------------------------------- state
     def _consensus(self) -> Arrays | None:
@@ -409,22 +368,17 @@ class FedADMMClientDuals(ConsensusStrategy):
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
         assert self.z is not None and self.contribution_sum is not None
-        keys = list(self.clients)
         arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
         arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
-        arrays["entry_examples"] = np.array(
-            [self.clients[k].num_examples for k in keys], dtype=np.int64
-        )
-        arrays["entry_rounds"] = np.array(
-            [self.clients[k].last_round for k in keys], dtype=np.int64
-        )
+        arrays.update(entry_arrays(self.clients))
+        sweep_arrays, sweep_manifest = self.sweep.state_dict()
         manifest = {
             "num_tensors": len(self.z),
             "total_examples": int(self.total_examples),
-            "keys": keys,
+            "keys": list(self.clients),
+            **sweep_manifest,
         }
-        sweep_arrays, sweep_manifest = self.sweep.state_dict()
-        return {**arrays, **sweep_arrays}, {**manifest, **sweep_manifest}
+        return {**arrays, **sweep_arrays}, manifest
 
     def _load_state_dict(
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
@@ -432,16 +386,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         count = int(manifest["num_tensors"])
         z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
         s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
-        keys = [str(k) for k in manifest["keys"]]
-        examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
         if [t.shape for t in s] != [t.shape for t in z] or len(dtypes) != count:
             raise ValueError("z, S and dtypes disagree")
-        if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
-            raise ValueError("entries and keys disagree")
-        clients = {
-            key: ClientEntry(int(n), int(r))
-            for key, n, r in zip(keys, examples.tolist(), rounds.tolist(), strict=True)
-        }
+        clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
         total = int(manifest["total_examples"])
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s

@@ -17,11 +17,12 @@ residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters
+from flwr.common import FitRes, Parameters, Scalar
 from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import BLOCK, blocks
@@ -29,11 +30,20 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
+    CONVERGED,
     DELAYED_SQ_RESIDUAL,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
     EXAMPLES_CHANGE,
     LOSS,
+    NUM_DELAYED_RESIDUALS,
+    NUM_REPLIES,
+    OBJECTIVE,
+    PREVIOUS_PRIMAL_RESIDUAL,
     PREVIOUS_ROUND,
     RESYNC,
+    RHO,
     U_SQ_NORM,
     W_SQ_NORM,
 )
@@ -47,6 +57,26 @@ class ClientEntry:
 
     num_examples: int
     last_round: int
+
+
+def entry_arrays(clients: dict[str, ClientEntry]) -> dict[str, NDArray[np.int64]]:
+    """Return the entries' n_i and last rounds as two arrays, in the order of `clients`."""
+    entries = list(clients.values())
+    return {
+        "entry_examples": np.array([e.num_examples for e in entries], dtype=np.int64),
+        "entry_rounds": np.array([e.last_round for e in entries], dtype=np.int64),
+    }
+
+
+def entries_from_arrays(
+    keys: list[str], arrays: Mapping[str, NDArray[Any]]
+) -> dict[str, ClientEntry]:
+    """Rebuild the entries of `keys` from `entry_arrays` output; ValueError if they differ."""
+    examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
+    if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
+        raise ValueError("entries and keys disagree")
+    pairs = zip(keys, examples.tolist(), rounds.tolist(), strict=True)
+    return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
 
 
 def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] | None:
@@ -159,6 +189,46 @@ def z_step(
             total += float(np.dot(diff[:size], diff[:size]))
             z_flat[block] = new[:size]
     return total
+
+
+def round_residuals(
+    stats: RoundStats,
+    z: Arrays,
+    dz_sq: float,
+    rho: float,
+    eps_abs: float,
+    eps_rel: float,
+    regularizer: Regularizer | None,
+) -> tuple[dict[str, Scalar], bool]:
+    """Return s = rho ||z' - z||, the delayed r, eps_pri, eps_dual, and whether converged.
+
+    eps_pri = sqrt(P) eps_abs + eps_rel max(sqrt(sum p_i ||w_i'||^2), ||z'||),
+    eps_dual = sqrt(P) eps_abs + eps_rel rho sqrt(sum p_i ||u_i||^2).
+    """
+    root_p = math.sqrt(sum(t.size for t in z))
+    z_norm = math.sqrt(sum(float(np.vdot(t, t)) for t in z))
+    eps_primal = root_p * eps_abs + eps_rel * max(stats.w_norm, z_norm)
+    eps_dual = root_p * eps_abs + eps_rel * rho * stats.u_norm
+    dual = rho * math.sqrt(dz_sq)
+    metrics: dict[str, Scalar] = {
+        RHO: rho,
+        DUAL_RESIDUAL: dual,
+        EPS_PRIMAL: eps_primal,
+        EPS_DUAL: eps_dual,
+        NUM_REPLIES: stats.num_replies,
+        NUM_DELAYED_RESIDUALS: stats.num_delayed,
+    }
+    previous = stats.previous_primal
+    if previous is not None:
+        metrics[PREVIOUS_PRIMAL_RESIDUAL] = previous
+    converged = previous is not None and previous <= eps_primal and dual <= eps_dual
+    metrics[CONVERGED] = int(converged)
+    if stats.objective is not None:
+        objective = stats.objective
+        if regularizer is not None:
+            objective += regularizer.value(z)
+        metrics[OBJECTIVE] = objective
+    return metrics, converged
 
 
 class RoundStats:

@@ -60,26 +60,29 @@ class RebuildSweep:
             self.rebuilt = set()
         self.stale_examples += num_examples
 
-    def add_full(self, key: str, contribution: Sequence[NDArray[np.generic]]) -> None:
-        """Fold a first (or resyncing) contribution, all of its share: S_new += it."""
-        if self.new_sum is None:
-            return
-        self._add(contribution)
-        self.rebuilt.add(key)
-
-    def add_change(
+    def fold(
         self,
         key: str,
+        total: Arrays,
         change: Sequence[NDArray[np.generic]],
         share: Sequence[NDArray[np.generic]] | None,
+        *,
+        full: bool,
     ) -> None:
-        """Fold Delta_j: S_new += Delta_j if j is in R, else S_new += sigma_j' (j joins R)."""
+        """Add a reply's Delta_j to S (`total`), and what the sweep needs to S_new.
+
+        A full contribution (new or resyncing key) is all of its share: S_new += it,
+        j joins R. Otherwise S_new += Delta_j if j is in R, else S_new += sigma_j'
+        (j joins R) when the reply sent it.
+        """
+        _add(total, change)
         if self.new_sum is None:
             return
-        if key in self.rebuilt:
-            self._add(change)
+        if full or key in self.rebuilt:
+            _add(self.new_sum, change)
+            self.rebuilt.add(key)
         elif share is not None:
-            self._add(share)
+            _add(self.new_sum, share)
             self.rebuilt.add(key)
 
     def finish(self, held: Iterable[str]) -> Arrays | None:
@@ -92,11 +95,6 @@ class RebuildSweep:
 
     def _reset(self) -> None:
         self.new_sum, self.rebuilt, self.stale_examples = None, set(), 0
-
-    def _add(self, arrays: Sequence[NDArray[np.generic]]) -> None:
-        assert self.new_sum is not None
-        for acc, array in zip(self.new_sum, arrays, strict=True):
-            axpy(1.0, np.asarray(array, dtype=np.float64), acc)
 
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -122,3 +120,9 @@ class RebuildSweep:
         self.new_sum = new_sum
         self.rebuilt = {str(k) for k in manifest["rebuilt"]}
         self.stale_examples = int(manifest["stale_examples"])
+
+
+def _add(total: Arrays, arrays: Sequence[NDArray[np.generic]]) -> None:
+    """Set total += arrays in place (float64, one pass)."""
+    for acc, array in zip(total, arrays, strict=True):
+        axpy(1.0, np.asarray(array, dtype=np.float64), acc)

@@ -217,6 +217,22 @@ def test_lost_client_state_resyncs_and_the_sweep_rebuilds_s(
     assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
 
 
+def test_a_duplicated_reply_is_rejected_and_its_client_comes_back() -> None:
+    strategy, proxies = _run(3, 2)
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    instructions = strategy.configure_fit(3, strategy._broadcast, manager)  # type: ignore[arg-type]
+    results = [(proxy, proxy.fit(ins, None, 3)) for proxy, ins in instructions]
+    _, metrics = strategy.aggregate_fit(3, [*results, results[0]], [])  # delivered twice
+    assert metrics["num_rejected"] == 2 and metrics["num_replies"] == 2
+    instructions, metrics = _one_round(strategy, proxies, 4)
+    assert [ins.config["admm-ack-round"] for _, ins in instructions] == [2, 3, 3]
+    assert metrics["num_rejected"] == 0 and metrics["num_replies"] == 3
+    assert strategy.contribution_sum is not None
+    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
+
+
 def test_an_evicted_keys_share_leaves_s() -> None:
     strategy, proxies = _run(4, 3)
     assert strategy.contribution_sum is not None

@@ -11,6 +11,7 @@ without the stale one. Each test failed before the acknowledgement existed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,9 @@ from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
-from flwr_admm import FedADMMClientDuals
+from flwr_admm import FedADMMClientDuals, StochasticQuantizer
+from flwr_admm.client.client_duals import load_states
+from flwr_admm.server.client_duals_sweep import RebuildSweep
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
@@ -29,9 +32,9 @@ class LossyProxy(InProcessClientProxy):
     """A proxy whose scripted rounds misbehave after the client trained.
 
     "lost": the reply never arrives (the client saved its new state); "nan": the reply
-    arrives with a NaN; "replay": the reply of the
-    previous round arrives again instead of this one; "wipe": the node's state is lost
-    before this round (a SuperNode restart without its state).
+    arrives with a NaN; "truncate": its first tensor arrives 3 bytes short; "replay":
+    the reply of the previous round arrives again instead of this one; "wipe": the
+    node's state is lost before this round (a SuperNode restart without its state).
     """
 
     faults: dict[int, str]
@@ -48,6 +51,8 @@ class LossyProxy(InProcessClientProxy):
             raise TimeoutError("reply lost after the client trained")
         if fault == "nan":
             res.parameters.tensors[0] = _with_nan(res.parameters.tensors[0])
+        if fault == "truncate":
+            res.parameters.tensors[0] = res.parameters.tensors[0][:-3]
         if fault == "replay" and previous is not None:
             return previous
         return res
@@ -132,3 +137,68 @@ def test_lost_state_under_partial_participation() -> None:
     run_rounds(strategy, proxies, 120)
     reached = first_round_below(gaps(recorder.matrix), 1e-6)
     assert reached is not None, gaps(recorder.matrix)[-5:]
+
+
+def test_lost_state_and_a_truncated_payload_under_8_bit_compression() -> None:
+    """The sweep's full shares follow the compressed changes: S = sum n_i c_i - e_i."""
+    recorder = Recorder()
+    strategy = FedADMMClientDuals(
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        evaluate_fn=recorder,
+        uplink=StochasticQuantizer(bits=8),
+    )
+    proxies = lossy_proxies({4: {6: "wipe"}, 2: {8: "truncate"}})
+    result = run_rounds(strategy, proxies, ROUNDS)
+    assert result.fit_metrics[5]["num_resynced"] == 1
+    assert result.fit_metrics[7]["num_rejected"] == 1
+    assert [int(m["rebuilding"]) for m in result.fit_metrics[4:8]] == [0, 1, 0, 0]
+    assert_recovers(recorder, result)
+    expected = np.zeros(20)
+    for proxy in proxies:
+        kept = load_states(proxy.context.state, [(20,)])
+        assert kept.pending is not None  # every last reply was used
+        expected += kept.pending.share[0]
+    assert strategy.contribution_sum is not None
+    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+
+
+def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) -> None:
+    faults = {4: {6: "wipe"}}
+    straight = Recorder()
+    strategy = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=straight
+    )
+    run_rounds(strategy, lossy_proxies(faults), 9)
+    proxies = lossy_proxies(faults)
+    before, after = Recorder(), Recorder()
+    first = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=before, checkpoint_dir=tmp_path
+    )
+    run_rounds(first, proxies, 6)
+    assert first.sweep.active  # round 6's resync started it
+    second = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=after, checkpoint_dir=tmp_path
+    )
+    assert second.sweep.rebuilt == {"partition-id:4"} and second.sweep.stale_examples == 500
+    run_rounds(second, proxies, 3)
+    np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), straight.matrix)
+    assert [int(h["rebuilding"]) for h in second.history] == [0, 0, 0]
+
+
+def test_a_stale_share_inside_s_new_restarts_the_sweep() -> None:
+    """S holds a: 1, b: 2, c: 4; a resyncs (16), b rebuilds, then b resyncs (32)."""
+    total, sweep = [np.array([7.0])], RebuildSweep()
+    sweep.drop("a", 10, total)
+    sweep.fold("a", total, [np.array([16.0])], None, full=True)
+    sweep.fold("b", total, [np.array([1.0])], [np.array([3.0])], full=False)
+    assert sweep.new_sum == [19.0] and sweep.rebuilt == {"a", "b"}
+    sweep.drop("b", 10, total)  # b's share 3 is inside S_new: start again
+    assert sweep.new_sum == [0.0] and sweep.rebuilt == set()
+    sweep.fold("b", total, [np.array([32.0])], None, full=True)
+    sweep.fold("a", total, [np.array([1.0])], [np.array([17.0])], full=False)
+    assert sweep.finish(["a", "b", "c"]) is None and sweep.stale_examples == 20
+    sweep.fold("c", total, [np.array([0.0])], [np.array([4.0])], full=False)
+    assert total == [7.0 + 16 + 1 + 32 + 1]  # S got every change, stale shares too
+    assert sweep.finish(["a", "b", "c"]) == [17.0 + 32 + 4]  # the current shares only
+    assert not sweep.active and sweep.stale_examples == 0
