@@ -446,25 +446,29 @@ def test_resume_with_persistent_clients_is_bit_identical(tmp_path: Path) -> None
 
 
 def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
+    # (The probes share the run's sampling settings: only the named field differs.)
     _checkpointed(tmp_path, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 2)
     with pytest.raises(
         CheckpointError, match=r"another configuration \(rho: checkpoint 0.1, now 0.2"
     ):
-        FedADMMClientDuals(rho=0.2, checkpoint_dir=tmp_path)
+        FedADMMClientDuals(rho=0.2, checkpoint_dir=tmp_path, **PARTIAL)
     with pytest.raises(CheckpointError, match="regularizer"):
-        FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path)
+        FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path, **PARTIAL)
     with pytest.raises(CheckpointError, match="another configuration"):  # not its format
         FedADMM(rho=0.1, checkpoint_dir=tmp_path)
     wrong = FedADMMClientDuals(
-        rho=0.1, checkpoint_dir=tmp_path, initial_parameters=ndarrays_to_parameters([np.zeros(21)])
+        rho=0.1,
+        checkpoint_dir=tmp_path,
+        initial_parameters=ndarrays_to_parameters([np.zeros(21)]),
+        **PARTIAL,
     )
     with pytest.raises(ValueError, match="initial_parameters"):
         wrong.initialize_parameters(SimpleClientManager())
-    assert FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, resume=False).z is None
+    assert FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, resume=False, **PARTIAL).z is None
     arrays = next(tmp_path.glob("state-r*.npz"))
     arrays.write_bytes(arrays.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match="truncated"):
-        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path)
+        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, **PARTIAL)
 
 
 # ------------------------------------------------------------------ server memory
