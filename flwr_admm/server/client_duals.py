@@ -50,9 +50,10 @@ Delta_j as usual and S_new += sigma_j' (rebuilt keys add Delta_j to S_new too; n
 resyncing keys count as rebuilt with their first contribution). Once every key the
 server holds has rebuilt, S := S_new, exactly. Until then the stale shares keep their
 weight N_stale in z = prox_{g/rho}(S / (N + N_stale)) and the round metric
-``rebuilding`` is 1. An evicted key's share leaves S the same way (`_evict`). Cost:
-one extra model-sized upload per client per sweep, one extra model copy (S_new) on
-the server while it runs; under full participation it ends one round after it started.
+``rebuilding`` is 1 (and ``converged`` 0). An evicted key's share leaves S the same way
+(`_evict`). Cost: one extra model-sized upload per client per sweep, one extra model
+copy (S_new) on the server while it runs; under full participation it ends one round
+after it started. A key that never returns keeps the sweep open until it is evicted.
 
 Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
 the rebuilt keys, N_stale), the round and the convergence flag, plus a fingerprint of
@@ -96,6 +97,7 @@ from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
+    CONVERGED,
     MODE_CLIENT,
     MODE_KEY,
     NUM_CLIENTS_CACHED,
@@ -323,9 +325,11 @@ class FedADMMClientDuals(ConsensusStrategy):
         weight = self.total_examples + self.sweep.stale_examples
         with single_thread_blas():
             dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
-        metrics, self.converged = round_residuals(
+        metrics, converged = round_residuals(
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
+        self.converged = converged and not self.sweep.active  # not while S holds a stale share
+        metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
         return {**metrics, REBUILDING: int(self.sweep.active)}
 

@@ -247,6 +247,24 @@ def test_an_evicted_keys_share_leaves_s() -> None:
     )
 
 
+def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
+    """Half the clients a round: converged at round 46; then key 9 is evicted."""
+    half = {"fraction_fit": 0.5, "min_fit_clients": 5, "min_available_clients": 10}
+    strategy = FedADMMClientDuals(rho=0.1, initial_parameters=zeros_parameters(), **half)
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    result = run_rounds(strategy, proxies, 50)
+    assert int(result.fit_metrics[-1]["converged"]) == 1
+    strategy._evict(["partition-id:9"])
+    strategy.min_available_clients = 9
+    flags = [_one_round(strategy, proxies[:9], r)[1] for r in range(51, 71)]
+    rebuilding = [m for m in flags if m["rebuilding"]]
+    assert rebuilding and all(m["converged"] == 0 for m in rebuilding)
+    assert flags[-1]["rebuilding"] == 0 and strategy.contribution_sum is not None
+    np.testing.assert_allclose(
+        strategy.contribution_sum[0], _shares(proxies[:9], 20), rtol=0, atol=1e-9
+    )
+
+
 # ------------------------------------------------------------------ configuration
 @pytest.mark.parametrize(
     ("kwargs", "field"),
