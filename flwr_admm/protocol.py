@@ -102,3 +102,21 @@ NUM_EVICTED = "num_evicted"  # client keys whose server state was dropped this r
 # return them (ValueError naming the key); keys with these prefixes are reserved too.
 RESERVED_CONFIG_KEYS = (RHO, PROXIMAL_MU, SERVER_ROUND, MODE_KEY)
 RESERVED_CONFIG_PREFIXES = ("admm-", "uplink", "dp-")
+
+# ------------------------------- Message API (flwr_admm.serverapp, flwr_admm.clientapp)
+# Flower's Message API spells its keys with hyphens; FedADMM sends rho_i under RHO and
+# MESSAGE_PROXIMAL_MU, so a FedProx-style @app.train() handler runs the ADMM w-step.
+MESSAGE_PROXIMAL_MU = "proximal-mu"  # Flower's Message-API FedProx key
+MESSAGE_SERVER_ROUND = "server-round"  # Flower's Message-API round key
+NUM_EXAMPLES = "num-examples"  # Flower's Message-API weight key (`weighted_by_key`)
+MESSAGE_STATE_W = "flwr_admm.message.w"  # clientapp helpers: last local w_i, named tensors
+MESSAGE_STATE_META = "flwr_admm.message.meta"  # clientapp helpers: its round (META_ROUND)
+# Train-config keys the Message-API strategies set: a given ConfigRecord may not hold them.
+MESSAGE_RESERVED_CONFIG_KEYS = (
+    RHO,
+    MESSAGE_PROXIMAL_MU,
+    MESSAGE_SERVER_ROUND,
+    PROXIMAL_MU,
+    SERVER_ROUND,
+    MODE_KEY,
+)

@@ -1,0 +1,26 @@
+"""Flower Message-API client side: helpers for ``@app.train()`` handlers, a ready ClientApp.
+
+`ADMMTrainStep` (with `received_arrays`, `read_rho`, `warm_start`, `build_reply`)
+serves a user's own handler; `make_client_app` wraps the legacy ``client_fn`` of an
+`ADMMClient` (the project's numpy models) into a ClientApp with train and evaluate
+handlers.
+"""
+
+from flwr_admm.clientapp.app import legacy_config, make_client_app
+from flwr_admm.clientapp.step import (
+    ADMMTrainStep,
+    build_reply,
+    read_rho,
+    received_arrays,
+    warm_start,
+)
+
+__all__ = [
+    "ADMMTrainStep",
+    "build_reply",
+    "legacy_config",
+    "make_client_app",
+    "read_rho",
+    "received_arrays",
+    "warm_start",
+]

@@ -1,0 +1,120 @@
+"""A ready Message-API ClientApp for the project's numpy models (`ADMMClient` inside).
+
+`make_client_app(client_fn)` takes the same ``client_fn(context) -> ADMMClient`` a
+legacy ``ClientApp(client_fn=...)`` takes and serves it through ``@app.train()`` and
+``@app.evaluate()`` handlers: the received named tensors go in (as float64, in record
+order), the config keys are read with their Message-API spelling (``server-round``,
+``proximal-mu``), and the reply carries the trained tensors under the received names
+and dtypes with ``num-examples`` and the client's metrics. The local loop is
+`ADMMClient.fit` itself (`penalized_local_solve`; ``local_steps``, ``local_epochs``,
+``learning_rate``, ``batch_size`` from the config, same defaults, warm start in
+``context.state``), so both APIs compute the same numbers for the same inputs; with
+rho = 0 the loop starts at the received arrays (FedAvg).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.clientapp import ClientApp
+
+from flwr_admm.clientapp.step import build_reply, received_arrays
+from flwr_admm.protocol import (
+    CLIENT_KEY,
+    LOSS,
+    MESSAGE_PROXIMAL_MU,
+    MESSAGE_SERVER_ROUND,
+    NUM_EXAMPLES,
+    PROXIMAL_MU,
+    SERVER_ROUND,
+)
+
+__all__ = ["legacy_config", "make_client_app"]
+
+ClientFn = Callable[[Context], NumPyClient]
+
+
+def legacy_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return `config` with the legacy spellings a NumPyClient reads added.
+
+    ``server-round`` -> ``server_round``, ``proximal-mu`` -> ``proximal_mu`` (a key
+    already present in legacy spelling wins).
+    """
+    out = dict(config)
+    for message_key, legacy_key in (
+        (MESSAGE_SERVER_ROUND, SERVER_ROUND),
+        (MESSAGE_PROXIMAL_MU, PROXIMAL_MU),
+    ):
+        if message_key in out and legacy_key not in out:
+            out[legacy_key] = out[message_key]
+    return out
+
+
+def make_client_app(
+    client_fn: ClientFn, *, arrayrecord_key: str = "arrays", configrecord_key: str = "config"
+) -> ClientApp:
+    """Return a ClientApp whose handlers run ``client_fn(context)`` (e.g. an `ADMMClient`).
+
+    Parameters
+    ----------
+    client_fn : callable
+        ``client_fn(context) -> NumPyClient``, rebuilt for every message as Flower does;
+        build it with ``context=context`` so that warm starts persist in its state.
+    arrayrecord_key, configrecord_key : str
+        Record names, as given to the server strategy.
+
+    """
+    app = ClientApp()
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        received = received_arrays(message, arrayrecord_key)
+        params = [np.asarray(a, dtype=np.float64) for a in received.values()]
+        config = legacy_config(_config(message, configrecord_key))
+        arrays, num_examples, metrics = client_fn(context).fit(params, config)
+        return build_reply(
+            message,
+            arrays,
+            num_examples,
+            _numeric(metrics),
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+        )
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        received = received_arrays(message, arrayrecord_key)
+        params = [np.asarray(a, dtype=np.float64) for a in received.values()]
+        config = legacy_config(_config(message, configrecord_key))
+        loss, num_examples, metrics = client_fn(context).evaluate(params, config)
+        reported = {**_numeric(metrics), LOSS: float(loss), NUM_EXAMPLES: int(num_examples)}
+        return Message(RecordDict({"metrics": MetricRecord(reported)}), reply_to=message)
+
+    return app
+
+
+def _config(message: Message, configrecord_key: str) -> dict[str, Any]:
+    record = message.content.config_records.get(configrecord_key, ConfigRecord())
+    return dict(record.items())
+
+
+def _numeric(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Return legacy metrics as MetricRecord values; a text ``client-key`` is refused.
+
+    (A MetricRecord holds numbers only: ``client-key`` must be an integer here.)
+    """
+    out: dict[str, Any] = {}
+    for name, value in metrics.items():
+        if name == CLIENT_KEY and isinstance(value, str):
+            if not value.isdecimal():
+                raise ValueError(
+                    f"{CLIENT_KEY}: must be an integer under the Message API (MetricRecord "
+                    f"holds numbers only), got {value!r}"
+                )
+            value = int(value)
+        out[name] = int(value) if isinstance(value, bool) else value
+    return out

@@ -1,0 +1,250 @@
+"""Helpers for a user's own ``@app.train()`` handler under `flwr_admm.serverapp.FedADMM`.
+
+FedADMM sends each node its center v_i = z - u_i under ``arrays`` and rho_i under
+``rho`` and ``proximal-mu`` in ``config``; the node approximately solves
+
+    min_w  f_i(w) + rho_i/2 ||w - v_i||^2
+
+and replies with w_i and ``num-examples``. An unmodified FedProx-style handler does
+exactly this from the received arrays. Starting instead from the node's own previous
+w_i (a warm start kept in ``context.state``) removes the bias that restarting an
+inexact solve at v_i leaves. A handler using these helpers::
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        step = ADMMTrainStep.from_message(msg, context)
+        w = step.start()                       # dict name -> float64 array
+        ...                                    # local steps on f_i + step.rho/2 ||w - center||^2
+        return step.reply(w, num_examples=n, metrics={"loss": loss}, context=context)
+
+Under Flower's FedProx (``proximal-mu`` only) or FedAvg, `start` is the received
+arrays and ``rho`` is mu or 0: the same handler serves every strategy.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from numpy.typing import NDArray
+
+from flwr_admm.protocol import (
+    CLIENT_KEY,
+    MESSAGE_PROXIMAL_MU,
+    MESSAGE_SERVER_ROUND,
+    MESSAGE_STATE_META,
+    MESSAGE_STATE_W,
+    META_ROUND,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    RHO,
+)
+
+__all__ = ["ADMMTrainStep", "build_reply", "read_rho", "received_arrays", "warm_start"]
+
+Named = dict[str, NDArray[Any]]
+
+
+def received_arrays(message: Message, arrayrecord_key: str = "arrays") -> Named:
+    """Return the received tensors by name, as sent (dtypes and shapes kept).
+
+    The ArrayRecord under `arrayrecord_key`, else the message's only one.
+    """
+    records = message.content.array_records
+    if arrayrecord_key in records:
+        record = records[arrayrecord_key]
+    elif len(records) == 1:
+        record = next(iter(records.values()))
+    else:
+        raise ValueError(f"{arrayrecord_key}: no such ArrayRecord in the message")
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def read_rho(config: Mapping[str, Any]) -> float:
+    """Return rho_i: ``rho``, else ``proximal-mu`` (Flower's FedProx), else 0."""
+    value = config.get(RHO, config.get(MESSAGE_PROXIMAL_MU, 0.0))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"rho: must be a number >= 0, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"rho: must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | None:
+    """Return the w_i this node last replied with, if it has the names and shapes of `like`."""
+    record = context.state.array_records.get(MESSAGE_STATE_W)
+    if record is None or list(record.keys()) != list(like):
+        return None
+    previous = {name: np.asarray(record[name].numpy(), dtype=np.float64) for name in like}
+    if any(previous[name].shape != np.shape(like[name]) for name in like):
+        return None
+    return previous
+
+
+def build_reply(
+    message: Message,
+    arrays: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
+    num_examples: int,
+    metrics: Mapping[str, Any] | None = None,
+    context: Context | None = None,
+    *,
+    arrayrecord_key: str = "arrays",
+    configrecord_key: str = "config",
+    weighted_by_key: str = NUM_EXAMPLES,
+) -> Message:
+    """Return the reply to `message`: w_i under the received names and dtypes, and metrics.
+
+    The MetricRecord holds `metrics` (plain ints and floats), `weighted_by_key` =
+    `num_examples` and, unless `metrics` has them, the node's ``partition-id`` and
+    ``client-key`` (integers from ``context.node_config``). With a `context`, w_i (in
+    float64) is then saved in ``context.state`` as the next warm start: last, so a
+    handler that fails before never leaves a half-written state.
+    """
+    received = received_arrays(message, arrayrecord_key)
+    names = list(received)
+    values = [arrays[n] for n in names] if isinstance(arrays, Mapping) else list(arrays)
+    if len(values) != len(names):
+        raise ValueError(f"arrays: expected {len(names)} tensors {names}, got {len(values)}")
+    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral):
+        raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
+    if num_examples <= 0:
+        raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
+    w = {n: np.asarray(v, dtype=np.float64) for n, v in zip(names, values, strict=True)}
+    record = ArrayRecord({n: Array(np.asarray(w[n], dtype=received[n].dtype)) for n in names})
+    reported = _key_metrics(context) if context is not None else {}
+    reported.update({name: _plain(value, name) for name, value in (metrics or {}).items()})
+    reported[weighted_by_key] = int(num_examples)
+    reply = Message(
+        RecordDict({arrayrecord_key: record, "metrics": MetricRecord(reported)}), reply_to=message
+    )
+    if context is not None:
+        config = message.content.config_records.get(configrecord_key, ConfigRecord())
+        _keep_warm_start(context, w, config.get(MESSAGE_SERVER_ROUND))
+    return reply
+
+
+def _keep_warm_start(context: Context, w: Named, server_round: Any) -> None:
+    """Save w_i (float64, named) and its round in ``context.state``, if w_i is finite."""
+    if not all(np.all(np.isfinite(t)) for t in w.values()):
+        return  # a NaN warm start would poison every later round
+    context.state.array_records[MESSAGE_STATE_W] = ArrayRecord({n: Array(t) for n, t in w.items()})
+    if isinstance(server_round, int) and not isinstance(server_round, bool):
+        context.state.config_records[MESSAGE_STATE_META] = ConfigRecord({META_ROUND: server_round})
+
+
+def _key_metrics(context: Context) -> dict[str, Any]:
+    """Return ``partition-id`` / ``client-key`` of the node config (integers only)."""
+    found = {}
+    for name in (PARTITION_ID, CLIENT_KEY):
+        value = context.node_config.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found[name] = value
+    return found
+
+
+def _plain(value: Any, name: str) -> Any:
+    """Return `value` as a MetricRecord accepts it (int, float or a list of them)."""
+    if isinstance(value, list):
+        return [_plain(v, name) for v in value]
+    if isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise ValueError(f"metrics[{name!r}]: must be a number (MetricRecord), got {value!r}")
+
+
+@dataclass(frozen=True)
+class ADMMTrainStep:
+    """What a train handler needs for one local ADMM step, read from the message.
+
+    Attributes
+    ----------
+    message : Message
+        The received message (the reply answers it).
+    center : dict
+        v_i by name, as float64 (the received arrays).
+    rho : float
+        rho_i (``rho``, else ``proximal-mu``, else 0).
+    admm : bool
+        True when the server is FedADMM (``rho`` in the config).
+    server_round : int or None
+        ``server-round`` of the config.
+    config : dict
+        The received config (a copy).
+    previous : dict or None
+        The node's last w_i from ``context.state`` (names and shapes match), else None.
+
+    """
+
+    message: Message
+    center: Named
+    rho: float
+    admm: bool
+    server_round: int | None
+    config: dict[str, Any]
+    previous: Named | None
+    arrayrecord_key: str = "arrays"
+    configrecord_key: str = "config"
+
+    @classmethod
+    def from_message(
+        cls,
+        message: Message,
+        context: Context,
+        *,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+    ) -> ADMMTrainStep:
+        """Read the center, rho, the round and the warm start of one train message."""
+        received = received_arrays(message, arrayrecord_key)
+        center = {name: np.asarray(a, dtype=np.float64) for name, a in received.items()}
+        record = message.content.config_records.get(configrecord_key)
+        config = dict(record.items()) if record is not None else {}
+        server_round = config.get(MESSAGE_SERVER_ROUND)
+        return cls(
+            message=message,
+            center=center,
+            rho=read_rho(config),
+            admm=RHO in config,
+            server_round=server_round if isinstance(server_round, int) else None,
+            config=config,
+            previous=warm_start(context, center),
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+        )
+
+    def start(self, *, warm: bool = True) -> Named:
+        """Return where the local solve starts (copies).
+
+        The node's previous w_i under FedADMM with rho > 0 (and `warm`); else the
+        received arrays (FedProx, FedAvg, rho = 0: no penalty ties w to z, so a warm
+        start would ignore it; a first round).
+        """
+        use_previous = warm and self.admm and self.rho > 0 and self.previous is not None
+        source = self.previous if use_previous and self.previous is not None else self.center
+        return {name: a.copy() for name, a in source.items()}
+
+    def reply(
+        self,
+        arrays: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
+        num_examples: int,
+        metrics: Mapping[str, Any] | None = None,
+        context: Context | None = None,
+    ) -> Message:
+        """Return the reply (`build_reply`); with `context`, keep w_i as the next warm start."""
+        return build_reply(
+            self.message,
+            arrays,
+            num_examples,
+            metrics,
+            context,
+            arrayrecord_key=self.arrayrecord_key,
+            configrecord_key=self.configrecord_key,
+        )

@@ -1,0 +1,11 @@
+"""Flower Message-API side: `FedADMM` for ``@app.main()`` ServerApps and ``strategy.start``.
+
+`FedADMM` subclasses `flwr.serverapp.strategy.FedAvg` and runs the same numpy core
+(`flwr_admm.core.ConsensusADMM`) as the legacy `flwr_admm.FedADMM`. Swap it in for
+Flower's ``FedProx`` in one line; a FedProx-style ``@app.train()`` handler then runs
+ADMM's local step (`flwr_admm.clientapp` has helpers for warm starts and replies).
+"""
+
+from flwr_admm.serverapp.fedadmm import FedADMM
+
+__all__ = ["FedADMM"]

@@ -1,0 +1,95 @@
+"""Keyword and config checks of the Message-API strategies."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_admm.protocol import MESSAGE_RESERVED_CONFIG_KEYS, RESERVED_CONFIG_PREFIXES
+
+__all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
+
+# Keywords of the legacy strategies the Message-API ones do not support yet.
+PLANNED = (
+    "checkpoint_dir",
+    "checkpoint_every",
+    "resume",
+    "uplink",
+    "uplink_residual",
+    "local_dp",
+    "key_binding",
+    "max_client_age",
+    "max_clients",
+)
+
+
+def refuse_planned(keywords: Mapping[str, Any]) -> None:
+    """Raise for keywords the Message-API strategy does not take (yet).
+
+    Raises
+    ------
+    ValueError
+        For a legacy keyword that is planned here, naming it and the legacy class.
+    TypeError
+        For any other unknown keyword, as Python would.
+
+    """
+    for name in sorted(keywords):
+        if name in PLANNED:
+            raise ValueError(
+                f"{name}: not supported by flwr_admm.serverapp.FedADMM yet (planned); "
+                "use the legacy flwr_admm.FedADMM for checkpoints, uplink compression, "
+                "local DP and eviction"
+            )
+        raise TypeError(f"FedADMM() got an unexpected keyword argument {name!r}")
+
+
+def check_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
+    """Validate the FedAvg keywords Flower leaves unchecked (and `sampling_seed`).
+
+    Refused: a fraction outside [0, 1], a count that is not an integer >= 0, a
+    `sampling_seed` that is not None or an integer >= 0, empty record keys.
+    """
+    for name in ("fraction_train", "fraction_evaluate"):
+        fraction = getattr(strategy, name)
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, numbers.Real) and 0.0 <= float(fraction) <= 1.0
+        ):
+            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
+    for name in ("min_train_nodes", "min_evaluate_nodes", "min_available_nodes"):
+        count = getattr(strategy, name)
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+    for name in ("weighted_by_key", "arrayrecord_key", "configrecord_key"):
+        value = getattr(strategy, name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name}: must be a non-empty str, got {value!r}")
+    if sampling_seed is not None and (
+        isinstance(sampling_seed, bool)
+        or not isinstance(sampling_seed, numbers.Integral)
+        or sampling_seed < 0
+    ):
+        raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
+
+
+def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:
+    """Return a copy of `config` (lists copied too); never touch the given record.
+
+    With `check`, refuse a key the strategy sets itself: ``rho``, ``proximal-mu``,
+    ``server-round``, the legacy ``proximal_mu``, ``server_round``, ``admm-duals``,
+    and keys starting with ``admm-``, ``uplink`` or ``dp-`` (ValueError naming it).
+    """
+    copied = {k: list(v) if isinstance(v, list) else v for k, v in config.items()}
+    if check:
+        for key in sorted(copied):
+            if key in MESSAGE_RESERVED_CONFIG_KEYS or key.startswith(RESERVED_CONFIG_PREFIXES):
+                raise ValueError(
+                    f"train_config: key {key!r} is set by FedADMM itself (reserved: "
+                    f"{list(MESSAGE_RESERVED_CONFIG_KEYS)} and keys starting with "
+                    f"{list(RESERVED_CONFIG_PREFIXES)}); rename it"
+                )
+    return copied

@@ -1,0 +1,384 @@
+"""FedADMM for Flower's Message API: a drop-in for `flwr.serverapp.strategy.FedProx`."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule, make_schedule
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import Constant
+from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
+from flwr_admm.protocol import (
+    CONVERGED,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    MESSAGE_PROXIMAL_MU,
+    MESSAGE_SERVER_ROUND,
+    NEXT_RHO,
+    NUM_CLIENTS_CACHED,
+    NUM_EVICTED,
+    NUM_EXAMPLES,
+    NUM_FAILURES,
+    NUM_KEY_CONFLICTS,
+    NUM_REJECTED,
+    NUM_REPLIES,
+    OBJECTIVE,
+    PRIMAL_RESIDUAL,
+    RHO,
+    ROUND,
+)
+from flwr_admm.server.identity import KeyBinding
+from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
+from flwr_admm.serverapp.nodes import admit, sample_nodes, wait_for_nodes
+from flwr_admm.serverapp.records import Layout, ReadReply, plain_metrics, read_reply
+
+__all__ = ["FedADMM"]
+
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
+
+
+class FedADMM(FedAvg):
+    r"""Federated inexact consensus ADMM with server-held duals (Message API).
+
+    Same math and numpy core (`flwr_admm.core.ConsensusADMM`) as the legacy
+    `flwr_admm.FedADMM`: identical replies give identical iterates. Per round k,
+    with u_i = y_i / rho_i the scaled dual of client i:
+
+        v_i  = z - u_i                                   (center sent to node i)
+        w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (the node's local solve)
+        z'   = prox_{g/rho}(sum_i p_i (w_i + u_i)),  u_i += w_i - z'
+
+    Wire contract (what Flower's Message-API ``FedProx`` client already does): each
+    sampled node gets its own center v_i under ``arrays`` (same tensor names, dtypes
+    and shapes as the global model) and, in ``config``, a copy of the given config
+    plus ``rho`` and ``proximal-mu`` (both rho_i) and ``server-round``. So an
+    unmodified FedProx-style ``@app.train()`` handler (start at the received arrays,
+    add proximal-mu/2 ||w - received||^2) runs a valid inexact ADMM w-step. A reply
+    carries one ArrayRecord (w_i) and one MetricRecord with ``num-examples`` (a
+    positive int), optionally ``loss`` (f_i(w_i)) and the client's key:
+    ``client-key`` (int), else ``partition-id``, else the sending node's id.
+
+    Robustness: error replies count as ``num_failures``; replies with missing or extra
+    records, other tensor names, shapes or non-numeric dtypes, NaN/inf, or a bad
+    ``num-examples`` are rejected (``num_rejected``) and the round goes on (Flower's
+    FedAvg would raise `InconsistentMessageReplies`). A key is accepted only from the
+    node it was first accepted from (``num_key_conflicts``; see
+    `flwr_admm.server.identity.KeyBinding`); replies sharing a key are rejected.
+    Nodes are sampled after waiting for ``min_available_nodes`` (FedAvg sizes the
+    sample before waiting); with ``sampling_seed`` the draw is reproducible and the
+    same as the legacy strategy's.
+
+    Parameters
+    ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+    min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        As in Flower's Message-API `FedAvg`. ``train_metrics_aggr_fn`` sees the
+        accepted replies only; where a name it returns is one of ours, ours wins.
+    rho : float
+        Penalty rho >= 0; rho = 0 is FedAvg.
+    rho_schedule : RhoSchedule or str, optional
+        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+    regularizer : Regularizer, optional
+        Server regularizer g (`L1`, `L2`); the z-step is its prox.
+    client_rho : {"uniform", "data_size"}
+        rho_i = rho or rho * n_i / max_j n_j.
+    relaxation : float
+        Over-relaxation alpha in (0, 2); 1 is plain ADMM.
+    eps_abs, eps_rel : float
+        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    stop_on_convergence : bool
+        Sample no nodes once r <= eps_pri and s <= eps_dual.
+    sampling_seed : int or None
+        Seed of the node sample (None: Python's `random`, as Flower).
+
+    Not yet supported here (planned; use the legacy `flwr_admm.FedADMM`): checkpoints
+    (``checkpoint_dir``, ``checkpoint_every``, ``resume``), uplink compression
+    (``uplink``, ``uplink_residual``), local DP (``local_dp``) and eviction
+    (``max_client_age``, ``max_clients``): passing one raises ValueError.
+
+    Attributes
+    ----------
+    admm : ConsensusADMM or None
+        The server state (built from the first z received).
+    history : list of dict
+        The round metrics of every aggregation, with ``round``.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = NUM_EXAMPLES,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggrFn | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
+        rho: float = 1.0,
+        rho_schedule: RhoSchedule | str | None = None,
+        regularizer: Regularizer | None = None,
+        client_rho: ClientRho = "uniform",
+        relaxation: float = 1.0,
+        eps_abs: float = 1e-6,
+        eps_rel: float = 1e-4,
+        stop_on_convergence: bool = False,
+        sampling_seed: int | None = 0,
+        **planned: Any,
+    ) -> None:
+        refuse_planned(planned)
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        check_fields(self, sampling_seed)
+        if isinstance(rho_schedule, str):
+            rho_schedule = make_schedule(rho_schedule)
+        if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
+            raise ValueError(f"rho_schedule: must be a RhoSchedule or a name, got {rho_schedule!r}")
+        if regularizer is not None and not isinstance(regularizer, Regularizer):
+            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
+        self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
+        self.regularizer, self.client_rho = regularizer, client_rho
+        self.eps_abs, self.eps_rel, self.relaxation = eps_abs, eps_rel, relaxation
+        self.rho = rho
+        self._new_admm([np.zeros(1)])  # validates rho, client_rho, eps, relaxation together
+        self.rho, self.relaxation = float(rho), float(relaxation)
+        self.stop_on_convergence = bool(stop_on_convergence)
+        self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
+        self.admm: ConsensusADMM | None = None
+        self.layout: Layout | None = None
+        self.binding = KeyBinding("node")
+        self.history: list[dict[str, Any]] = []
+        self.converged = False
+        self._clock = 0  # rounds begun
+
+    def summary(self) -> None:
+        """Log the ADMM settings, then FedAvg's."""
+        log(INFO, "\t├──> FedADMM settings:")
+        log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
+        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
+        log(INFO, "\t│\t└── relaxation: %s, sampling_seed: %s", self.relaxation, self.sampling_seed)
+        super().summary()
+
+    # ------------------------------------------------------------------ train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Adopt z, wait for the nodes, sample them, send each its center v_i and rho_i."""
+        user = copy_config(config, check=True)  # Strategy.start reuses `config` every round
+        admm = self._adopt(arrays)
+        self._clock += 1
+        if self.stop_on_convergence and self.converged:
+            log(INFO, "FedADMM: converged (r <= eps_pri, s <= eps_dual); no nodes sampled")
+            return []
+        if self.fraction_train == 0.0:
+            return []
+        messages = []
+        for node_id in self._sample(grid, server_round, self.fraction_train, self.min_train_nodes):
+            key = self.binding.key_of.get(str(node_id))
+            center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
+            payload = arrays if center is admm.z else self._record(center)
+            node_config = ConfigRecord(
+                {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
+            )
+            records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {
+                self.arrayrecord_key: payload,
+                self.configrecord_key: node_config,
+            }
+            messages.append(
+                Message(RecordDict(records), dst_node_id=node_id, message_type=MessageType.TRAIN)
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fold the usable replies in client-key order; return z' and the round metrics."""
+        counts = {NUM_FAILURES: 0, NUM_REJECTED: 0, NUM_KEY_CONFLICTS: 0, NUM_EVICTED: 0}
+        if self.admm is None or self.layout is None:
+            return None, None
+        usable: list[ReadReply] = []
+        for message in replies:
+            if message.has_error():
+                counts[NUM_FAILURES] += 1
+                log(INFO, "FedADMM: error reply from node %s", message.metadata.src_node_id)
+                continue
+            reply = read_reply(message, self.layout, self.weighted_by_key)
+            if reply.problem is None:
+                usable.append(reply)
+            else:
+                self._reject(reply.key, reply.problem, counts)
+        admission = admit(usable, self.binding)
+        for reply, problem in admission.rejected:
+            self._reject(reply.key, problem, counts)
+        counts[NUM_KEY_CONFLICTS] = admission.conflicts
+        if admission.freed:  # their nodes left: new nodes start fresh under these keys
+            counts[NUM_EVICTED] = len(self.admm.evict(admission.freed))
+            self.binding.forget(admission.freed)
+        accepted = self._fold(admission.admitted, counts)
+        if not accepted:
+            log(WARNING, "FedADMM round %s: no usable reply; state unchanged", server_round)
+            self.admm.cancel()
+            idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
+            return None, plain_metrics({**counts, **idle})
+        metrics = self._merged_metrics(accepted, {**self._finish(server_round), **counts})
+        self.history.append({ROUND: server_round, **metrics})
+        return self._record(self.admm.z), metrics
+
+    def _fold(self, admitted: list[ReadReply], counts: dict[str, int]) -> list[ReadReply]:
+        """Absorb w_i, n_i, f_i(w_i) of each admitted reply (natural key order)."""
+        assert self.admm is not None
+        self.admm.begin([r.key for r in admitted])
+        accepted = []
+        for r in admitted:
+            try:
+                self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
+            except NonFiniteReplyError:  # found while folding it in; state rolled back
+                self._reject(r.key, NON_FINITE, counts)
+                continue
+            self.binding.bind(r.key, str(r.node_id), self._clock)
+            accepted.append(r)
+        return accepted
+
+    def _finish(self, server_round: int) -> dict[str, Any]:
+        """Take the z-step and the dual step; return the residuals and the next rho."""
+        assert self.admm is not None
+        report = self.admm.finish(server_round)
+        self.converged = report.converged
+        metrics: dict[str, Any] = {
+            RHO: report.rho,
+            NEXT_RHO: report.next_rho,
+            PRIMAL_RESIDUAL: report.primal_residual,
+            DUAL_RESIDUAL: report.dual_residual,
+            EPS_PRIMAL: report.eps_primal,
+            EPS_DUAL: report.eps_dual,
+            CONVERGED: int(report.converged),
+            NUM_REPLIES: report.num_replies,
+            NUM_CLIENTS_CACHED: report.num_clients_cached,
+        }
+        if report.objective is not None:
+            metrics[OBJECTIVE] = report.objective
+        return metrics
+
+    def _merged_metrics(self, accepted: list[ReadReply], ours: dict[str, Any]) -> MetricRecord:
+        """Return ``train_metrics_aggr_fn`` over the accepted replies, overlaid with ours."""
+        merged = MetricRecord()
+        try:
+            contents = [r.content for r in accepted if r.content is not None]
+            merged = MetricRecord(dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key)))
+        except Exception as error:  # a user function must not end the run
+            log(WARNING, "FedADMM: train_metrics_aggr_fn failed (%r); its metrics left out", error)
+        clashes = sorted(set(merged) & set(ours))
+        if clashes and self.train_metrics_aggr_fn is not None:
+            log(WARNING, "FedADMM: train_metrics_aggr_fn returned %s; ours are kept", clashes)
+        for name, value in plain_metrics(ours).items():
+            merged[name] = value
+        return merged
+
+    def _reject(self, key: str, problem: str, counts: dict[str, int]) -> None:
+        log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
+        counts[NUM_REJECTED] += 1
+
+    # --------------------------------------------------------------- evaluate
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Send z and a copy of `config` (with ``server-round``) to sampled nodes."""
+        if self.fraction_evaluate == 0.0:
+            return []
+        sampled = self._sample(grid, server_round, self.fraction_evaluate, self.min_evaluate_nodes)
+        node_config = ConfigRecord({**copy_config(config), MESSAGE_SERVER_ROUND: server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
+        return [
+            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            for n in sampled
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Aggregate the replies with one MetricRecord and a positive weight; never raise."""
+        usable = [m.content for m in replies if not m.has_error() and self._weighted(m)]
+        if not usable:
+            return None
+        try:
+            return self.evaluate_metrics_aggr_fn(usable, self.weighted_by_key)
+        except Exception as error:  # a user function must not end the run
+            log(WARNING, "FedADMM: evaluate_metrics_aggr_fn failed (%r)", error)
+            return None
+
+    def _weighted(self, message: Message) -> bool:
+        records = message.content.metric_records
+        if len(records) != 1:
+            return False
+        weight = next(iter(records.values())).get(self.weighted_by_key)
+        return isinstance(weight, numbers.Real) and not isinstance(weight, bool) and weight > 0
+
+    # ------------------------------------------------------------------ nodes
+    def _sample(self, grid: Grid, server_round: int, fraction: float, minimum: int) -> list[int]:
+        """Wait for the nodes, THEN size the sample from those connected; draw it."""
+        node_ids = wait_for_nodes(grid, max(self.min_available_nodes, minimum))
+        size = max(int(len(node_ids) * fraction), minimum)
+        self.binding.connected(str(n) for n in node_ids)
+        key_of = self.binding.key_of
+        sampled = sample_nodes(node_ids, size, server_round, self.sampling_seed, key_of)
+        log(INFO, "FedADMM: sampled %s nodes (out of %s)", len(sampled), len(node_ids))
+        return sampled
+
+    # ------------------------------------------------------------------ state
+    def _adopt(self, arrays: ArrayRecord) -> ConsensusADMM:
+        """Take the received ArrayRecord as z (the first one fixes the layout)."""
+        if self.layout is None:
+            self.layout = Layout.of(arrays)
+        z = self.layout.read(arrays)
+        if self.admm is None:
+            self.admm = self._new_admm(z)
+        else:
+            self.admm.adopt_consensus(z)
+        return self.admm
+
+    def _record(self, arrays: list[Any]) -> ArrayRecord:
+        assert self.layout is not None
+        return self.layout.record(arrays)
+
+    def _new_admm(self, z: list[Any]) -> ConsensusADMM:
+        return ConsensusADMM(
+            z,
+            self.rho,
+            self.rho_schedule,
+            self.regularizer,
+            self.client_rho,
+            self.eps_abs,
+            self.eps_rel,
+            self.relaxation,
+        )

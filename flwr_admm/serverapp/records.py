@@ -1,0 +1,149 @@
+"""Translate between Flower's Message-API records and the numpy core's lists of arrays.
+
+A model travels as an `ArrayRecord` of named tensors (a PyTorch ``state_dict`` arrives
+as named `Array`s). `Layout` remembers the names, dtypes and shapes of the first z
+a strategy receives, so that every center and every new z goes back out under the
+same names, in the same order, with the same dtypes and shapes (0-d tensors stay
+0-d). `read_reply` turns one reply `Message` into a core `Reply`, or says why it is
+unusable; it never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from numpy.typing import NDArray
+
+from flwr_admm.core.types import Arrays
+from flwr_admm.core.validation import check_reply
+from flwr_admm.protocol import LOSS
+from flwr_admm.server.identity import client_key_of
+
+__all__ = ["Layout", "ReadReply", "plain_metrics", "read_reply"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Names, dtypes and shapes of the model's tensors, in record order."""
+
+    names: tuple[str, ...]
+    dtypes: tuple[np.dtype[Any], ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, record: ArrayRecord) -> Layout:
+        """Return the layout of `record` (its tensors are not deserialized)."""
+        names = tuple(record.keys())
+        dtypes = tuple(np.dtype(record[name].dtype) for name in names)
+        shapes = tuple(tuple(int(s) for s in record[name].shape) for name in names)
+        return cls(names, dtypes, shapes)
+
+    def read(self, record: ArrayRecord, field_name: str = "arrays") -> Arrays:
+        """Return the tensors of `record` as float64 arrays in layout order.
+
+        Raises
+        ------
+        ValueError
+            Naming `field_name` when the record's names or shapes differ from the layout.
+
+        """
+        if tuple(record.keys()) != self.names:
+            raise ValueError(
+                f"{field_name}: expected tensors {list(self.names)}, got {list(record.keys())}"
+            )
+        arrays = [np.asarray(record[name].numpy(), dtype=np.float64) for name in self.names]
+        shapes = tuple(a.shape for a in arrays)
+        if shapes != self.shapes:
+            raise ValueError(f"{field_name}: expected shapes {self.shapes}, got {shapes}")
+        return arrays
+
+    def record(self, arrays: Sequence[NDArray[Any]]) -> ArrayRecord:
+        """Return `arrays` as an ArrayRecord under the layout's names, cast to its dtypes."""
+        return ArrayRecord(
+            {
+                name: Array(np.asarray(a, dtype=dtype))
+                for name, a, dtype in zip(self.names, arrays, self.dtypes, strict=True)
+            }
+        )
+
+
+@dataclass(frozen=True)
+class ReadReply:
+    """One reply as the core wants it, or the reason it cannot be used."""
+
+    key: str
+    node_id: int
+    arrays: Arrays
+    num_examples: int
+    loss: float | None
+    sq_norm: float | None
+    problem: str | None = None
+    content: RecordDict | None = None  # the reply's records (for a metrics aggregation)
+
+
+def read_reply(message: Message, layout: Layout, weighted_by_key: str) -> ReadReply:
+    """Read a content reply: client key, w_i (float64, layout order), n_i, f_i(w_i).
+
+    The key is the ``client-key`` metric, else ``partition-id``, else the sending node
+    (`flwr_admm.server.identity.client_key_of`). Unusable, with `problem` set: not
+    exactly one ArrayRecord and one MetricRecord, tensor names other than the layout's
+    (in any order), a shape that differs, a non-numeric dtype, a `weighted_by_key`
+    value that is not a positive integer, an unreadable key. NaN/inf entries are left
+    to `ConsensusADMM.absorb`, which finds them while folding the reply in.
+    """
+    node_id = int(message.metadata.src_node_id)
+    key = f"cid:{node_id}"
+    try:
+        content = message.content
+        if len(content.metric_records) != 1:
+            return _unusable(key, node_id, "expected exactly one MetricRecord")
+        metrics = next(iter(content.metric_records.values()))
+        key = client_key_of(str(node_id), metrics)  # type: ignore[arg-type]
+        if len(content.array_records) != 1:
+            return _unusable(key, node_id, "expected exactly one ArrayRecord")
+        record = next(iter(content.array_records.values()))
+        if set(record.keys()) != set(layout.names) or len(record) != len(layout.names):
+            return _unusable(
+                key, node_id, f"tensors {list(record.keys())}, expected {list(layout.names)}"
+            )
+        arrays = [record[name].numpy() for name in layout.names]
+        n = metrics.get(weighted_by_key)
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return _unusable(key, node_id, f"{weighted_by_key!r} must be an integer > 0, got {n!r}")
+        problem, sq_norm = check_reply(arrays, n, layout.shapes, finite=False)
+    except Exception as error:  # a malformed reply must not stop the server
+        return _unusable(key, node_id, f"unreadable reply ({error!r})")
+    if problem is not None:
+        return _unusable(key, node_id, problem)
+    w = [np.asarray(a, dtype=np.float64) for a in arrays]
+    return ReadReply(key, node_id, w, n, _finite_loss(metrics), sq_norm, None, content)
+
+
+def _unusable(key: str, node_id: int, problem: str) -> ReadReply:
+    return ReadReply(key, node_id, [], 0, None, None, problem)
+
+
+def _finite_loss(metrics: MetricRecord) -> float | None:
+    loss = metrics.get(LOSS)
+    if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
+        return None
+    return float(loss)
+
+
+def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
+    """Return `values` as a MetricRecord of plain ints and floats (bools become 0/1)."""
+    plain: dict[str, int | float] = {}
+    for name, value in values.items():
+        if isinstance(value, bool | np.bool_):
+            plain[name] = int(value)
+        elif isinstance(value, numbers.Integral):
+            plain[name] = int(value)
+        else:
+            plain[name] = float(value)
+    return MetricRecord(plain)  # type: ignore[arg-type]
