@@ -233,6 +233,18 @@ def test_a_duplicated_reply_is_rejected_and_its_client_comes_back() -> None:
     np.testing.assert_allclose(strategy.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
 
 
+def test_supernodes_restarted_under_new_node_ids_rejoin() -> None:
+    """New node ids, empty states, the same partitions: S is rebuilt in that round."""
+    strategy, _ = _run(4, 3)
+    fresh = make_proxies(admm_client_fn(**CLIENT), 4, node_ids=[11, 12, 13, 14])
+    instructions, metrics = _one_round(strategy, fresh, 4)
+    assert [ins.config["admm-ack-round"] for _, ins in instructions] == [0] * 4
+    assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
+    assert metrics["rebuilding"] == 0 and strategy.total_examples == 4 * 500
+    assert strategy.contribution_sum is not None
+    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(fresh, 20), atol=1e-10)
+
+
 def test_an_evicted_keys_share_leaves_s() -> None:
     strategy, proxies = _run(4, 3)
     assert strategy.contribution_sum is not None
