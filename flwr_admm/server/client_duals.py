@@ -59,7 +59,8 @@ Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S
 the rebuilt keys, N_stale), the round and the convergence flag, plus a fingerprint of
 the configuration (rho, regularizer, eps_abs, eps_rel). The duals stay with the
 clients: a resumed run continues exactly if they kept their ``context.state``
-(persistent SuperNodes); a client that lost it resynchronizes, as above.
+(persistent SuperNodes); a client that lost it, or went on past the checkpoint's
+round, resynchronizes, as above.
 
 Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
 residual e_i (zero at first) in its ``context.state`` next to its dual, compresses

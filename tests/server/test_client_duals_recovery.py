@@ -212,3 +212,28 @@ def test_a_stale_share_inside_s_new_restarts_the_sweep() -> None:
     assert total == [7.0 + 16 + 1 + 32 + 1]  # S got every change, stale shares too
     assert sweep.finish(["a", "b", "c"]) == [17.0 + 32 + 4]  # the current shares only
     assert not sweep.active and sweep.stale_examples == 0
+
+
+def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
+    tmp_path: Path,
+) -> None:
+    """The clients went on to round 8; the server comes back from its round-6 checkpoint."""
+    proxies = lossy_proxies({})
+    first = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path, checkpoint_every=3
+    )
+    run_rounds(first, proxies, 8)
+    recorder = Recorder()
+    second = FedADMMClientDuals(
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        checkpoint_dir=tmp_path,
+        checkpoint_every=3,
+        evaluate_fn=recorder,
+    )
+    assert second.last_round == 6
+    result = run_rounds(second, proxies, 30)
+    assert result.fit_metrics[0]["num_resynced"] == NUM_CLIENTS  # rounds 7 and 8 are gone
+    assert [int(m["rebuilding"]) for m in result.fit_metrics[:2]] == [0, 0]
+    assert all(m["num_rejected"] == 0 for m in result.fit_metrics)
+    assert gaps(recorder.matrix)[-1] <= 1e-9
