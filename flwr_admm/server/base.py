@@ -1,17 +1,16 @@
 """The round skeleton shared by `FedADMM` and `FedADMMClientDuals`.
 
 `ConsensusStrategy` runs what both consensus-ADMM strategies do around their math:
-keyword checks, seeded sampling, the fit config, keyed and ordered reply folding,
-round records and checkpoints. A strategy fills in the hooks (`_adopt`,
-`_fit_instructions`, `_fold_reply`, `_finish_round`, ...), the way Flower's FedProx
-overrides one method of FedAvg.
+keyword checks, seeded sampling, the fit config, client identity and eviction, keyed
+and ordered reply folding, round records and checkpoints. A strategy fills in the
+hooks (`_adopt`, `_fit_instructions`, `_fold_reply`, `_finish_round`, `_evict`, ...),
+the way Flower's FedProx overrides one method of FedAvg.
 """
 
 from __future__ import annotations
 
 import os
 from abc import abstractmethod
-from collections import Counter
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,7 +25,13 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.types import Arrays, natural_key
-from flwr_admm.protocol import NUM_FAILURES, NUM_REJECTED, SERVER_ROUND
+from flwr_admm.protocol import (
+    NUM_EVICTED,
+    NUM_FAILURES,
+    NUM_KEY_CONFLICTS,
+    NUM_REJECTED,
+    SERVER_ROUND,
+)
 from flwr_admm.server.checkpoint import (
     CheckpointError,
     checkpoint_every_value,
@@ -36,9 +41,10 @@ from flwr_admm.server.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
 from flwr_admm.server.sampling import (
     check_flower_fields,
-    client_key,
+    check_user_config,
     keyed_replies,
     record_round,
     reject_reply,
@@ -48,24 +54,52 @@ from flwr_admm.uplink.channel import UplinkChannel
 
 Results = list[tuple[ClientProxy, FitRes]]
 Failures = list[tuple[ClientProxy, FitRes] | BaseException]
+Keyed = list[tuple[str, ClientProxy, FitRes]]
 
 
 class ConsensusStrategy(FedAvg):
     """Run the rounds of a consensus-ADMM strategy; subclasses supply the algorithm.
 
-    A round: ``configure_fit`` adopts the broadcast z, samples clients (seeded by
-    (sampling_seed, round), clients ordered by key) and lets `_fit_instructions` build
-    their FitIns; ``aggregate_fit`` keys every reply by the client's ``client-key``,
-    else ``partition-id``, else cid, and folds the replies in one at a time, in natural
-    key order (deterministic sums), through `_fold_reply`; `_finish_round` then
-    updates z. Round numbers continue after a resume.
+    A round: ``configure_fit`` evicts stale client keys, adopts the broadcast z,
+    samples clients (seeded by (sampling_seed, round), clients ordered by key) and lets
+    `_fit_instructions` build their FitIns; ``aggregate_fit`` keys every reply by the
+    client's ``client-key``, else ``partition-id``, else cid (`client_key_of`; a key of
+    the wrong type or size rejects that reply only), settles who may speak for each key
+    (`KeyBinding`), and folds the replies in one at a time, in natural key order
+    (deterministic sums), through `_fold_reply`; `_finish_round` then updates z.
+    Round numbers continue after a resume.
 
-    Duplicate keys: every reply that shares its client key with another reply of the
-    same round is rejected (``num_rejected``), whatever its content, so no two replies
-    ever touch one client's state in a round.
+    Identity (``key_binding``). ``"node"`` (default): a key is accepted only from the
+    node (cid) it was first accepted from, and a node speaks for one key. A reply
+    claiming a key bound to another node, or a node's second key, is rejected
+    (``num_key_conflicts`` and ``num_rejected``) and the owner's state is untouched;
+    if the owner has left the federation (it was not among ``client_manager.all()`` at
+    this round's ``configure_fit``), the key's state is evicted and the key starts
+    fresh under the new node (an insecure SuperNode that restarts gets a new node id
+    and rejoins as a new client; an authenticated one keeps its node id and its
+    state). Nobody receives a connected node's center or writes its state.
+    ``"reported"``: reported keys are trusted as they are (a returning key keeps its
+    state under any node id); only for deployments where every client is trusted.
 
-    Checkpoints: `configuration` is fingerprinted; a checkpoint written under another
-    configuration is refused with a `CheckpointError` naming the differing fields.
+    Duplicate keys: replies of one round that share a key are all rejected, except
+    that under ``"node"`` a single reply of the key's own node is kept (the others are
+    conflicts), so no two replies ever touch one client's state in a round.
+
+    Eviction: before each round, keys whose last accepted reply is more than
+    ``max_client_age`` rounds old are evicted, then the least recently heard beyond
+    ``max_clients`` keys (ties in key order): their contribution leaves the sums
+    (`_evict`) and a node that returns starts fresh. ``num_evicted`` counts them.
+
+    Fit config and metrics: ``on_fit_config_fn`` may not return a key the strategy
+    sets itself (``rho``, ``proximal_mu``, ``server_round``, ``admm-*``, ``uplink*``,
+    ``dp-*``): ValueError naming it. ``fit_metrics_aggregation_fn`` sees the accepted
+    replies only; a name it returns that the strategy also reports is logged as a
+    warning and the strategy's value is kept.
+
+    Checkpoints: `settings` (the shared settings plus the strategy's `configuration`)
+    is fingerprinted; a checkpoint written under other settings is refused with a
+    `CheckpointError` naming the differing fields. Bindings and last-heard rounds are
+    saved with the state.
     """
 
     label: ClassVar[str] = "ConsensusStrategy"  # in logs
@@ -79,21 +113,34 @@ class ConsensusStrategy(FedAvg):
         sampling_seed: int | None,
         checkpoint_dir: str | os.PathLike[str] | None,
         checkpoint_every: int,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
         check_flower_fields(self, sampling_seed)
+        self.binding = KeyBinding(key_binding)
+        self.key_binding = self.binding.policy
+        self.max_client_age = optional_count(max_client_age, "max_client_age")
+        self.max_clients = optional_count(max_clients, "max_clients")
         self.channel = channel
         self.stop_on_convergence = stop_on_convergence
-        self.sampling_seed = sampling_seed
+        self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
         self.history: list[dict[str, Scalar]] = []
         self.converged = False
         self.last_round = 0
         self._round_offset = 0  # rounds done before a resume
+        self._clock = 0  # rounds begun (configure_fit calls), continuing after a resume
+        self._evicted = 0  # keys evicted since this round's configure_fit
         self._dtypes: list[np.dtype[Any]] = []  # of the broadcast z, kept on the wire
-        self._key_of_cid: dict[str, str] = {}
         self.checkpoint_every = checkpoint_every_value(checkpoint_every)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+
+    @property
+    def _key_of_cid(self) -> dict[str, str]:
+        """Return the key each node (cid) speaks for (the binding's, not a copy)."""
+        return self.binding.key_of
 
     def _resume(self, resume: bool) -> None:
         """Load the checkpoint in `checkpoint_dir` if `resume` (last step of ``__init__``)."""
@@ -119,34 +166,49 @@ class ConsensusStrategy(FedAvg):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Adopt the broadcast z^k, sample clients, and send each its FitIns."""
+        """Evict stale keys, adopt the broadcast z^k, sample clients, send each its FitIns."""
         self._adopt(parameters)
         server_round += self._round_offset
+        self._clock += 1
+        self._evicted = 0
+        stale = self.binding.stale(self._clock, self.max_client_age, self.max_clients)
+        if stale:
+            self._evict_keys(stale, "stale: beyond max_client_age or max_clients")
         if self.stop_on_convergence and self.converged:
             log(INFO, "%s: converged (r <= eps_pri, s <= eps_dual); no clients sampled", self.label)
             return []
-        config: dict[str, Scalar] = {}
+        user: dict[str, Scalar] = {}
         if self.on_fit_config_fn is not None:
-            config = dict(self.on_fit_config_fn(server_round))
+            user = dict(self.on_fit_config_fn(server_round))
+        check_user_config(user, [])
         clients = sample_clients(
             self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
+        self.binding.connected(client_manager.all())
         self.channel.sampled(len(clients), client_manager.num_available())
-        config = {**config, **self.channel.config(), SERVER_ROUND: server_round}
-        return self._fit_instructions(clients, parameters, config)
+        config = {**user, **self.channel.config(), SERVER_ROUND: server_round}
+        instructions = self._fit_instructions(clients, parameters, config)
+        check_user_config(user, instructions)
+        return instructions
 
     def aggregate_fit(
         self, server_round: int, results: Results, failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Fold the usable replies in client-key order, then update z (`_finish_round`)."""
         server_round += self._round_offset
-        counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
+        counts: dict[str, Scalar] = {
+            NUM_FAILURES: len(failures),
+            NUM_REJECTED: 0,
+            NUM_KEY_CONFLICTS: 0,
+            NUM_EVICTED: self._evicted,
+        }
         counts.update({name: 0 for name in self.counters})
         if self._consensus() is None or (not self.accept_failures and failures):
             return None, counts
         with single_thread_blas():
-            folded = self._fold_replies(server_round, results, counts)
-        if not folded:
+            accepted = self._fold_replies(results, server_round, counts)
+        counts[NUM_EVICTED] = self._evicted  # with the keys freed by their nodes leaving
+        if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
             idle = self._discard_round()
             return None, {**counts, **self.channel.round_metrics(aggregated=False), **idle}
@@ -155,44 +217,125 @@ class ConsensusStrategy(FedAvg):
             **counts,
             **self.channel.round_metrics(aggregated=True),
         }
-        metrics = record_round(self, server_round, results, metrics)
+        metrics = record_round(self, server_round, accepted, metrics)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
         return self._serialized_consensus(), metrics
 
-    def _fold_replies(self, server_round: int, results: Results, counts: dict[str, Scalar]) -> int:
-        """Reject shared keys, then fold each reply in natural key order; count the folded."""
-        keyed = keyed_replies(results, client_key, lambda key, why: self._reject(key, why, counts))
-        shared = {key for key, count in Counter(key for key, _, _ in keyed).items() if count > 1}
-        ordered = []
-        for key, proxy, res in sorted(keyed, key=lambda item: natural_key(item[0])):
-            if key in shared:
-                self._reject(key, "several replies share this client key", counts)
-            else:
-                ordered.append((key, proxy, res))
-        self._open_round([key for key, _, _ in ordered])
-        return sum(
-            self._fold_reply(key, proxy, res, server_round, counts) for key, proxy, res in ordered
+    def _fold_replies(
+        self, results: Results, server_round: int, counts: dict[str, Scalar]
+    ) -> Results:
+        """Key the replies, settle their claims, fold each in; return the accepted ones."""
+        keyed = keyed_replies(
+            results, client_key_of, lambda key, why: self._reject(key, why, counts)
         )
+        admitted, freed = self._admitted(keyed, counts)
+        if freed:
+            self._evict_keys(freed, "their nodes left the federation; new nodes start fresh")
+        self._open_round([key for key, _, _ in admitted])
+        accepted: Results = []
+        for key, proxy, res in admitted:
+            if self._fold_reply(key, proxy, res, server_round, counts):
+                self.binding.bind(key, proxy.cid, self._clock)
+                accepted.append((proxy, res))
+        return accepted
+
+    def _admitted(self, keyed: Keyed, counts: dict[str, Scalar]) -> tuple[Keyed, list[str]]:
+        """Return the admissible replies (natural key order) and the keys to free first.
+
+        The keys to free are those whose bound node has left the federation.
+        Rejected: the replies of a key shared within the round (but a single reply
+        from the key's bound node is kept; the others are conflicts), and conflicting
+        claims (`KeyBinding.claim`).
+        """
+        by_key: dict[str, Keyed] = {}
+        for item in keyed:
+            by_key.setdefault(item[0], []).append(item)
+        admitted: Keyed = []
+        freed: list[str] = []
+        for key in sorted(by_key, key=natural_key):
+            group = by_key[key]
+            if len(group) > 1:
+                own = [item for item in group if item[1].cid == self.binding.owner(key)]
+                if len(own) != 1:
+                    for _ in group:
+                        self._reject(key, "several replies share this client key", counts)
+                    continue
+                for _, proxy, _ in group:
+                    if proxy.cid != own[0][1].cid:
+                        self._conflict(key, proxy.cid, counts)
+                group = own
+            item = group[0]
+            claim = self.binding.claim(key, item[1].cid)
+            if claim == "conflict":
+                self._conflict(key, item[1].cid, counts)
+                continue
+            freed += [key] if claim == "rebind" else []
+            admitted.append(item)
+        return admitted, freed
+
+    def _conflict(self, key: str, cid: str, counts: dict[str, Scalar]) -> None:
+        """Reject and count a claim on `key` that its binding does not allow."""
+        self._reject(
+            key,
+            f"node {cid} may not speak for it (key bound to node "
+            f"{self.binding.node_of.get(key)}, node {cid} to {self.binding.key_of.get(cid)})",
+            counts,
+        )
+        counts[NUM_KEY_CONFLICTS] = int(counts[NUM_KEY_CONFLICTS]) + 1
+
+    def _evict_keys(self, keys: list[str], reason: str) -> None:
+        """Drop the state and the bindings of `keys` (`_evict`); count them."""
+        shown = keys if len(keys) <= 10 else f"{len(keys)} keys"
+        log(INFO, "%s: evicted %s (%s)", self.label, shown, reason)
+        self._evict(keys)
+        self.binding.forget(keys)
+        self._evicted += len(keys)
 
     def _reject(self, key: str, problem: str, counts: dict[str, Scalar]) -> None:
         reject_reply(self.label, key, problem, counts)
 
     # ------------------------------------------------------------- checkpoints
+    def settings(self) -> dict[str, Any]:
+        """Return every setting that changes the iterates: what a checkpoint must match.
+
+        The strategy's own `configuration`, then the shared ones (sampling, failures,
+        identity and eviction, uplink and local DP).
+        """
+        channel = self.channel
+        dp = channel.local_dp
+        shared: dict[str, Any] = {
+            "sampling_seed": self.sampling_seed,
+            "fraction_fit": float(self.fraction_fit),
+            "min_fit_clients": int(self.min_fit_clients),
+            "accept_failures": self.accept_failures,
+            "stop_on_convergence": bool(self.stop_on_convergence),
+            "key_binding": self.key_binding,
+            "max_client_age": self.max_client_age,
+            "max_clients": self.max_clients,
+            "uplink": None if channel.compressor is None else channel.compressor.config(),
+            "uplink_residual": channel.residual,
+            "local_dp": None
+            if dp is None
+            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+        }
+        return {**self.configuration(), **shared}
+
     def fingerprint(self) -> str:
-        """Return the SHA-256 of `configuration`, the value a checkpoint must match."""
-        return config_fingerprint(self.configuration())
+        """Return the SHA-256 of `settings`, the value a checkpoint must match."""
+        return config_fingerprint(self.settings())
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write the full server state to directory `path` (atomic, no pickle)."""
+        """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
         if self._consensus() is None:
             raise CheckpointError("checkpoint: nothing to save before the first round")
         arrays, manifest = self._state_dict()
         manifest = {
             "fingerprint": self.fingerprint(),
-            "configuration": self.configuration(),
+            "configuration": self.settings(),
             "dtypes": [str(d) for d in self._dtypes],
-            "key_of_cid": self._key_of_cid,
+            "binding": self.binding.state_dict(),
+            "clock": self._clock,
             "converged": self.converged,
             **manifest,
         }
@@ -202,21 +345,22 @@ class ConsensusStrategy(FedAvg):
         """Restore the server state from directory `path`; return its round."""
         arrays, manifest = load_checkpoint(path)
         if manifest.get("fingerprint") != self.fingerprint():
-            current = self.configuration()
+            current = self.settings()
             differences = config_differences(manifest.get("configuration"), current)
             detail = "; ".join(differences) or f"its own is not recorded; now {current}"
             raise CheckpointError(
                 f"checkpoint: {path} was written with another configuration ({detail}); "
                 "refusing to resume"
             )
+        binding = KeyBinding(self.key_binding)
         try:
             dtypes = [np.dtype(d) for d in manifest["dtypes"]]
-            key_of_cid = {str(c): str(k) for c, k in manifest.get("key_of_cid", {}).items()}
-            last_round = int(manifest["round"])
+            binding.load_state_dict(manifest["binding"])
+            clock, last_round = int(manifest["clock"]), int(manifest["round"])
             self._load_state_dict(arrays, manifest, dtypes)
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise CheckpointError(f"checkpoint: {path} is incomplete ({error!r})") from error
-        self._dtypes, self._key_of_cid = dtypes, key_of_cid
+        self._dtypes, self.binding, self._clock = dtypes, binding, clock
         self.converged = bool(manifest.get("converged", False))
         self.last_round = self._round_offset = last_round
         return last_round
@@ -264,8 +408,15 @@ class ConsensusStrategy(FedAvg):
         """Update z from the folded replies; set `converged`; return the round metrics."""
 
     @abstractmethod
+    def _evict(self, keys: list[str]) -> None:
+        """Forget clients `keys` between rounds: their contributions leave the sums."""
+
+    @abstractmethod
     def configuration(self) -> dict[str, Any]:
-        """Return the configuration a checkpoint must agree with (JSON)."""
+        """Return the strategy's own settings a checkpoint must agree with (JSON).
+
+        `settings` adds the shared ones (sampling, identity, uplink).
+        """
 
     @abstractmethod
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:

@@ -2,13 +2,18 @@
 
 Layout of a checkpoint directory::
 
-    checkpoint.json          manifest: format, round, fingerprint, metadata, and the
-                             name and SHA-256 of the arrays file it belongs to
+    checkpoint.json          manifest: format, round, fingerprint, metadata, the name
+                             and SHA-256 of the arrays file it belongs to, and
+                             ``manifest_sha256``, the SHA-256 of the rest of the manifest
     state-r<round>.npz       arrays, loaded with ``allow_pickle=False``
 
 Both files are written to a temporary name and renamed into place, the manifest last,
-so a crash leaves either the previous or the new checkpoint, never a mix. A truncated
-or altered arrays file fails its checksum and raises `CheckpointError`.
+so a crash leaves either the previous or the new checkpoint, never a mix. Any edit of
+the manifest (rho, n_i, keys, ...) fails ``manifest_sha256``, a truncated or altered
+arrays file fails its SHA-256, and an arrays file without a manifest is refused, not
+taken for an empty directory: each raises `CheckpointError`. (The checksums detect
+damage and casual edits; they are not a signature against someone who can rewrite
+both.)
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-FORMAT = 1
+FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings (issue 12)
 MANIFEST = "checkpoint.json"
+ARRAYS_GLOB = "state-r*.npz"
+MANIFEST_SHA256 = "manifest_sha256"
 
 
 class CheckpointError(ValueError):
@@ -37,6 +44,13 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _manifest_sha256(manifest: dict[str, Any]) -> str:
+    """Return the SHA-256 of the canonical JSON of `manifest` without its own checksum."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_SHA256}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -70,17 +84,19 @@ def save_checkpoint(
         "sha256": _sha256(root / name),
         **manifest,
     }
+    full[MANIFEST_SHA256] = _manifest_sha256(full)
     payload = json.dumps(full, indent=1, sort_keys=True, allow_nan=False).encode()
     _atomic_write(root / MANIFEST, lambda handle: handle.write(payload))
-    for old in root.glob("state-r*.npz"):
+    for old in root.glob(ARRAYS_GLOB):
         if old.name != name:
             old.unlink(missing_ok=True)
     return root / MANIFEST
 
 
 def has_checkpoint(directory: str | os.PathLike[str]) -> bool:
-    """True when `directory` holds a manifest."""
-    return (Path(directory) / MANIFEST).is_file()
+    """Return True when `directory` holds a manifest or an arrays file (then load it)."""
+    root = Path(directory)
+    return (root / MANIFEST).is_file() or any(root.glob(ARRAYS_GLOB))
 
 
 def load_checkpoint(
@@ -88,15 +104,7 @@ def load_checkpoint(
 ) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
     """Read and verify a checkpoint; raise `CheckpointError` on any inconsistency."""
     root = Path(directory)
-    manifest_path = root / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError as error:
-        raise CheckpointError(f"checkpoint: no {MANIFEST} in {root}") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"checkpoint: {manifest_path} is not valid JSON ({error})") from error
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint: {manifest_path} has unknown format (want {FORMAT})")
+    manifest = _read_manifest(root)
     arrays_path = root / str(manifest.get("arrays_file", ""))
     if not arrays_path.is_file():
         raise CheckpointError(f"checkpoint: arrays file {arrays_path} is missing")
@@ -110,18 +118,57 @@ def load_checkpoint(
     return arrays, manifest
 
 
+def _read_manifest(root: Path) -> dict[str, Any]:
+    """Read the manifest of `root`, checking its presence, format and checksum."""
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        orphans = sorted(p.name for p in root.glob(ARRAYS_GLOB))
+        if orphans:
+            raise CheckpointError(
+                f"checkpoint: {root} holds {orphans} but no {MANIFEST} (deleted or never "
+                "written); refusing to start fresh over it: restore the manifest, or move "
+                "the directory away to start fresh"
+            ) from error
+        raise CheckpointError(f"checkpoint: no {MANIFEST} in {root}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"checkpoint: {path} is not valid JSON ({error})") from error
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint: {path} is not a manifest (a JSON object)")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"checkpoint: {path} has format {manifest.get('format')!r}; this version of "
+            f"flwr-admm reads format {FORMAT} only (format 1 had no manifest checksum, "
+            "fewer fingerprinted settings and no key bindings): resume it with the "
+            "version that wrote it, or move it away to start fresh"
+        )
+    try:
+        intact = manifest.get(MANIFEST_SHA256) == _manifest_sha256(manifest)
+    except (TypeError, ValueError):  # NaN or non-JSON values: not what we wrote
+        intact = False
+    if not intact:
+        raise CheckpointError(f"checkpoint: {path} was edited or damaged (manifest_sha256)")
+    return manifest
+
+
 def config_fingerprint(config: dict[str, Any]) -> str:
     """SHA-256 of a JSON configuration (sorted keys), the value a checkpoint must match."""
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
 def config_differences(saved: Any, current: dict[str, Any]) -> list[str]:
-    """``name: checkpoint X, now Y`` for every field where `saved` and `current` differ."""
+    """Return ``name: checkpoint X, now Y`` for every field where `saved` and `current` differ.
+
+    In the order of `current` (the strategy's own settings first), then the fields
+    only `saved` has.
+    """
     if not isinstance(saved, dict):
         return []
+    names = list(current) + sorted(set(saved) - set(current))
     return [
         f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"
-        for name in sorted(set(saved) | set(current))
+        for name in names
         if saved.get(name) != current.get(name)
     ]
 

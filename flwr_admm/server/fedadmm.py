@@ -7,12 +7,14 @@ The strategy is a thin adapter over `flwr_admm.core.consensus.ConsensusADMM`:
   that starts at the received parameters and adds proximal_mu/2 ||w - received||^2,
   therefore runs a valid inexact ADMM w-step with FedADMM out of the box.
 - ``aggregate_fit`` validates every reply, keys it by the client's ``client-key`` or
-  ``partition-id`` metric (else ``ClientProxy.cid``), and runs the z- and dual steps.
+  ``partition-id`` metric (else ``ClientProxy.cid``), accepts it only from the node
+  that key is bound to (``key_binding``), and runs the z- and dual steps.
 
 Clients MUST minimize (approximately) f_i(w) + rho/2 ||w - v_i||^2 and return w_i.
 
-The round skeleton (sampling, reply order, duplicate keys, checkpoints) is
-`flwr_admm.server.base.ConsensusStrategy`; this module fills in its hooks.
+The round skeleton (sampling, reply order, client identity and eviction, duplicate
+keys, checkpoints) is `flwr_admm.server.base.ConsensusStrategy`; this module fills in
+its hooks.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ class FedADMM(ConsensusStrategy):
     local_dp : LocalDP, optional
         Clients clip w_i - v_i to norm C and add N(0, (sigma C)^2); ``dp_epsilon`` is
         reported every round (`flwr_admm.uplink.privacy`).
+    key_binding : {"node", "reported"}
+        "node" (default): a client key is accepted only from the node it was first
+        accepted from; a conflicting claim is rejected (``num_key_conflicts``) and the
+        owner's dual untouched; a key whose node left the federation restarts fresh
+        under its new node. "reported": trust reported keys (a returning key keeps its
+        dual under any node id, ``num_resynced``); only for trusted deployments. See
+        `ConsensusStrategy`.
+    max_client_age : int or None
+        Evict (forget w_i, u_i, n_i; re-sum exactly) a client key whose last accepted
+        reply is more than this many rounds old. None (default): never.
+    max_clients : int or None
+        Keep at most this many client keys, evicting the least recently heard (ties in
+        key order) before each round. None (default): no limit.
 
     """
 
@@ -134,6 +149,9 @@ class FedADMM(ConsensusStrategy):
         uplink: Compressor | None = None,
         uplink_residual: Residual = "update",
         local_dp: LocalDP | None = None,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -142,6 +160,9 @@ class FedADMM(ConsensusStrategy):
             sampling_seed=sampling_seed,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
+            key_binding=key_binding,
+            max_client_age=max_client_age,
+            max_clients=max_clients,
             **fedavg_kwargs,
         )
         if isinstance(rho_schedule, str):
@@ -163,6 +184,7 @@ class FedADMM(ConsensusStrategy):
         self.rho, self.relaxation = float(rho), float(relaxation)
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
+        self._sent_rho: dict[str, float] = {}  # cid -> the rho_i its center was built with
         self._resume(resume)
 
     def __repr__(self) -> str:
@@ -186,6 +208,7 @@ class FedADMM(ConsensusStrategy):
             rho_i = admm.rho_for(key)
             payload = parameters if center is admm.z else self._to_parameters(center)
             self._sent_key[client.cid] = key if key in admm.records else None
+            self._sent_rho[client.cid] = rho_i
             fit_config = {**config, RHO: rho_i, PROXIMAL_MU: rho_i}
             instructions.append((client, FitIns(payload, fit_config)))
         return instructions
@@ -208,11 +231,12 @@ class FedADMM(ConsensusStrategy):
         checked = self._checked(key, proxy, res, [t.shape for t in admm.z], counts)
         if checked is None:
             return False
-        self._key_of_cid[proxy.cid] = key
         if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
-            # It trained around a center that was not its own (new node id after a
-            # restart): keep its dual and cached share, send the right center next.
+            # It trained around a center that was not its own (key_binding="reported",
+            # new node id after a restart): keep its dual and cached share, send the
+            # right center next round.
             log(INFO, "%s: %s re-identified under cid %s; resynced", self.label, key, proxy.cid)
+            self.binding.bind(key, proxy.cid, self._clock)
             counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
             return False
         loss = res.metrics.get(LOSS)
@@ -252,15 +276,32 @@ class FedADMM(ConsensusStrategy):
     def _sent(self, cid: str) -> NDArrays:
         """Return the center client `cid` was sent this round, as it received it.
 
-        (z, the duals and the dtypes do not change between configure_fit and
-        aggregate_fit, so the center can be recomputed instead of stored.)
+        (z, the client's dual and the dtypes do not change between configure_fit and
+        aggregate_fit, so the center can be recomputed instead of stored; rho_i is
+        the one it was sent, which an eviction under ``client_rho="data_size"`` may
+        have changed since.)
         """
-        assert self.admm is not None
-        center = self.admm.center(self._sent_key.get(cid))
+        admm = self.admm
+        assert admm is not None
+        key = self._sent_key.get(cid)
+        record = admm.records.get(key) if key is not None else None
+        rho_i = self._sent_rho.get(cid, admm.rho_for(key))
+        center = admm.z
+        if record is not None and rho_i != 0.0:  # v_i = z - y_i / rho_i, as sent
+            center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
         return [
             np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
             for c, d in zip(center, self._dtypes, strict=True)
         ]
+
+    def _evict(self, keys: list[str]) -> None:
+        """Forget `keys`: w_i, y_i, n_i leave the sums, re-summed exactly in key order."""
+        assert self.admm is not None
+        self.admm.evict(keys)
+        gone = set(keys)
+        for cid, key in self._sent_key.items():
+            if key in gone:
+                self._sent_key[cid] = None
 
     def _discard_round(self) -> dict[str, Scalar]:
         assert self.admm is not None
@@ -323,18 +364,20 @@ class FedADMM(ConsensusStrategy):
 
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
-        """Return rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel (JSON)."""
-        config: dict[str, Any] = {
+        """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON).
+
+        `ConsensusStrategy.settings` adds sampling, identity, uplink and local DP.
+        """
+        return {
+            "strategy": self.label,
             "rho": self.rho,
             "rho_schedule": self.rho_schedule.describe(),
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "client_rho": self.client_rho,
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
+            "relaxation": self.relaxation,
         }
-        if self.relaxation != 1.0:  # absent at 1: older checkpoints keep resuming
-            config["relaxation"] = self.relaxation
-        return config
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho, schedule and privacy ledger."""

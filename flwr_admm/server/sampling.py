@@ -1,60 +1,84 @@
-"""Helpers shared by the ADMM strategies: client keys, sampling, checks, round records.
+"""Helpers shared by the ADMM strategies: keyword checks, sampling, reply keys, records.
 
-`FedADMM` and `FedADMMClientDuals` key every reply by a stable client key (so a
-client keeps its state across node ids) and sample clients deterministically:
-with a `sampling_seed`, round k draws from the clients ordered by key, then cid,
-with a generator seeded by (sampling_seed, k).
+`FedADMM` and `FedADMMClientDuals` key every reply by a stable client key
+(`flwr_admm.server.identity`) and sample clients deterministically: with a
+`sampling_seed`, round k draws from the clients ordered by key, then cid, with a
+generator seeded by (sampling_seed, k).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Scalar
+from flwr.common import FitIns, FitRes, Scalar
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.types import natural_key
-from flwr_admm.protocol import CLIENT_KEY, NUM_REJECTED, PARTITION_ID, ROUND
+from flwr_admm.protocol import (
+    NUM_REJECTED,
+    RESERVED_CONFIG_KEYS,
+    RESERVED_CONFIG_PREFIXES,
+    ROUND,
+)
 
 
 def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
-    """Validate the FedAvg keywords Flower itself leaves unchecked (and `sampling_seed`)."""
+    """Validate the FedAvg keywords Flower leaves unchecked (and `sampling_seed`).
+
+    Only values no round can run with are refused: a fraction outside [0, 1] (FedAvg
+    then samples nothing, silently), a negative or non-integer count, a non-boolean
+    `accept_failures`. `min_available_clients` below `min_fit_clients` is FedAvg's
+    warning (its ``__init__`` logs it), not an error.
+    """
     for name in ("fraction_fit", "fraction_evaluate"):
         fraction = getattr(strategy, name)
-        if not (isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0):
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, numbers.Real) and 0.0 <= float(fraction) <= 1.0
+        ):
             raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
     for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
         count = getattr(strategy, name)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
             raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
-    if strategy.min_available_clients < max(strategy.min_fit_clients, 1):
-        raise ValueError(
-            f"min_available_clients: must be >= min_fit_clients ({strategy.min_fit_clients})"
-            f" and >= 1, got {strategy.min_available_clients}"
-        )
-    if not isinstance(strategy.accept_failures, bool):
+    if not isinstance(strategy.accept_failures, bool | np.bool_):
         raise ValueError(
             f"accept_failures: must be True or False, got {strategy.accept_failures!r}"
         )
+    strategy.accept_failures = bool(strategy.accept_failures)
     if sampling_seed is not None and (
-        isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int) or sampling_seed < 0
+        isinstance(sampling_seed, bool)
+        or not isinstance(sampling_seed, numbers.Integral)
+        or sampling_seed < 0
     ):
         raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
 
 
-def client_key(proxy: ClientProxy, metrics: dict[str, Scalar]) -> str:
-    """A client's stable key: its ``client-key`` metric, else ``partition-id``, else cid."""
-    if CLIENT_KEY in metrics:
-        return f"{CLIENT_KEY}:{metrics[CLIENT_KEY]!s}"
-    if PARTITION_ID in metrics:
-        return f"{PARTITION_ID}:{int(metrics[PARTITION_ID])}"
-    return f"cid:{proxy.cid}"
+def check_user_config(user: Mapping[str, Scalar], sent: list[tuple[ClientProxy, FitIns]]) -> None:
+    """Refuse an ``on_fit_config_fn`` result that names a key the strategy sets itself.
+
+    Reserved: `RESERVED_CONFIG_KEYS`, any key starting with one of
+    `RESERVED_CONFIG_PREFIXES`, and any key whose value the strategy changed in a
+    client's FitIns (`sent`).
+    """
+    for key in sorted(user):
+        overwritten = any(
+            key not in ins.config
+            or (ins.config[key] is not user[key] and ins.config[key] != user[key])
+            for _, ins in sent
+        )
+        if key in RESERVED_CONFIG_KEYS or key.startswith(RESERVED_CONFIG_PREFIXES) or overwritten:
+            raise ValueError(
+                f"on_fit_config_fn: key {key!r} is set by the strategy itself (reserved: "
+                f"{list(RESERVED_CONFIG_KEYS)} and keys starting with "
+                f"{list(RESERVED_CONFIG_PREFIXES)}); rename it"
+            )
 
 
 def sample_clients(
@@ -100,18 +124,28 @@ def sample_clients(
 def record_round(
     strategy: Any,
     server_round: int,
-    results: list[tuple[ClientProxy, FitRes]],
+    accepted: list[tuple[ClientProxy, FitRes]],
     metrics: dict[str, Scalar],
 ) -> dict[str, Scalar]:
     """Record one aggregation: merged metrics, appended to `strategy.history`.
 
-    The user's `fit_metrics_aggregation_fn` entries come first (ours win a name
-    clash); `strategy.last_round` becomes `server_round`.
+    The user's `fit_metrics_aggregation_fn` sees the `accepted` replies only; its
+    entries come first, and where a name is also one of ours, ours wins (with a
+    warning naming the names). `strategy.last_round` becomes `server_round`.
     """
     if strategy.fit_metrics_aggregation_fn is not None:
         user = strategy.fit_metrics_aggregation_fn(
-            [(res.num_examples, res.metrics) for _, res in results]
+            [(res.num_examples, res.metrics) for _, res in accepted]
         )
+        clashes = sorted(set(user) & set(metrics))
+        if clashes:
+            log(
+                WARNING,
+                "%s: fit_metrics_aggregation_fn returned %s, which the strategy reports "
+                "itself; the strategy's values are kept",
+                type(strategy).__name__,
+                clashes,
+            )
         metrics = {**user, **metrics}
     strategy.history.append({ROUND: server_round, **metrics})
     strategy.last_round = server_round
@@ -120,14 +154,16 @@ def record_round(
 
 def keyed_replies(
     results: list[tuple[ClientProxy, FitRes]],
-    key_of: Callable[[ClientProxy, dict[str, Scalar]], str],
+    key_of: Callable[[str, dict[str, Scalar]], str],
     reject: Callable[[str, str], None],
 ) -> list[tuple[str, ClientProxy, FitRes]]:
     """Each reply with its client key; one whose key cannot be read goes to `reject`."""
     keyed: list[tuple[str, ClientProxy, FitRes]] = []
     for proxy, res in results:
         try:
-            keyed.append((key_of(proxy, res.metrics), proxy, res))
+            keyed.append((key_of(proxy.cid, res.metrics), proxy, res))
+        except ValueError as error:  # a key of the wrong type or size
+            reject(f"cid:{proxy.cid}", f"unusable client key: {error}")
         except Exception as error:  # a malformed reply must not stop the server
             reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})")
     return keyed

@@ -32,9 +32,6 @@ from flwr.server.strategy import FedAvg
 from flwr_admm import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
-pytestmark = pytest.mark.xfail(reason="issue 12: being built; the marker goes when it lands")
-
-
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 
 

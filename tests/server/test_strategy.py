@@ -227,11 +227,11 @@ def test_unmodified_fedprox_client_converges_under_fedadmm() -> None:
 
 
 # ------------------------------------------------------------ stable client keys
-def test_duals_keyed_by_partition_id_survive_new_node_ids() -> None:
-    reference = seed_strategy(recorder := Recorder())
+def test_duals_keyed_by_partition_id_survive_new_node_ids_when_keys_are_trusted() -> None:
+    reference = seed_strategy(recorder := Recorder(), key_binding="reported")
     run_rounds(reference, scripted_proxies(), 5)
 
-    strategy = seed_strategy(switched := Recorder())
+    strategy = seed_strategy(switched := Recorder(), key_binding="reported")
     after: list[dict[str, np.ndarray]] = []
     switched.hook = lambda r: after.append(duals(strategy))
     first = run_rounds(strategy, scripted_proxies(), 3)
@@ -254,6 +254,32 @@ def test_duals_keyed_by_partition_id_survive_new_node_ids() -> None:
     z_ref = recorder.matrix
     np.testing.assert_allclose(switched.matrix[4:], z_ref[3:5], rtol=1e-12, atol=0)
     np.testing.assert_allclose(switched.matrix[:3], z_ref[:3], rtol=1e-12, atol=0)
+
+
+def test_partitions_under_new_node_ids_restart_fresh_when_keys_are_bound_to_nodes() -> None:
+    """key_binding="node": the old nodes left, so each key is freed and starts fresh."""
+    strategy = seed_strategy()
+    first = run_rounds(strategy, scripted_proxies(), 3)
+    assert strategy.admm is not None and all(
+        np.linalg.norm(r.y[0]) > 0 for r in strategy.admm.records.values()
+    )
+    second = run_rounds(
+        strategy,
+        scripted_proxies(node_ids=list(range(101, 111))),
+        1,
+        initial_parameters=first.parameters,
+    )
+    metrics = second.fit_metrics[0]
+    assert metrics["num_evicted"] == NUM_CLIENTS
+    assert metrics["num_replies"] == NUM_CLIENTS
+    assert metrics["num_resynced"] == 0 and metrics["num_key_conflicts"] == 0
+    assert strategy.binding.key_of == {str(100 + i + 1): f"partition-id:{i}" for i in range(10)}
+    # Fresh: one ADMM round from zero duals around the inherited z.
+    fresh = FedADMM(rho=RHO, initial_parameters=first.parameters)
+    run_rounds(fresh, scripted_proxies(), 1)
+    assert fresh.admm is not None
+    for key, record in strategy.admm.records.items():
+        np.testing.assert_allclose(record.y[0], fresh.admm.records[key].y[0], rtol=1e-12)
 
 
 def test_client_key_metric_takes_precedence_and_duplicates_are_rejected() -> None:

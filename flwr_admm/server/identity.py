@@ -1,0 +1,208 @@
+"""Client identity: the key a reply is filed under, and which node may speak for it.
+
+A reply's client key is its ``client-key`` metric, else its ``partition-id``, else the
+node id (``ClientProxy.cid``), in a canonical form (`client_key_of`); a value of the
+wrong type or size is an error for that reply only, never for the round.
+
+`KeyBinding` ties keys to the nodes Flower's transport names (cids). With the policy
+``"node"`` a key is accepted only from the node it was first bound to, and a node
+speaks for one key; a reply claiming another node's key, or a node's second key, is a
+conflict (rejected, the owner untouched), unless the owner has left the federation
+(it was not among the connected nodes at this round's ``configure_fit``): then the key
+is freed, its state evicted, and it starts fresh under the new node. With ``"reported"``
+the reported key is trusted as it is (trusted deployments only). The binding also
+remembers when each key was last heard, for the eviction policies `stale` applies.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from flwr.common import Scalar
+
+from flwr_admm.core.types import natural_key
+from flwr_admm.protocol import CLIENT_KEY, PARTITION_ID
+
+__all__ = [
+    "KEY_BINDINGS",
+    "KeyBinding",
+    "client_key_of",
+    "optional_count",
+]
+
+KeyBindingPolicy = Literal["node", "reported"]
+KEY_BINDINGS = ("node", "reported")
+Claim = Literal["ok", "conflict", "rebind"]
+MAX_CLIENT_KEY_LENGTH = 256
+MAX_PARTITION_ID = 2**63 - 1  # Flower's node config holds 64-bit integers
+
+
+def client_key_of(cid: str, metrics: Mapping[str, Scalar]) -> str:
+    """Return a reply's canonical key: ``client-key:<v>``, ``partition-id:<n>``, ``cid:<cid>``.
+
+    Raises
+    ------
+    ValueError
+        Naming the field and its allowed values when ``client-key`` is not a str or
+        int of 1 to 256 printable characters, or ``partition-id`` is not an integer in
+        [0, 2**63) (bool, float and str are refused: 1.9, True and "1" are not 1).
+
+    """
+    if CLIENT_KEY in metrics:
+        return f"{CLIENT_KEY}:{_client_key_value(metrics[CLIENT_KEY])}"
+    if PARTITION_ID in metrics:
+        value = metrics[PARTITION_ID]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or not 0 <= int(value) <= MAX_PARTITION_ID
+        ):
+            raise ValueError(
+                f"{PARTITION_ID}: must be an integer in [0, 2**63) (not a bool, float or "
+                f"str), got {_short(value)}"
+            )
+        return f"{PARTITION_ID}:{int(value)}"
+    return f"cid:{cid}"
+
+
+def _client_key_value(value: Any) -> str:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if int(value).bit_length() <= 4 * MAX_CLIENT_KEY_LENGTH:  # no huge str(int)
+            value = str(int(value))
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= MAX_CLIENT_KEY_LENGTH
+        or not value.isprintable()
+    ):
+        raise ValueError(
+            f"{CLIENT_KEY}: must be a str (or int) of 1 to {MAX_CLIENT_KEY_LENGTH} printable "
+            f"characters, got {_short(value)}"
+        )
+    return value
+
+
+def _short(value: Any) -> str:
+    """Describe a rejected value without printing (or converting) all of it."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"a str of {len(value)} characters starting {value[:20]!r}"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def optional_count(value: Any, field_name: str) -> int | None:
+    """Return `value` as an integer >= 1, or None; ValueError naming `field_name` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{field_name}: must be None or an integer >= 1, got {value!r}")
+    return int(value)
+
+
+class KeyBinding:
+    """Which node (cid) speaks for each client key, and when each key was last heard.
+
+    Parameters
+    ----------
+    policy : {"node", "reported"}
+        ``"node"``: a key belongs to the node it was first accepted from until that
+        node leaves the federation; ``"reported"``: reported keys are trusted.
+
+    Attributes
+    ----------
+    node_of : dict
+        key -> the cid it is bound to.
+    key_of : dict
+        cid -> the key it speaks for (what the next round's instructions use).
+    last_seen : dict
+        key -> the round of its last accepted reply.
+    present : set or None
+        The cids connected at the last ``configure_fit`` (None before the first).
+
+    """
+
+    def __init__(self, policy: str = "node") -> None:
+        if policy not in KEY_BINDINGS:
+            raise ValueError(f"key_binding: must be one of {list(KEY_BINDINGS)}, got {policy!r}")
+        self.policy: KeyBindingPolicy = "node" if policy == "node" else "reported"
+        self.node_of: dict[str, str] = {}
+        self.key_of: dict[str, str] = {}
+        self.last_seen: dict[str, int] = {}
+        self.present: set[str] | None = None
+
+    def connected(self, cids: Iterable[str]) -> None:
+        """Remember the nodes connected at this round's ``configure_fit``."""
+        self.present = {str(cid) for cid in cids}
+
+    def claim(self, key: str, cid: str) -> Claim:
+        """Judge a reply of node `cid` under `key`: "ok", "conflict", or "rebind".
+
+        "rebind": the key's node has left; its state must be evicted before the reply
+        is folded in as a new client's.
+        """
+        if self.policy == "reported":
+            return "ok"
+        own = self.key_of.get(cid)
+        if own is not None and own != key:
+            return "conflict"  # a node speaks for one key
+        owner = self.node_of.get(key)
+        if owner is None or owner == cid:
+            return "ok"
+        if self.present is not None and owner not in self.present:
+            return "rebind"
+        return "conflict"
+
+    def owner(self, key: str) -> str | None:
+        """Return the cid `key` is bound to under the ``"node"`` policy, else None."""
+        return self.node_of.get(key) if self.policy == "node" else None
+
+    def bind(self, key: str, cid: str, server_round: int) -> None:
+        """Bind `key` to node `cid` after an accepted reply, heard in `server_round`."""
+        if self.node_of.get(key) not in (None, cid) and self.policy == "node":
+            self.key_of.pop(self.node_of[key], None)
+        self.node_of[key] = cid
+        self.key_of[cid] = key
+        self.last_seen[key] = server_round
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop `keys`: their nodes speak for no key until they reply again."""
+        gone = set(keys)
+        for cid in [cid for cid, key in self.key_of.items() if key in gone]:
+            del self.key_of[cid]
+        for key in gone:
+            self.node_of.pop(key, None)
+            self.last_seen.pop(key, None)
+
+    def stale(self, server_round: int, max_age: int | None, max_clients: int | None) -> list[str]:
+        """Return the keys to evict before `server_round`, in key order.
+
+        A key is stale when its last accepted reply is more than `max_age` rounds old;
+        beyond `max_clients` keys the least recently heard go (ties in key order).
+        """
+        keys = sorted(self.last_seen, key=natural_key)
+        gone = [
+            k for k in keys if max_age is not None and server_round - self.last_seen[k] > max_age
+        ]
+        kept = [k for k in keys if k not in set(gone)]
+        if max_clients is not None and len(kept) > max_clients:
+            by_age = sorted(kept, key=lambda k: self.last_seen[k])  # stable: key order kept
+            gone += by_age[: len(kept) - max_clients]
+        return sorted(gone, key=natural_key)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the bindings and last-seen rounds (JSON)."""
+        return {
+            "node_of": dict(self.node_of),
+            "key_of": dict(self.key_of),
+            "last_seen": dict(self.last_seen),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`; raise KeyError/TypeError/ValueError on a malformed one."""
+        node_of = {str(k): str(c) for k, c in state["node_of"].items()}
+        key_of = {str(c): str(k) for c, k in state["key_of"].items()}
+        last_seen = {str(k): int(r) for k, r in state["last_seen"].items()}
+        self.node_of, self.key_of, self.last_seen = node_of, key_of, last_seen
+        self.present = None
