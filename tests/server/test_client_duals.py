@@ -259,6 +259,23 @@ def test_an_evicted_keys_share_leaves_s() -> None:
     )
 
 
+def test_max_client_age_evicts_and_the_sweep_takes_the_shares_out_of_s() -> None:
+    strategy = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), max_client_age=3, min_available_clients=5
+    )
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    for server_round in (1, 2):
+        _one_round(strategy, proxies, server_round)
+    metrics = [_one_round(strategy, proxies[:5], r)[1] for r in range(3, 9)]  # 5-9 left
+    assert [m["num_evicted"] for m in metrics] == [0, 0, 0, 5, 0, 0]  # at round 6
+    assert [m["rebuilding"] for m in metrics] == [0] * 6  # all 5 sent their shares
+    assert sorted(strategy.clients) == [f"partition-id:{i}" for i in range(5)]
+    assert strategy.total_examples == 5 * 500 and strategy.contribution_sum is not None
+    np.testing.assert_allclose(
+        strategy.contribution_sum[0], _shares(proxies[:5], 20), rtol=0, atol=1e-10
+    )
+
+
 def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
     """Half the clients a round: converged at round 46; then key 9 is evicted."""
     half = {"fraction_fit": 0.5, "min_fit_clients": 5, "min_available_clients": 10}
