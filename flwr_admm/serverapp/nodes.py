@@ -30,11 +30,14 @@ __all__ = ["Admission", "admit", "sample_nodes", "wait_for_nodes"]
 WAIT_INTERVAL = 1.0  # seconds between looks at the connected nodes (Flower's value)
 
 
-def wait_for_nodes(grid: Grid, minimum: int, interval: float = WAIT_INTERVAL) -> list[int]:
-    """Return the connected node ids once there are at least `minimum` of them."""
+def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> list[int]:
+    """Return the connected node ids once there are at least `minimum` of them.
+
+    Looks every `interval` seconds (default `WAIT_INTERVAL`, read at call time).
+    """
     while len(node_ids := [int(n) for n in grid.get_node_ids()]) < minimum:
         log(INFO, "Waiting for nodes: %d connected (minimum: %d)", len(node_ids), minimum)
-        time.sleep(interval)
+        time.sleep(WAIT_INTERVAL if interval is None else interval)
     return node_ids
 
 

@@ -1,0 +1,174 @@
+"""serverapp.FedADMM.aggregate_train: keys, bad replies rejected and counted, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
+
+from flwr_admm.core import ConsensusADMM, Reply
+from flwr_admm.serverapp import FedADMM
+
+Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "step": np.array(0.0)}
+NODES = [21, 22, 23, 24]
+
+
+def w_of(i: int) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 3), i + 1.0, dtype=np.float32), "step": np.array(float(i))}
+
+
+def good(i: int, **extra: Any) -> Any:
+    return reply(NODES[i], w_of(i), **{"num-examples": 10 * (i + 1), "partition-id": i, **extra})
+
+
+def started(**kwargs: Any) -> FedADMM:
+    strategy = FedADMM(rho=0.5, fraction_evaluate=0.0, **kwargs)
+    configure(strategy, 1, named(Z0), FakeGrid(NODES))
+    return strategy
+
+
+def expected_z(replies: list[tuple[str, int, int]]) -> list[np.ndarray]:
+    """z' of the numpy core fed (key, i, n) replies, z0 = Z0."""
+    core = ConsensusADMM([np.zeros((2, 3)), np.array(0.0)], 0.5)
+    rep = [
+        Reply(k, [np.asarray(a, dtype=np.float64) for a in w_of(i).values()], n)
+        for k, i, n in replies
+    ]
+    core.step(rep, 1)
+    return core.z
+
+
+def bad_replies() -> dict[str, Any]:
+    n = {"num-examples": 5}
+    nan = {"w": np.full((2, 3), np.nan, dtype=np.float32), "step": np.array(0.0)}
+    two = RecordDict({"a": named(w_of(0)), "b": named(w_of(0)), "m": MetricRecord(n)})
+    two_metrics = RecordDict({"a": named(w_of(0)), "m": MetricRecord(n), "k": MetricRecord(n)})
+    return {
+        "missing arrays": reply(31, None, **n),
+        "extra ArrayRecord": raw_reply(32, dict(two)),
+        "two MetricRecords": raw_reply(33, dict(two_metrics)),
+        "wrong names": reply(34, {"v": w_of(0)["w"], "step": w_of(0)["step"]}, **n),
+        "missing tensor": reply(35, {"w": w_of(0)["w"]}, **n),
+        "wrong shape": reply(36, {"w": np.zeros((3, 2)), "step": np.array(0.0)}, **n),
+        "non-numeric dtype": reply(37, {"w": np.full((2, 3), "x"), "step": np.array(0.0)}, **n),
+        "bool dtype": reply(38, {"w": np.ones((2, 3), dtype=bool), "step": np.array(0.0)}, **n),
+        "NaN": reply(39, nan, **n),
+        "no num-examples": reply(40, w_of(0), loss=1.0),
+        "zero num-examples": reply(41, w_of(0), **{"num-examples": 0}),
+        "negative num-examples": reply(42, w_of(0), **{"num-examples": -3}),
+        "float num-examples": reply(43, w_of(0), **{"num-examples": 5.0}),
+        "bad client-key": reply(44, w_of(0), **{"num-examples": 5, "client-key": -1.5}),
+    }
+
+
+def test_bad_replies_are_rejected_and_counted_and_the_round_goes_on() -> None:
+    strategy = started()
+    bad = bad_replies()
+    replies = [good(0), error_reply(29), *bad.values(), good(1), error_reply(30)]
+    z, metrics = strategy.aggregate_train(1, replies)
+    assert z is not None and metrics is not None
+    assert metrics["num_failures"] == 2
+    assert metrics["num_rejected"] == len(bad)
+    assert metrics["num_replies"] == 2
+    assert strategy.admm is not None
+    assert sorted(strategy.admm.records) == ["partition-id:0", "partition-id:1"]
+    want = expected_z([("partition-id:0", 0, 10), ("partition-id:1", 1, 20)])
+    np.testing.assert_array_equal(z["w"].numpy(), want[0].astype(np.float32))
+    assert z["step"].numpy().shape == () and z["step"].numpy() == want[1]
+    assert len(strategy.history) == 1 and strategy.history[0]["round"] == 1
+
+
+def test_replies_sharing_a_key_are_all_rejected() -> None:
+    strategy = started()
+    _, metrics = strategy.aggregate_train(
+        1, [good(0), reply(NODES[2], w_of(2), **{"num-examples": 5, "partition-id": 0}), good(1)]
+    )
+    assert metrics is not None and metrics["num_rejected"] == 2 and metrics["num_replies"] == 1
+    assert strategy.admm is not None and list(strategy.admm.records) == ["partition-id:1"]
+
+
+def test_only_bad_replies_leave_the_state_unchanged() -> None:
+    strategy = started()
+    z, metrics = strategy.aggregate_train(1, [error_reply(21), *bad_replies().values()])
+    assert z is None and metrics is not None
+    assert metrics["num_failures"] == 1 and metrics["num_rejected"] == len(bad_replies())
+    assert strategy.admm is not None and strategy.admm.records == {} and strategy.history == []
+    z, metrics = strategy.aggregate_train(1, [good(0), good(1)])  # the next round works
+    assert z is not None and metrics is not None and metrics["num_replies"] == 2
+
+
+def test_key_is_client_key_else_partition_id_else_node_id() -> None:
+    strategy = started()
+    strategy.aggregate_train(
+        1,
+        [
+            reply(21, w_of(0), **{"num-examples": 5, "client-key": 7, "partition-id": 3}),
+            reply(22, w_of(1), **{"num-examples": 5, "partition-id": 3}),
+            reply(23, w_of(2), **{"num-examples": 5}),
+        ],
+    )
+    assert strategy.admm is not None
+    assert sorted(strategy.admm.records) == ["cid:23", "client-key:7", "partition-id:3"]
+
+
+def test_a_key_claimed_by_another_connected_node_is_a_conflict() -> None:
+    strategy = started()
+    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z1 is not None
+    configure(strategy, 2, z1, FakeGrid(NODES))
+    hijack = reply(NODES[3], w_of(3), **{"num-examples": 5, "partition-id": 0})
+    _, metrics = strategy.aggregate_train(2, [hijack, good(1)])
+    assert metrics is not None
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    assert strategy.binding.node_of["partition-id:0"] == str(NODES[0])
+
+
+def test_metrics_are_plain_numbers_and_the_users_aggregation_sees_accepted_replies() -> None:
+    seen: list[RecordDict] = []
+
+    def aggregate(contents: list[RecordDict], weight_key: str) -> MetricRecord:
+        seen.extend(contents)
+        return MetricRecord({"rho": 123.0, "mine": float(len(contents))})
+
+    strategy = started(train_metrics_aggr_fn=aggregate)
+    _, metrics = strategy.aggregate_train(
+        1, [good(0, loss=2.0), good(1, loss=4.0), bad_replies()["NaN"], error_reply(9)]
+    )
+    assert metrics is not None and len(seen) == 2
+    assert metrics["mine"] == 2.0 and metrics["rho"] == 0.5  # ours wins a name clash
+    assert metrics["objective"] == pytest.approx((10 * 2.0 + 20 * 4.0) / 30)
+    for name, value in metrics.items():
+        assert type(value) in (int, float), (name, type(value))
+    assert {
+        "primal_residual",
+        "dual_residual",
+        "eps_primal",
+        "eps_dual",
+        "converged",
+        "num_replies",
+        "num_rejected",
+        "num_failures",
+        "next_rho",
+    } <= set(metrics)
+    assert strategy.history[0]["mine"] == 2.0
+
+
+def test_a_failing_user_aggregation_does_not_end_the_run() -> None:
+    def broken(contents: list[RecordDict], weight_key: str) -> MetricRecord:
+        raise KeyError("oops")
+
+    strategy = started(train_metrics_aggr_fn=broken)
+    z, metrics = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z is not None and metrics is not None and metrics["num_replies"] == 2
+
+
+def test_evaluate_ignores_unusable_replies() -> None:
+    strategy = started()
+    ok = raw_reply(21, {"metrics": MetricRecord({"num-examples": 4, "loss": 1.0})})
+    no_weight = raw_reply(22, {"metrics": MetricRecord({"loss": 9.0})})
+    arrays_only = raw_reply(23, {"arrays": ArrayRecord([np.zeros(2)])})
+    metrics = strategy.aggregate_evaluate(1, [ok, no_weight, arrays_only, error_reply(24)])
+    assert metrics is not None and metrics["loss"] == 1.0
