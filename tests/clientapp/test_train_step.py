@@ -1,0 +1,117 @@
+"""flwr_admm.clientapp helpers for a user's own @app.train() handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from message_replies import metadata, named
+
+from flwr_admm.clientapp import ADMMTrainStep, build_reply, read_rho, warm_start
+
+CENTER = {
+    "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "fc.bias": np.array([0.25, -0.5]),
+    "bn.num_batches_tracked": np.array(3, dtype=np.int64),
+}
+
+
+def train_message(arrays: dict[str, np.ndarray] = CENTER, **config: Any) -> Message:
+    """An instruction message from the server (node 1) to node 5."""
+    meta = metadata(1, MessageType.TRAIN)
+    meta.dst_node_id = 5
+    content = RecordDict({"arrays": named(arrays), "config": ConfigRecord(config)})
+    return Message(content=content, metadata=meta)
+
+
+def context(partition_id: int | None = 4) -> Context:
+    node_config = {} if partition_id is None else {"partition-id": partition_id}
+    return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(), run_config={})
+
+
+def trained(offset: float) -> dict[str, np.ndarray]:
+    return {name: np.asarray(a, dtype=np.float64) + offset for name, a in CENTER.items()}
+
+
+def test_reads_center_rho_round_and_config() -> None:
+    msg = train_message(rho=0.3, **{"proximal-mu": 0.3, "server-round": 4, "lr": 0.1})
+    step = ADMMTrainStep.from_message(msg, context())
+    assert list(step.center) == list(CENTER)
+    for name, a in CENTER.items():
+        assert step.center[name].dtype == np.float64 and step.center[name].shape == a.shape
+        np.testing.assert_array_equal(step.center[name], a)
+    assert (step.rho, step.admm, step.server_round) == (0.3, True, 4)
+    assert step.config["lr"] == 0.1 and step.previous is None
+
+
+def test_rho_is_rho_else_proximal_mu_else_zero() -> None:
+    assert read_rho({"rho": 0.2, "proximal-mu": 0.9}) == 0.2
+    assert read_rho({"proximal-mu": 0.9}) == 0.9
+    assert read_rho({}) == 0.0
+    for bad in (-1.0, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match="rho"):
+            read_rho({"rho": bad})
+
+
+def test_reply_keeps_names_and_dtypes_and_reports_weight_and_key() -> None:
+    msg = train_message(rho=0.3, **{"server-round": 2})
+    reply = build_reply(msg, trained(1.0), 17, {"loss": np.float32(0.5), "done": True}, context())
+    arrays = reply.content["arrays"]
+    assert list(arrays.keys()) == list(CENTER)
+    for name, a in CENTER.items():
+        sent = arrays[name].numpy()
+        assert sent.dtype == a.dtype and sent.shape == a.shape
+        np.testing.assert_array_equal(sent, (np.asarray(a, dtype=np.float64) + 1.0).astype(a.dtype))
+    metrics = dict(reply.content["metrics"])
+    assert metrics == {"partition-id": 4, "loss": 0.5, "done": 1, "num-examples": 17}
+    assert reply.metadata.dst_node_id == 1 and reply.metadata.src_node_id == 5
+
+
+def test_reply_refuses_what_the_server_would_reject() -> None:
+    msg = train_message(rho=0.3)
+    with pytest.raises(ValueError, match="num_examples"):
+        build_reply(msg, trained(0.0), 0)
+    with pytest.raises(ValueError, match="arrays"):
+        build_reply(msg, list(trained(0.0).values())[:2], 3)
+    with pytest.raises(ValueError, match="metrics\\['note'\\]"):
+        build_reply(msg, trained(0.0), 3, {"note": "text"})
+
+
+def test_warm_start_is_the_last_reply_under_fedadmm_only() -> None:
+    ctx = context()
+    first = ADMMTrainStep.from_message(train_message(rho=0.3, **{"server-round": 1}), ctx)
+    for name, a in first.start().items():
+        np.testing.assert_array_equal(a, CENTER[name])  # nothing kept yet: the center
+    first.reply(trained(2.0), 10, context=ctx)
+    assert ctx.state.config_records["flwr_admm.message.meta"]["round"] == 1
+    second = ADMMTrainStep.from_message(train_message(trained(5.0), rho=0.3), ctx)
+    for name, a in second.start().items():
+        np.testing.assert_array_equal(a, trained(2.0)[name])  # float64, not rounded to int
+    assert second.start(warm=False)["fc.bias"][0] == 5.25
+    # FedProx (proximal-mu only), rho = 0: start at the received arrays.
+    for config in ({"proximal-mu": 0.3}, {"rho": 0.0, "proximal-mu": 0.0}):
+        step = ADMMTrainStep.from_message(train_message(trained(5.0), **config), ctx)
+        assert step.previous is not None
+        np.testing.assert_array_equal(step.start()["fc.bias"], trained(5.0)["fc.bias"])
+
+
+def test_warm_start_needs_the_same_names_and_shapes() -> None:
+    ctx = context()
+    build_reply(train_message(rho=0.3), trained(1.0), 3, context=ctx)
+    assert warm_start(ctx, CENTER) is not None
+    renamed = {("x." + k): v for k, v in CENTER.items()}
+    assert warm_start(ctx, renamed) is None
+    reshaped = {**CENTER, "fc.bias": np.zeros(3)}
+    assert warm_start(ctx, reshaped) is None
+
+
+def test_a_non_finite_w_is_not_kept_as_warm_start() -> None:
+    ctx = context()
+    build_reply(train_message(rho=0.3), trained(1.0), 3, context=ctx)
+    poisoned = {**trained(1.0), "fc.bias": np.array([np.nan, 0.0])}
+    build_reply(train_message(rho=0.3), poisoned, 3, context=ctx)  # still replied
+    kept = warm_start(ctx, CENTER)
+    assert kept is not None
+    np.testing.assert_array_equal(kept["fc.bias"], trained(1.0)["fc.bias"])
