@@ -480,6 +480,31 @@ def run_config_of(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+ROUND_COLUMNS = ("num_evicted", "num_key_conflicts", "num_resynced")  # of fit_metrics
+
+
+def print_rounds(document: dict[str, Any] | None) -> None:
+    """Print one line per round: results, failures, the identity counters, time, F, gap.
+
+    ``evicted``: client keys dropped (under key-binding=node a restarted SuperNode's
+    key, its old node gone, rejoins fresh); ``conflicts``: replies claiming a key
+    bound to a node still connected; ``resynced``: key-binding=reported only.
+    """
+    print(
+        "round  results  failures  evicted  conflicts  resynced  seconds  objective   relative_gap"
+    )
+    for record in (document or {}).get("rounds", [])[1:]:
+        fit = record.get("fit_metrics", {})
+        evicted, conflicts, resynced = (fit.get(name, "-") for name in ROUND_COLUMNS)
+        print(
+            f"{record['round']:5d}  {record.get('num_results', '-'):>7}  "
+            f"{record.get('num_failures', '-'):>8}  {evicted:>7}  {conflicts:>9}  "
+            f"{resynced:>8}  {record.get('round_seconds', math.nan):7.1f}  "
+            f"{record.get('objective', math.nan):<10.6g}  "
+            f"{record.get('relative_gap', math.nan):.3e}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Deploy, run (with an optional kill and restart), check; 0 if the run is complete."""
     args = build_parser().parse_args(argv)
@@ -514,16 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     document, problems = check_result(
         settings.task_dir, settings.stem, args.rounds, allow_failures=args.kill_node is not None
     )
-    print("round  results  failures  resynced  seconds  objective   relative_gap")
-    for record in (document or {}).get("rounds", [])[1:]:
-        resynced = record.get("fit_metrics", {}).get("num_resynced", "-")
-        print(
-            f"{record['round']:5d}  {record.get('num_results', '-'):>7}  "
-            f"{record.get('num_failures', '-'):>8}  {resynced:>8}  "
-            f"{record.get('round_seconds', math.nan):7.1f}  "
-            f"{record.get('objective', math.nan):<10.6g}  "
-            f"{record.get('relative_gap', math.nan):.3e}"
-        )
+    print_rounds(document)
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return 0 if outcome.returncode == 0 and not problems else 1

@@ -85,10 +85,13 @@ class ConsensusStrategy(FedAvg):
     that under ``"node"`` a single reply of the key's own node is kept (the others are
     conflicts), so no two replies ever touch one client's state in a round.
 
-    Eviction: before each round, keys whose last accepted reply is more than
+    Eviction: at ``configure_fit``, keys whose last accepted reply is more than
     ``max_client_age`` rounds old are evicted, then the least recently heard beyond
-    ``max_clients`` keys (ties in key order): their contribution leaves the sums
-    (`_evict`) and a node that returns starts fresh. ``num_evicted`` counts them.
+    ``max_clients`` keys (ties in key order); at ``aggregate_fit`` again beyond
+    ``max_clients``, counting the round's replies as heard (they are never evicted in
+    their own round, so a round with more replies than ``max_clients`` holds them all
+    until the next). An evicted key's contribution leaves the sums (`_evict`), and its
+    node, if it returns, starts fresh. ``num_evicted`` counts them.
 
     Fit config and metrics: ``on_fit_config_fn`` may not return a key the strategy
     sets itself (``rho``, ``proximal_mu``, ``server_round``, ``admm-*``, ``uplink*``,
@@ -232,7 +235,11 @@ class ConsensusStrategy(FedAvg):
         admitted, freed = self._admitted(keyed, counts)
         if freed:
             self._evict_keys(freed, "their nodes left the federation; new nodes start fresh")
-        self._open_round([key for key, _, _ in admitted])
+        incoming = [key for key, _, _ in admitted]
+        crowded = self.binding.stale(self._clock, None, self.max_clients, incoming)
+        if crowded:
+            self._evict_keys(crowded, "least recently heard beyond max_clients")
+        self._open_round(incoming)
         accepted: Results = []
         for key, proxy, res in admitted:
             if self._fold_reply(key, proxy, res, server_round, counts):

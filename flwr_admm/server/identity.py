@@ -17,7 +17,7 @@ remembers when each key was last heard, for the eviction policies `stale` applie
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from flwr.common import Scalar
@@ -175,21 +175,28 @@ class KeyBinding:
             self.node_of.pop(key, None)
             self.last_seen.pop(key, None)
 
-    def stale(self, server_round: int, max_age: int | None, max_clients: int | None) -> list[str]:
-        """Return the keys to evict before `server_round`, in key order.
+    def stale(
+        self,
+        server_round: int,
+        max_age: int | None,
+        max_clients: int | None,
+        incoming: Collection[str] = (),
+    ) -> list[str]:
+        """Return the keys to evict in `server_round`, in key order.
 
         A key is stale when its last accepted reply is more than `max_age` rounds old;
-        beyond `max_clients` keys the least recently heard go (ties in key order).
+        beyond `max_clients` keys the least recently heard go (ties in key order). The
+        `incoming` keys (this round's replies) count as heard now and are never stale.
         """
-        keys = sorted(self.last_seen, key=natural_key)
-        gone = [
-            k for k in keys if max_age is not None and server_round - self.last_seen[k] > max_age
-        ]
-        kept = [k for k in keys if k not in set(gone)]
+        seen = {**self.last_seen, **dict.fromkeys(incoming, server_round)}
+        keys = sorted(seen, key=natural_key)
+        old = {k for k in keys if max_age is not None and server_round - seen[k] > max_age}
+        kept = [k for k in keys if k not in old]
         if max_clients is not None and len(kept) > max_clients:
-            by_age = sorted(kept, key=lambda k: self.last_seen[k])  # stable: key order kept
-            gone += by_age[: len(kept) - max_clients]
-        return sorted(gone, key=natural_key)
+            candidates = [k for k in kept if k not in set(incoming)]
+            by_age = sorted(candidates, key=lambda k: seen[k])  # stable: ties in key order
+            old.update(by_age[: len(kept) - max_clients])
+        return sorted(old, key=natural_key)
 
     def state_dict(self) -> dict[str, Any]:
         """Return the bindings and last-seen rounds (JSON)."""

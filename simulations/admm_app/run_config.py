@@ -22,6 +22,7 @@ from flwr_admm.client.admm_client import LOCAL_INITS
 from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
+from flwr_admm.server.identity import KEY_BINDINGS
 
 STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 PARTITIONERS = ("iid", "dirichlet", "pathological")
@@ -51,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "run-tag": "",
     "client-wait-seconds": 120.0,
     "round-timeout": 0.0,
+    "key-binding": "node",
 }
 
 HELP: dict[str, str] = {
@@ -78,6 +80,7 @@ HELP: dict[str, str] = {
     "run-tag": "'' or letters, digits, '.', '_', '-' (results go to <strategy>-<run-tag>.json)",
     "client-wait-seconds": "number > 0",
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
+    "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
 }
 
 
@@ -110,6 +113,7 @@ class RunSettings:
     run_tag: str
     client_wait_seconds: float
     round_timeout: float | None = None
+    key_binding: str = "node"
 
     @property
     def task_dir(self) -> Path:
@@ -301,6 +305,7 @@ def parse_run_config(
         run_tag=_run_tag(config),
         client_wait_seconds=_number(config, "client-wait-seconds", 0.0, strict=True),
         round_timeout=_number(config, "round-timeout", 0.0) or None,
+        key_binding=_choice(config, "key-binding", KEY_BINDINGS),
     )
 
 

@@ -127,6 +127,12 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
         "fit_metrics_aggregation_fn": fit_metrics,
         "accept_failures": True,
     }
+    # The ADMM strategies send server_round (and rho) themselves; a user config may not.
+    admm_common = {
+        **common,
+        "on_fit_config_fn": lambda server_round: dict(base_config),
+        "key_binding": settings.key_binding,
+    }
     if settings.strategy == "fedadmm":
         schedule = (
             Geometric(factor=settings.rho_factor)
@@ -139,10 +145,10 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             rho_schedule=schedule,
             relaxation=settings.relaxation,
             sampling_seed=None,
-            **common,
+            **admm_common,
         )
     if settings.strategy == "fedadmm-client-duals":
-        return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **common)
+        return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **admm_common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":

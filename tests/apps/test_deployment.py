@@ -2,7 +2,8 @@
 
 The deployed run must reproduce the in-process run of the same apps round for round;
 a SuperNode killed mid-run must cost one failed reply, not the run; restarted (new
-node id, same partition-id) it must be re-identified and continue with its dual.
+node id, same partition-id) after its old node left, it must rejoin as a new client
+(key_binding="node": its old dual and cached model are evicted, it is sent z).
 Every process is stopped by PID by the fixture, also when a test fails.
 """
 
@@ -120,8 +121,9 @@ def test_deployed_run_matches_the_in_process_run(deployment, tmp_path):
 
 
 def _replay_with_restart(config, rounds, kill_round):
-    """In process: partition KILLED fails in `kill_round`, then returns as a new node
-    (new cid, empty node state), as the restarted SuperNode does."""
+    """In process: partition KILLED fails in `kill_round`, then its node leaves and it
+    returns as a new node (new cid, empty node state), as the restarted SuperNode does
+    (SIGTERM: the SuperNode deactivates itself, so the SuperLink no longer lists it)."""
     components = server_fn(_context(config))
     strategy = components.strategy
     node_client_fn = _node_client_fn(config)
@@ -147,7 +149,7 @@ def _replay_with_restart(config, rounds, kill_round):
         strategy.evaluate(server_round, parameters)
 
 
-def test_killed_supernode_fails_one_round_and_rejoins_with_its_dual(deployment, tmp_path):
+def test_killed_supernode_fails_one_round_and_rejoins_fresh(deployment, tmp_path):
     rounds, kill_round = 4, 2
     config = {**CONFIG, "num-server-rounds": rounds}
     old = deployment.supernodes[KILLED]
@@ -173,19 +175,24 @@ def test_killed_supernode_fails_one_round_and_rejoins_with_its_dual(deployment, 
         (
             deployed[r]["num_results"],
             deployed[r]["num_failures"],
-            deployed[r]["fit_metrics"]["num_resynced"],
+            deployed[r]["fit_metrics"]["num_evicted"],
+            deployed[r]["fit_metrics"]["num_key_conflicts"],
+            deployed[r]["fit_metrics"]["num_replies"],
         )
         for r in range(1, rounds + 1)
     ]
     # round 2: the others' replies aggregated, the killed node's a failure; round 3:
-    # the restarted node (unknown node id) is re-identified by partition-id and
-    # resynced; round 4: all three count again
-    assert pattern == [(3, 0, 0), (2, 1, 0), (3, 0, 1), (3, 0, 0)], log
+    # the restarted node (new node id) claims partition-id 2, whose node has left the
+    # federation: the key's old dual and cached model are evicted (num_evicted = 1),
+    # the key is bound to the new node, and its reply (trained around z, the center
+    # of a new client) is folded in as a new client's; round 4: all three as usual
+    assert pattern == [(3, 0, 0, 0, 3), (2, 1, 0, 0, 2), (3, 0, 1, 0, 3), (3, 0, 0, 0, 3)], log
     assert all(deployed[r]["fit_metrics"]["num_clients_cached"] == 3 for r in range(1, rounds + 1))
+    assert all(deployed[r]["fit_metrics"]["num_resynced"] == 0 for r in range(1, rounds + 1))
 
-    # Exactly what the algorithm does in process with the same failure and rejoin: its
-    # dual and cached share were kept (zeroing its dual at the restart changes the
-    # objective of round 3 in the 3rd digit).
+    # Exactly what the algorithm does in process with the same failure and rejoin
+    # (keeping the old dual instead, key_binding="reported", changes the objective of
+    # round 3 in the 3rd digit).
     _replay_with_restart({**config, "output-dir": str(tmp_path / "replay")}, rounds, kill_round)
     replayed = _rounds(tmp_path / "replay" / "seed-logreg")
     _assert_same_rounds(deployed, replayed, range(1, rounds + 1))

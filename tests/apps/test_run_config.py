@@ -66,6 +66,7 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"strategy": 3}, ["'strategy'"]),
         ({"rho": True}, ["'rho'"]),
         ({"bogus-key": 1}, ["unknown keys", "bogus-key"]),
+        ({"key-binding": "trust"}, ["'key-binding'", "node", "reported"]),
     ],
 )
 def test_run_config_errors_name_the_key_and_the_allowed_values(override, words):
@@ -108,3 +109,19 @@ def test_round_timeout_reaches_flowers_server_config():
         run_config={"round-timeout": 15.0, "num-server-rounds": 2},
     )
     assert server_fn(context).config.round_timeout == 15.0
+
+
+@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
+@pytest.mark.parametrize("key_binding", ["node", "reported"])
+def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"strategy": strategy, "key-binding": key_binding, "num-server-rounds": 2},
+    )
+    inner = server_fn(context).strategy.inner
+    assert inner.key_binding == key_binding
+    # server_round is the strategy's own fit-config key: the app leaves it out
+    assert "server_round" not in inner.on_fit_config_fn(1)

@@ -1,0 +1,294 @@
+"""Client identity and eviction (issue 12, items 2, 4 and 7), beyond test_robustness.py.
+
+`KeyBinding`'s rules on their own; both strategies reject a conflicting claim and keep
+the owner's single reply of a shared key; a node that changes its key every round
+cannot pile up votes; `max_clients` keeps the most recently heard keys; reserved
+fit-config keys are refused; what Flower's FedAvg accepts is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+from flower_run import NUM_CLIENTS, D, admm_client_fn, zeros_parameters
+from flwr.client import NumPyClient
+from flwr.common import Code, Context, FitRes, NDArrays, Scalar, Status, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+
+from flwr_admm import FedADMM, FedADMMClientDuals
+from flwr_admm.server.identity import KeyBinding, client_key_of
+from flwr_admm.testing import make_proxies, run_rounds
+
+CLIENT = {"local_steps": 5, "learning_rate": 0.5}
+
+
+class Proxy:
+    """The little of a ClientProxy that the strategies read."""
+
+    def __init__(self, cid: str) -> None:
+        self.cid = cid
+
+
+def fit_res(arrays: NDArrays, n: int, metrics: dict[str, Scalar]) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+
+def first_reply(strategy_class: Any, value: float, n: int, metrics: dict[str, Scalar]) -> FitRes:
+    """A first reply of either protocol (client-held duals send n_i c_i, previous round 0)."""
+    if strategy_class is FedADMM:
+        return fit_res([np.full(D, value)], n, metrics)
+    protocol = {
+        "admm-previous-round": 0,
+        "admm-examples-change": n,
+        "admm-w-sq-norm": float(D * value**2),
+        "admm-u-sq-norm": 0.0,
+    }
+    return fit_res([n * np.full(D, value)], n, {**metrics, **protocol})
+
+
+def configured(strategy: Any, cids: list[str]) -> Any:
+    """Run configure_fit with `cids` connected (only the binding's view matters here)."""
+    manager = SimpleClientManager()
+    for proxy in make_proxies(admm_client_fn(**CLIENT), len(cids), node_ids=[int(c) for c in cids]):
+        manager.register(proxy)
+    strategy.configure_fit(1, zeros_parameters(), manager)
+    return strategy
+
+
+def client_keys(strategy: Any) -> list[str]:
+    return sorted(strategy.admm.records if isinstance(strategy, FedADMM) else strategy.clients)
+
+
+# ------------------------------------------------------------------ the rules
+def test_key_binding_rules() -> None:
+    binding = KeyBinding("node")
+    binding.connected(["1", "2"])
+    assert binding.claim("partition-id:0", "1") == "ok"
+    binding.bind("partition-id:0", "1", 1)
+    assert binding.claim("partition-id:0", "2") == "conflict"  # bound to a connected node
+    assert binding.claim("partition-id:5", "1") == "conflict"  # node 1's second key
+    binding.connected(["2", "3"])  # node 1 left
+    assert binding.claim("partition-id:0", "3") == "rebind"
+    binding.forget(["partition-id:0"])
+    assert binding.key_of == {} and binding.node_of == {} and binding.last_seen == {}
+    reported = KeyBinding("reported")
+    reported.bind("partition-id:0", "1", 1)
+    assert reported.claim("partition-id:0", "2") == "ok"
+    copy = KeyBinding("node")
+    binding.bind("partition-id:1", "2", 4)
+    copy.load_state_dict(binding.state_dict())
+    assert copy.state_dict() == binding.state_dict()
+
+
+def test_stale_keys_by_age_then_by_count_ties_in_key_order() -> None:
+    binding = KeyBinding("node")
+    for key, seen in [("k:10", 5), ("k:2", 5), ("k:3", 1), ("k:4", 6), ("k:1", 5)]:
+        binding.bind(key, key, seen)
+    assert binding.stale(7, max_age=5, max_clients=None) == ["k:3"]  # 7 - 1 > 5
+    assert binding.stale(7, max_age=None, max_clients=2) == ["k:1", "k:2", "k:3"]
+    assert binding.stale(7, max_age=5, max_clients=3) == ["k:1", "k:3"]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "key"),
+    [
+        ({"client-key": 7}, "client-key:7"),
+        ({"client-key": "bank a"}, "client-key:bank a"),
+        ({"partition-id": np.int64(4)}, "partition-id:4"),
+        ({"client-key": "x", "partition-id": 3}, "client-key:x"),
+    ],
+)
+def test_client_keys_of_allowed_values(metrics: dict[str, Any], key: str) -> None:
+    assert client_key_of("9", metrics) == key
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        {"client-key": ""},
+        {"client-key": "a\nb"},
+        {"client-key": 10**5000},
+        {"client-key": True},
+        {"client-key": 1.5},
+        {"client-key": b"bytes"},
+        {"partition-id": 2**63},
+        {"client-key": "x" * 257, "partition-id": 3},  # no silent fallback
+    ],
+    ids=range(8),
+)
+def test_client_keys_of_refused_values_name_the_field(metrics: dict[str, Any]) -> None:
+    field = "client-key" if "client-key" in metrics else "partition-id"
+    with pytest.raises(ValueError, match=field):
+        client_key_of("9", metrics)
+
+
+# ------------------------------------------------------ both strategies, one base
+@pytest.mark.parametrize("strategy_class", [FedADMM, FedADMMClientDuals])
+def test_a_conflicting_claim_is_rejected_in_both_strategies(strategy_class: Any) -> None:
+    strategy = configured(
+        strategy_class(rho=0.1, initial_parameters=zeros_parameters()), ["1", "2"]
+    )
+    owner = first_reply(strategy_class, 0.5, 10, {"partition-id": 0})
+    strategy.aggregate_fit(1, [(Proxy("1"), owner)], [])
+    configured(strategy, ["1", "2"])
+    claim = first_reply(strategy_class, 3.0, 500, {"partition-id": 0})
+    _, metrics = strategy.aggregate_fit(2, [(Proxy("2"), claim)], [])
+    assert (metrics["num_key_conflicts"], metrics["num_rejected"]) == (1, 1)
+    assert strategy.binding.node_of == {"partition-id:0": "1"}
+
+
+@pytest.mark.parametrize("strategy_class", [FedADMM, FedADMMClientDuals])
+def test_a_shared_key_keeps_the_single_reply_of_its_own_node(strategy_class: Any) -> None:
+    strategy = configured(
+        strategy_class(rho=0.1, initial_parameters=zeros_parameters()), ["1", "2"]
+    )
+    strategy.aggregate_fit(
+        1, [(Proxy("1"), first_reply(strategy_class, 0.5, 10, {"partition-id": 0}))], []
+    )
+    configured(strategy, ["1", "2"])
+    own = fit_res([np.full(D, 0.5)], 10, {"partition-id": 0})
+    if strategy_class is FedADMMClientDuals:  # a follow-up reply: no change
+        own = fit_res(
+            [np.zeros(D)],
+            10,
+            {
+                "partition-id": 0,
+                "admm-previous-round": 1,
+                "admm-examples-change": 0,
+                "admm-w-sq-norm": float(D * 0.25),
+                "admm-u-sq-norm": 0.0,
+                "admm-delayed-sq-residual": 0.0,
+            },
+        )
+    intruder = first_reply(strategy_class, 3.0, 500, {"partition-id": 0})
+    _, metrics = strategy.aggregate_fit(2, [(Proxy("2"), intruder), (Proxy("1"), own)], [])
+    assert metrics["num_key_conflicts"] == 1
+    assert metrics["num_replies"] == 1
+
+
+def test_unbound_shared_keys_are_all_rejected() -> None:
+    strategy = configured(FedADMM(rho=0.1, initial_parameters=zeros_parameters()), ["1", "2"])
+    replies = [(Proxy(c), fit_res([np.full(D, 0.5)], 10, {"partition-id": 0})) for c in "12"]
+    parameters, metrics = strategy.aggregate_fit(1, replies, [])
+    assert parameters is None and metrics["num_rejected"] == 2
+    assert metrics["num_key_conflicts"] == 0
+
+
+class KeyHopper(NumPyClient):
+    """Reports a new client-key every round (a stale full-weight vote each time)."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    def fit(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        key = f"hop-{config['server_round']}"
+        return [np.full(D, 5.0)], 500, {"client-key": key}
+
+
+@pytest.mark.parametrize(("key_binding", "max_clients"), [("node", None), ("reported", 3)])
+def test_a_key_hopping_node_cannot_pile_up_votes(key_binding: str, max_clients: int | None) -> None:
+    strategy = FedADMM(
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        key_binding=key_binding,
+        max_clients=max_clients,
+        min_available_clients=3,
+    )
+    honest = make_proxies(admm_client_fn(**CLIENT), 2)
+    hopper = make_proxies(KeyHopper, 3)[2]
+    result = run_rounds(strategy, [*honest, hopper], 8)
+    keys = client_keys(strategy)
+    if key_binding == "node":  # its first key is its only one
+        assert keys == ["client-key:hop-1", "partition-id:0", "partition-id:1"]
+        assert [m["num_key_conflicts"] for m in result.fit_metrics] == [0] + [1] * 7
+    else:  # trusted keys, but memory stays bounded: the oldest keys go
+        assert keys == ["client-key:hop-8", "partition-id:0", "partition-id:1"]
+        assert sum(int(m["num_evicted"]) for m in result.fit_metrics) == 7
+
+
+def test_max_clients_keeps_the_most_recently_heard() -> None:
+    strategy = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), max_clients=4)
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    first = run_rounds(strategy, proxies, 1)
+    assert client_keys(strategy) == [f"partition-id:{i}" for i in range(NUM_CLIENTS)]
+    second = run_rounds(strategy, proxies[6:], 2, initial_parameters=first.parameters)
+    # Before round 2 (all heard in round 1): ties in key order, so 0-5 go.
+    assert second.fit_metrics[0]["num_evicted"] == 6
+    assert client_keys(strategy) == [f"partition-id:{i}" for i in range(6, 10)]
+    assert strategy.admm is not None and strategy.admm.sums.n == 4 * 500
+
+
+# -------------------------------------------------------------------- drop-in
+@pytest.mark.parametrize(
+    "key", ["uplink", "uplink-bits", "dp-clip", "dp-noise", "admm-ack-round", "admm-anything"]
+)
+def test_reserved_fit_config_keys_are_an_error(key: str) -> None:
+    for strategy_class in (FedADMM, FedADMMClientDuals):
+        strategy = strategy_class(
+            rho=0.1, initial_parameters=zeros_parameters(), on_fit_config_fn=lambda r: {key: 1}
+        )
+        with pytest.raises(ValueError, match=key):
+            configured(strategy, ["1", "2"])
+
+
+def test_user_fit_config_keys_reach_every_client() -> None:
+    strategy = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), on_fit_config_fn=lambda r: {"tag": "x"}
+    )
+    manager = SimpleClientManager()
+    for proxy in make_proxies(admm_client_fn(**CLIENT), 3):
+        manager.register(proxy)
+    instructions = strategy.configure_fit(1, zeros_parameters(), manager)
+    assert [ins.config["tag"] for _, ins in instructions] == ["x"] * 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_fit_clients": 3},
+        {"min_evaluate_clients": 5},
+        {"min_available_clients": 0, "min_fit_clients": 0},
+        {"fraction_fit": np.float32(0.5)},
+        {"min_fit_clients": np.int64(2)},
+        {"accept_failures": np.bool_(False)},
+        {"inplace": False},
+    ],
+)
+def test_what_fedavg_accepts_both_strategies_accept(kwargs: dict[str, Any]) -> None:
+    for strategy_class in (FedADMM, FedADMMClientDuals):
+        strategy_class(rho=0.1, **kwargs)
+
+
+def test_flowers_own_warning_is_kept(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        FedADMM(min_fit_clients=3)
+    assert "min_available_clients" in caplog.text
+
+
+def test_client_duals_metric_clashes_are_warned_and_ours_win(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[int] = []
+
+    def aggregate(replies: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Scalar]:
+        seen.append(len(replies))
+        return {"num_replies": -1, "mine": 1.0}
+
+    strategy = configured(
+        FedADMMClientDuals(
+            rho=0.1, initial_parameters=zeros_parameters(), fit_metrics_aggregation_fn=aggregate
+        ),
+        ["1", "2"],
+    )
+    good = first_reply(FedADMMClientDuals, 0.5, 10, {"partition-id": 0})
+    bad = first_reply(FedADMMClientDuals, 0.5, 10, {"partition-id": "0"})
+    with caplog.at_level(logging.WARNING):
+        _, metrics = strategy.aggregate_fit(1, [(Proxy("1"), good), (Proxy("2"), bad)], [])
+    assert seen == [1]
+    assert metrics["num_replies"] == 1 and metrics["mine"] == 1.0
+    assert "num_replies" in caplog.text
