@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -20,34 +19,33 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule, make_schedule
+from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
-    CONVERGED,
-    DUAL_RESIDUAL,
-    EPS_DUAL,
-    EPS_PRIMAL,
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
-    NEXT_RHO,
     NUM_CLIENTS_CACHED,
     NUM_EVICTED,
     NUM_EXAMPLES,
     NUM_FAILURES,
     NUM_KEY_CONFLICTS,
     NUM_REJECTED,
-    NUM_REPLIES,
-    OBJECTIVE,
-    PRIMAL_RESIDUAL,
     RHO,
     ROUND,
 )
 from flwr_admm.server.identity import KeyBinding
-from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
+from flwr_admm.serverapp.config import admm_parts, check_fields, copy_config, refuse_planned
 from flwr_admm.serverapp.nodes import admit, sample_nodes, wait_for_nodes
-from flwr_admm.serverapp.records import Layout, ReadReply, plain_metrics, read_reply
+from flwr_admm.serverapp.records import (
+    Layout,
+    ReadReply,
+    has_weight,
+    merge_metrics,
+    plain_metrics,
+    read_reply,
+    report_metrics,
+)
 
 __all__ = ["FedADMM"]
 
@@ -161,14 +159,8 @@ class FedADMM(FedAvg):
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
         check_fields(self, sampling_seed)
-        if isinstance(rho_schedule, str):
-            rho_schedule = make_schedule(rho_schedule)
-        if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
-            raise ValueError(f"rho_schedule: must be a RhoSchedule or a name, got {rho_schedule!r}")
-        if regularizer is not None and not isinstance(regularizer, Regularizer):
-            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
-        self.regularizer, self.client_rho = regularizer, client_rho
+        self.rho_schedule, self.regularizer = admm_parts(rho_schedule, regularizer)
+        self.client_rho = client_rho
         self.eps_abs, self.eps_rel, self.relaxation = eps_abs, eps_rel, relaxation
         self.rho = rho
         self._new_admm([np.zeros(1)])  # validates rho, client_rho, eps, relaxation together
@@ -204,7 +196,8 @@ class FedADMM(FedAvg):
         if self.fraction_train == 0.0:
             return []
         messages = []
-        for node_id in self._sample(grid, server_round, self.fraction_train, self.min_train_nodes):
+        sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
+        for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
             payload = arrays if center is admm.z else self._record(center)
@@ -251,7 +244,9 @@ class FedADMM(FedAvg):
             self.admm.cancel()
             idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
             return None, plain_metrics({**counts, **idle})
-        metrics = self._merged_metrics(accepted, {**self._finish(server_round), **counts})
+        contents = [r.content for r in accepted if r.content is not None]
+        ours = {**self._finish(server_round), **counts}
+        metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
         return self._record(self.admm.z), metrics
 
@@ -275,35 +270,7 @@ class FedADMM(FedAvg):
         assert self.admm is not None
         report = self.admm.finish(server_round)
         self.converged = report.converged
-        metrics: dict[str, Any] = {
-            RHO: report.rho,
-            NEXT_RHO: report.next_rho,
-            PRIMAL_RESIDUAL: report.primal_residual,
-            DUAL_RESIDUAL: report.dual_residual,
-            EPS_PRIMAL: report.eps_primal,
-            EPS_DUAL: report.eps_dual,
-            CONVERGED: int(report.converged),
-            NUM_REPLIES: report.num_replies,
-            NUM_CLIENTS_CACHED: report.num_clients_cached,
-        }
-        if report.objective is not None:
-            metrics[OBJECTIVE] = report.objective
-        return metrics
-
-    def _merged_metrics(self, accepted: list[ReadReply], ours: dict[str, Any]) -> MetricRecord:
-        """Return ``train_metrics_aggr_fn`` over the accepted replies, overlaid with ours."""
-        merged = MetricRecord()
-        try:
-            contents = [r.content for r in accepted if r.content is not None]
-            merged = MetricRecord(dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key)))
-        except Exception as error:  # a user function must not end the run
-            log(WARNING, "FedADMM: train_metrics_aggr_fn failed (%r); its metrics left out", error)
-        clashes = sorted(set(merged) & set(ours))
-        if clashes and self.train_metrics_aggr_fn is not None:
-            log(WARNING, "FedADMM: train_metrics_aggr_fn returned %s; ours are kept", clashes)
-        for name, value in plain_metrics(ours).items():
-            merged[name] = value
-        return merged
+        return report_metrics(report)
 
     def _reject(self, key: str, problem: str, counts: dict[str, int]) -> None:
         log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
@@ -328,7 +295,8 @@ class FedADMM(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Aggregate the replies with one MetricRecord and a positive weight; never raise."""
-        usable = [m.content for m in replies if not m.has_error() and self._weighted(m)]
+        key = self.weighted_by_key
+        usable = [m.content for m in replies if not m.has_error() and has_weight(m, key)]
         if not usable:
             return None
         try:
@@ -337,19 +305,19 @@ class FedADMM(FedAvg):
             log(WARNING, "FedADMM: evaluate_metrics_aggr_fn failed (%r)", error)
             return None
 
-    def _weighted(self, message: Message) -> bool:
-        records = message.content.metric_records
-        if len(records) != 1:
-            return False
-        weight = next(iter(records.values())).get(self.weighted_by_key)
-        return isinstance(weight, numbers.Real) and not isinstance(weight, bool) and weight > 0
-
     # ------------------------------------------------------------------ nodes
-    def _sample(self, grid: Grid, server_round: int, fraction: float, minimum: int) -> list[int]:
-        """Wait for the nodes, THEN size the sample from those connected; draw it."""
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, train: bool = False
+    ) -> list[int]:
+        """Wait for the nodes, THEN size the sample from those connected; draw it.
+
+        A train round also tells the key binding who is connected (a key whose node
+        is gone may then be taken over by a new node).
+        """
         node_ids = wait_for_nodes(grid, max(self.min_available_nodes, minimum))
         size = max(int(len(node_ids) * fraction), minimum)
-        self.binding.connected(str(n) for n in node_ids)
+        if train:
+            self.binding.connected(str(n) for n in node_ids)
         key_of = self.binding.key_of
         sampled = sample_nodes(node_ids, size, server_round, self.sampling_seed, key_of)
         log(INFO, "FedADMM: sampled %s nodes (out of %s)", len(sampled), len(node_ids))

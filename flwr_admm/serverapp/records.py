@@ -1,31 +1,54 @@
-"""Translate between Flower's Message-API records and the numpy core's lists of arrays.
+"""Translate between Flower's Message-API records and the numpy core's values.
 
 A model travels as an `ArrayRecord` of named tensors (a PyTorch ``state_dict`` arrives
 as named `Array`s). `Layout` remembers the names, dtypes and shapes of the first z
 a strategy receives, so that every center and every new z goes back out under the
 same names, in the same order, with the same dtypes and shapes (0-d tensors stay
 0-d). `read_reply` turns one reply `Message` into a core `Reply`, or says why it is
-unusable; it never raises.
+unusable; it never raises. `report_metrics` and `merge_metrics` build the round's
+MetricRecord (plain ints and floats).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays
+from flwr_admm.core.types import Arrays, RoundReport
 from flwr_admm.core.validation import check_reply
-from flwr_admm.protocol import LOSS
+from flwr_admm.protocol import (
+    CONVERGED,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    LOSS,
+    NEXT_RHO,
+    NUM_CLIENTS_CACHED,
+    NUM_REPLIES,
+    OBJECTIVE,
+    PRIMAL_RESIDUAL,
+    RHO,
+)
 from flwr_admm.server.identity import client_key_of
 
-__all__ = ["Layout", "ReadReply", "plain_metrics", "read_reply"]
+__all__ = [
+    "Layout",
+    "ReadReply",
+    "has_weight",
+    "merge_metrics",
+    "plain_metrics",
+    "read_reply",
+    "report_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -147,3 +170,53 @@ def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
         else:
             plain[name] = float(value)
     return MetricRecord(plain)  # type: ignore[arg-type]
+
+
+def report_metrics(report: RoundReport) -> dict[str, Any]:
+    """Return one aggregation's round metrics: rho, residuals, thresholds, counts, f."""
+    metrics: dict[str, Any] = {
+        RHO: report.rho,
+        NEXT_RHO: report.next_rho,
+        PRIMAL_RESIDUAL: report.primal_residual,
+        DUAL_RESIDUAL: report.dual_residual,
+        EPS_PRIMAL: report.eps_primal,
+        EPS_DUAL: report.eps_dual,
+        CONVERGED: int(report.converged),
+        NUM_REPLIES: report.num_replies,
+        NUM_CLIENTS_CACHED: report.num_clients_cached,
+    }
+    if report.objective is not None:
+        metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
+    return metrics
+
+
+def merge_metrics(
+    aggregate: Callable[[list[RecordDict], str], MetricRecord],
+    contents: list[RecordDict],
+    weighted_by_key: str,
+    ours: Mapping[str, Any],
+) -> MetricRecord:
+    """Return ``aggregate(contents, weighted_by_key)`` overlaid with `ours` (ours wins).
+
+    A failing `aggregate` (a user's function) is logged and left out, never raised.
+    """
+    merged = MetricRecord()
+    try:
+        merged = MetricRecord(dict(aggregate(contents, weighted_by_key)))
+    except Exception as error:  # a user function must not end the run
+        log(WARNING, "FedADMM: train_metrics_aggr_fn failed (%r); its metrics left out", error)
+    clashes = sorted(set(merged) & set(ours))
+    if clashes:
+        log(WARNING, "FedADMM: train_metrics_aggr_fn returned %s; ours are kept", clashes)
+    for name, value in plain_metrics(ours).items():
+        merged[name] = value
+    return merged
+
+
+def has_weight(message: Message, weighted_by_key: str) -> bool:
+    """Return whether `message` holds one MetricRecord with a positive `weighted_by_key`."""
+    records = message.content.metric_records
+    if len(records) != 1:
+        return False
+    weight = next(iter(records.values())).get(weighted_by_key)
+    return isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0

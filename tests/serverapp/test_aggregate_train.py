@@ -172,3 +172,18 @@ def test_evaluate_ignores_unusable_replies() -> None:
     arrays_only = raw_reply(23, {"arrays": ArrayRecord([np.zeros(2)])})
     metrics = strategy.aggregate_evaluate(1, [ok, no_weight, arrays_only, error_reply(24)])
     assert metrics is not None and metrics["loss"] == 1.0
+
+
+def test_a_key_whose_node_left_starts_fresh_under_the_new_node() -> None:
+    strategy = started()
+    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z1 is not None and strategy.admm is not None
+    assert np.any(strategy.admm.records["partition-id:0"].y[0] != 0)
+    configure(strategy, 2, z1, FakeGrid([99, NODES[1]]))  # node 21 is gone, 99 joined
+    restarted = reply(99, w_of(3), **{"num-examples": 5, "partition-id": 0})
+    _, metrics = strategy.aggregate_train(2, [restarted, good(1)])
+    assert metrics is not None
+    assert metrics["num_evicted"] == 1 and metrics["num_key_conflicts"] == 0
+    assert metrics["num_replies"] == 2
+    assert strategy.binding.node_of["partition-id:0"] == "99"
+    assert strategy.admm.records["partition-id:0"].num_examples == 5
