@@ -24,7 +24,7 @@ from flwr.server.strategy import FedAvg
 from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import single_thread_blas
-from flwr_admm.core.types import Arrays, natural_key
+from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     NUM_EVICTED,
     NUM_FAILURES,
@@ -40,6 +40,7 @@ from flwr_admm.server.checkpoint import (
     has_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    shared_settings,
 )
 from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
 from flwr_admm.server.sampling import (
@@ -54,7 +55,6 @@ from flwr_admm.uplink.channel import UplinkChannel
 
 Results = list[tuple[ClientProxy, FitRes]]
 Failures = list[tuple[ClientProxy, FitRes] | BaseException]
-Keyed = list[tuple[str, ClientProxy, FitRes]]
 
 
 class ConsensusStrategy(FedAvg):
@@ -69,21 +69,20 @@ class ConsensusStrategy(FedAvg):
     (deterministic sums), through `_fold_reply`; `_finish_round` then updates z.
     Round numbers continue after a resume.
 
-    Identity (``key_binding``). ``"node"`` (default): a key is accepted only from the
-    node (cid) it was first accepted from, and a node speaks for one key. A reply
-    claiming a key bound to another node, or a node's second key, is rejected
-    (``num_key_conflicts`` and ``num_rejected``) and the owner's state is untouched;
-    if the owner has left the federation (it was not among ``client_manager.all()`` at
-    this round's ``configure_fit``), the key's state is evicted and the key starts
-    fresh under the new node (an insecure SuperNode that restarts gets a new node id
-    and rejoins as a new client; an authenticated one keeps its node id and its
-    state). Nobody receives a connected node's center or writes its state.
-    ``"reported"``: reported keys are trusted as they are (a returning key keeps its
-    state under any node id); only for deployments where every client is trusted.
+    Identity (``key_binding``, `flwr_admm.server.identity`). ``"node"`` (default): a
+    key is accepted only from the node (cid) it was first accepted from, and a node
+    speaks for one key; any other claim is rejected (``num_key_conflicts``), the
+    owner untouched, unless the owner has left the federation (it was not among
+    ``client_manager.all()`` at this round's ``configure_fit``): then the key's state
+    is evicted and the key starts fresh under its new node. So an insecure SuperNode
+    that restarts (new node id) rejoins as a new client, an authenticated one (same
+    node id) keeps its state, and nobody receives a connected node's center or
+    writes its state. ``"reported"``: reported keys are trusted (a returning key
+    keeps its state under any node id): only where every client is trusted.
 
     Duplicate keys: replies of one round that share a key are all rejected, except
-    that under ``"node"`` a single reply of the key's own node is kept (the others are
-    conflicts), so no two replies ever touch one client's state in a round.
+    that under ``"node"`` a single reply from the key's own node is kept (the others
+    are conflicts); no two replies ever touch one client's state in a round.
 
     Eviction: at ``configure_fit``, keys whose last accepted reply is more than
     ``max_client_age`` rounds old are evicted, then the least recently heard beyond
@@ -232,7 +231,9 @@ class ConsensusStrategy(FedAvg):
         keyed = keyed_replies(
             results, client_key_of, lambda key, why: self._reject(key, why, counts)
         )
-        admitted, freed = self._admitted(keyed, counts)
+        admitted, freed = self.binding.admit(
+            keyed, lambda key, why, conflict: self._reject(key, why, counts, conflict)
+        )
         if freed:
             self._evict_keys(freed, "their nodes left the federation; new nodes start fresh")
         incoming = [key for key, _, _ in admitted]
@@ -247,50 +248,6 @@ class ConsensusStrategy(FedAvg):
                 accepted.append((proxy, res))
         return accepted
 
-    def _admitted(self, keyed: Keyed, counts: dict[str, Scalar]) -> tuple[Keyed, list[str]]:
-        """Return the admissible replies (natural key order) and the keys to free first.
-
-        The keys to free are those whose bound node has left the federation.
-        Rejected: the replies of a key shared within the round (but a single reply
-        from the key's bound node is kept; the others are conflicts), and conflicting
-        claims (`KeyBinding.claim`).
-        """
-        by_key: dict[str, Keyed] = {}
-        for item in keyed:
-            by_key.setdefault(item[0], []).append(item)
-        admitted: Keyed = []
-        freed: list[str] = []
-        for key in sorted(by_key, key=natural_key):
-            group = by_key[key]
-            if len(group) > 1:
-                own = [item for item in group if item[1].cid == self.binding.owner(key)]
-                if len(own) != 1:
-                    for _ in group:
-                        self._reject(key, "several replies share this client key", counts)
-                    continue
-                for _, proxy, _ in group:
-                    if proxy.cid != own[0][1].cid:
-                        self._conflict(key, proxy.cid, counts)
-                group = own
-            item = group[0]
-            claim = self.binding.claim(key, item[1].cid)
-            if claim == "conflict":
-                self._conflict(key, item[1].cid, counts)
-                continue
-            freed += [key] if claim == "rebind" else []
-            admitted.append(item)
-        return admitted, freed
-
-    def _conflict(self, key: str, cid: str, counts: dict[str, Scalar]) -> None:
-        """Reject and count a claim on `key` that its binding does not allow."""
-        self._reject(
-            key,
-            f"node {cid} may not speak for it (key bound to node "
-            f"{self.binding.node_of.get(key)}, node {cid} to {self.binding.key_of.get(cid)})",
-            counts,
-        )
-        counts[NUM_KEY_CONFLICTS] = int(counts[NUM_KEY_CONFLICTS]) + 1
-
     def _evict_keys(self, keys: list[str], reason: str) -> None:
         """Drop the state and the bindings of `keys` (`_evict`); count them."""
         shown = keys if len(keys) <= 10 else f"{len(keys)} keys"
@@ -299,34 +256,21 @@ class ConsensusStrategy(FedAvg):
         self.binding.forget(keys)
         self._evicted += len(keys)
 
-    def _reject(self, key: str, problem: str, counts: dict[str, Scalar]) -> None:
+    def _reject(
+        self, key: str, problem: str, counts: dict[str, Scalar], conflict: bool = False
+    ) -> None:
+        """Log and count a rejected reply (and a key conflict if `conflict`)."""
         reject_reply(self.label, key, problem, counts)
+        if conflict:
+            counts[NUM_KEY_CONFLICTS] = int(counts[NUM_KEY_CONFLICTS]) + 1
 
     # ------------------------------------------------------------- checkpoints
     def settings(self) -> dict[str, Any]:
         """Return every setting that changes the iterates: what a checkpoint must match.
 
-        The strategy's own `configuration`, then the shared ones (sampling, failures,
-        identity and eviction, uplink and local DP).
+        The strategy's own `configuration`, then the shared ones (`shared_settings`).
         """
-        channel = self.channel
-        dp = channel.local_dp
-        shared: dict[str, Any] = {
-            "sampling_seed": self.sampling_seed,
-            "fraction_fit": float(self.fraction_fit),
-            "min_fit_clients": int(self.min_fit_clients),
-            "accept_failures": self.accept_failures,
-            "stop_on_convergence": bool(self.stop_on_convergence),
-            "key_binding": self.key_binding,
-            "max_client_age": self.max_client_age,
-            "max_clients": self.max_clients,
-            "uplink": None if channel.compressor is None else channel.compressor.config(),
-            "uplink_residual": channel.residual,
-            "local_dp": None
-            if dp is None
-            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
-        }
-        return {**self.configuration(), **shared}
+        return {**self.configuration(), **shared_settings(self)}
 
     def fingerprint(self) -> str:
         """Return the SHA-256 of `settings`, the value a checkpoint must match."""

@@ -173,6 +173,31 @@ def config_differences(saved: Any, current: dict[str, Any]) -> list[str]:
     ]
 
 
+def shared_settings(strategy: Any) -> dict[str, Any]:
+    """Return the settings every consensus strategy fingerprints besides its own.
+
+    Sampling, failures, stopping, client identity and eviction, uplink compression
+    and local DP: each changes the iterates.
+    """
+    channel = strategy.channel
+    dp = channel.local_dp
+    return {
+        "sampling_seed": strategy.sampling_seed,
+        "fraction_fit": float(strategy.fraction_fit),
+        "min_fit_clients": int(strategy.min_fit_clients),
+        "accept_failures": bool(strategy.accept_failures),
+        "stop_on_convergence": bool(strategy.stop_on_convergence),
+        "key_binding": strategy.key_binding,
+        "max_client_age": strategy.max_client_age,
+        "max_clients": strategy.max_clients,
+        "uplink": None if channel.compressor is None else channel.compressor.config(),
+        "uplink_residual": channel.residual,
+        "local_dp": None
+        if dp is None
+        else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+    }
+
+
 def checkpoint_every_value(value: Any) -> int:
     """`value` as the number of aggregations between checkpoints (an integer >= 1)."""
     if (

@@ -17,10 +17,11 @@ remembers when each key was last heard, for the eviction policies `stale` applie
 from __future__ import annotations
 
 import numbers
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Literal
 
-from flwr.common import Scalar
+from flwr.common import FitRes, Scalar
+from flwr.server.client_proxy import ClientProxy
 
 from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import CLIENT_KEY, PARTITION_ID
@@ -35,6 +36,8 @@ __all__ = [
 KeyBindingPolicy = Literal["node", "reported"]
 KEY_BINDINGS = ("node", "reported")
 Claim = Literal["ok", "conflict", "rebind"]
+Keyed = list[tuple[str, ClientProxy, FitRes]]
+Reject = Callable[[str, str, bool], None]  # (key, problem, is a key conflict)
 MAX_CLIENT_KEY_LENGTH = 256
 MAX_PARTITION_ID = 2**63 - 1  # Flower's node config holds 64-bit integers
 
@@ -153,6 +156,45 @@ class KeyBinding:
         if self.present is not None and owner not in self.present:
             return "rebind"
         return "conflict"
+
+    def admit(self, keyed: Keyed, reject: Reject) -> tuple[Keyed, list[str]]:
+        """Return the replies that may touch their key's state, and the keys to free.
+
+        In natural key order. To free (evict, then rebind) first: the keys whose bound
+        node has left. Rejected through `reject`: the replies of a key shared within
+        the round (but a single reply from the key's bound node is kept, the others
+        are conflicts) and every conflicting claim.
+        """
+        by_key: dict[str, Keyed] = {}
+        for item in keyed:
+            by_key.setdefault(item[0], []).append(item)
+        admitted: Keyed = []
+        freed: list[str] = []
+        for key in sorted(by_key, key=natural_key):
+            group = by_key[key]
+            if len(group) > 1:
+                own = [item for item in group if item[1].cid == self.owner(key)]
+                if len(own) != 1:
+                    for _ in group:
+                        reject(key, "several replies share this client key", False)
+                    continue
+                for _, proxy, _ in group:
+                    if proxy.cid != own[0][1].cid:
+                        reject(key, self._conflict(key, proxy.cid), True)
+                group = own
+            claim = self.claim(key, group[0][1].cid)
+            if claim == "conflict":
+                reject(key, self._conflict(key, group[0][1].cid), True)
+                continue
+            freed += [key] if claim == "rebind" else []
+            admitted.append(group[0])
+        return admitted, freed
+
+    def _conflict(self, key: str, cid: str) -> str:
+        return (
+            f"node {cid} may not speak for it (key_binding='node': the key is bound to "
+            f"node {self.node_of.get(key)}, node {cid} to {self.key_of.get(cid)})"
+        )
 
     def owner(self, key: str) -> str | None:
         """Return the cid `key` is bound to under the ``"node"`` policy, else None."""
