@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -231,14 +232,11 @@ class FedADMM(FedAvg):
                 usable.append(reply)
             else:
                 self._reject(reply.key, reply.problem, counts)
-        admission = admit(usable, self.binding)
-        for reply, problem in admission.rejected:
-            self._reject(reply.key, problem, counts)
-        counts[NUM_KEY_CONFLICTS] = admission.conflicts
-        if admission.freed:  # their nodes left: new nodes start fresh under these keys
-            counts[NUM_EVICTED] = len(self.admm.evict(admission.freed))
-            self.binding.forget(admission.freed)
-        accepted = self._fold(admission.admitted, counts)
+        admitted, freed = admit(usable, self.binding, partial(self._refuse, counts))
+        if freed:  # their nodes left: new nodes start fresh under these keys
+            counts[NUM_EVICTED] = len(self.admm.evict(freed))
+            self.binding.forget(freed)
+        accepted = self._fold(admitted, counts)
         if not accepted:
             log(WARNING, "FedADMM round %s: no usable reply; state unchanged", server_round)
             self.admm.cancel()
@@ -275,6 +273,11 @@ class FedADMM(FedAvg):
     def _reject(self, key: str, problem: str, counts: dict[str, int]) -> None:
         log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
         counts[NUM_REJECTED] += 1
+
+    def _refuse(self, counts: dict[str, int], key: str, problem: str, conflict: bool) -> None:
+        """Reject a reply `KeyBinding.admit` refused; count key conflicts too."""
+        self._reject(key, problem, counts)
+        counts[NUM_KEY_CONFLICTS] += int(conflict)
 
     # --------------------------------------------------------------- evaluate
     def configure_evaluate(

@@ -6,26 +6,27 @@ a simulation can sample 2 of 10 nodes). With a seed, round k draws from the node
 ordered by their known client key, then node id, with a generator seeded by
 (sampling_seed, k): the legacy `flwr_admm.server.sampling.sample_clients` rule, so
 both APIs pick the same clients. `admit` applies the legacy strategies' duplicate-key
-and key-binding policy (`flwr_admm.server.base.ConsensusStrategy`) to Message replies.
+and key-binding policy (`flwr_admm.server.identity.KeyBinding.admit`) to Message replies.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from logging import INFO
+from typing import cast
 
 import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_admm.core.types import natural_key
-from flwr_admm.server.identity import KeyBinding
+from flwr_admm.server.identity import KeyBinding, Keyed
 from flwr_admm.serverapp.records import ReadReply
 
-__all__ = ["Admission", "admit", "sample_nodes", "wait_for_nodes"]
+__all__ = ["admit", "sample_nodes", "wait_for_nodes"]
 
 WAIT_INTERVAL = 1.0  # seconds between looks at the connected nodes (Flower's value)
 
@@ -67,56 +68,25 @@ def sample_nodes(
     return [order[i] for i in picked]
 
 
-@dataclass
-class Admission:
-    """Outcome of `admit`: replies to fold in, keys to free first, replies refused."""
+@dataclass(frozen=True)
+class _Sender:
+    """The one field of a legacy ClientProxy that `KeyBinding.admit` reads."""
 
-    admitted: list[ReadReply] = field(default_factory=list)
-    freed: list[str] = field(default_factory=list)
-    rejected: list[tuple[ReadReply, str]] = field(default_factory=list)
-    conflicts: int = 0
+    cid: str
 
 
-def admit(replies: list[ReadReply], binding: KeyBinding) -> Admission:
-    """Settle which usable replies may speak for their keys (natural key order).
+def admit(
+    replies: list[ReadReply], binding: KeyBinding, reject: Callable[[str, str, bool], None]
+) -> tuple[list[ReadReply], list[str]]:
+    """Return the usable replies that may speak for their keys, and the keys to free first.
 
-    Replies of one round that share a key are all refused, except that a single
-    reply of the key's own node is kept (the others are conflicts); a claim the
-    binding forbids is a conflict; a key whose node left the federation is freed
-    (its state must be evicted before the reply is folded in as a new client's).
+    The legacy strategies' policy, `KeyBinding.admit`, applied to Message replies
+    (a node id stands in for the cid): replies of one round that share a key are all
+    refused, except that a single reply of the key's own node is kept (the others are
+    conflicts); a claim the binding forbids is a conflict; a key whose node left the
+    federation is freed (evict its state, then fold the reply in as a new client's).
+    Refusals go to ``reject(key, problem, is_conflict)``.
     """
-    out = Admission()
-    by_key: dict[str, list[ReadReply]] = {}
-    for reply in replies:
-        by_key.setdefault(reply.key, []).append(reply)
-    for key in sorted(by_key, key=natural_key):
-        group = by_key[key]
-        if len(group) > 1:
-            own = [r for r in group if str(r.node_id) == binding.owner(key)]
-            if len(own) != 1:
-                out.rejected += [(r, "several replies share this client key") for r in group]
-                continue
-            for other in (r for r in group if r is not own[0]):
-                _conflict(out, other, binding)
-            group = own
-        reply = group[0]
-        claim = binding.claim(key, str(reply.node_id))
-        if claim == "conflict":
-            _conflict(out, reply, binding)
-            continue
-        if claim == "rebind":
-            out.freed.append(key)
-        out.admitted.append(reply)
-    return out
-
-
-def _conflict(out: Admission, reply: ReadReply, binding: KeyBinding) -> None:
-    node = str(reply.node_id)
-    out.rejected.append(
-        (
-            reply,
-            f"node {node} may not speak for it (key bound to node "
-            f"{binding.node_of.get(reply.key)}, node {node} to {binding.key_of.get(node)})",
-        )
-    )
-    out.conflicts += 1
+    keyed = [(r.key, _Sender(str(r.node_id)), r) for r in replies]
+    admitted, freed = binding.admit(cast(Keyed, keyed), reject)  # reads .cid only
+    return [cast(ReadReply, item[2]) for item in admitted], freed
