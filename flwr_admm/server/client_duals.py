@@ -169,6 +169,10 @@ class FedADMMClientDuals(ConsensusStrategy):
         Accepted only at their defaults (None, "uniform", 1): a changing or per-client
         rho, or over-relaxation, would need every client's dual, which the server
         does not hold. Use `FedADMM` for them.
+    key_binding, max_client_age, max_clients :
+        Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
+        "node" (default) a key is accepted only from its node; an evicted key's share
+        leaves S through the rebuild sweep.
 
     """
 
