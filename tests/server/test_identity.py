@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 from flower_run import NUM_CLIENTS, D, admm_client_fn, zeros_parameters
 from flwr.client import NumPyClient
-from flwr.common import Code, Context, FitRes, NDArrays, Scalar, Status, ndarrays_to_parameters
+from flwr.common import (
+    Code,
+    Context,
+    FitRes,
+    NDArrays,
+    Scalar,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import SimpleClientManager
 
 from flwr_admm import FedADMM, FedADMMClientDuals
@@ -292,3 +301,32 @@ def test_client_duals_metric_clashes_are_warned_and_ours_win(
     assert seen == [1]
     assert metrics["num_replies"] == 1 and metrics["mine"] == 1.0
     assert "num_replies" in caplog.text
+
+
+class SizedClient(NumPyClient):
+    """Partition i holds 100 (i + 1) examples and returns w = center + 0.1 (i + 1)."""
+
+    def __init__(self, context: Context) -> None:
+        self.pid = int(context.node_config["partition-id"])
+
+    def fit(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        step = 0.1 * (self.pid + 1)
+        return [p + step for p in parameters], 100 * (self.pid + 1), {"partition-id": self.pid}
+
+
+def test_replies_are_decoded_against_the_center_sent_after_a_mid_round_eviction() -> None:
+    """client_rho="data_size": evicting the largest client changes every rho_i, not the
+    centers already sent, which compressed replies are decoded against."""
+    strategy = FedADMM(rho=0.1, client_rho="data_size", initial_parameters=zeros_parameters())
+    proxies = make_proxies(SizedClient, 3)
+    first = run_rounds(strategy, proxies, 2)
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    sent = dict(strategy.configure_fit(3, first.parameters, manager))
+    strategy._evict_keys(["partition-id:2"], "test")  # the one with max n_j
+    for proxy in proxies[:2]:
+        expected = parameters_to_ndarrays(sent[proxy].parameters)[0]
+        np.testing.assert_array_equal(strategy._sent(proxy.cid)[0], expected)
