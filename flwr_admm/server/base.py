@@ -182,7 +182,7 @@ class ConsensusStrategy(FedAvg):
         user: dict[str, Scalar] = {}
         if self.on_fit_config_fn is not None:
             user = dict(self.on_fit_config_fn(server_round))
-        check_user_config(user, [])
+        check_user_config(user, [], server_round)
         clients = sample_clients(
             self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
@@ -190,7 +190,7 @@ class ConsensusStrategy(FedAvg):
         self.channel.sampled(len(clients), client_manager.num_available())
         config = {**user, **self.channel.config(), SERVER_ROUND: server_round}
         instructions = self._fit_instructions(clients, parameters, config)
-        check_user_config(user, instructions)
+        check_user_config(user, instructions, server_round)
         return instructions
 
     def aggregate_fit(

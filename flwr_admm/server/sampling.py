@@ -26,6 +26,7 @@ from flwr_admm.protocol import (
     RESERVED_CONFIG_KEYS,
     RESERVED_CONFIG_PREFIXES,
     ROUND,
+    SERVER_ROUND,
 )
 
 
@@ -60,14 +61,21 @@ def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
         raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
 
 
-def check_user_config(user: Mapping[str, Scalar], sent: list[tuple[ClientProxy, FitIns]]) -> None:
+def check_user_config(
+    user: Mapping[str, Scalar],
+    sent: list[tuple[ClientProxy, FitIns]],
+    server_round: int | None = None,
+) -> None:
     """Refuse an ``on_fit_config_fn`` result that names a key the strategy sets itself.
 
     Reserved: `RESERVED_CONFIG_KEYS`, any key starting with one of
     `RESERVED_CONFIG_PREFIXES`, and any key whose value the strategy changed in a
-    client's FitIns (`sent`).
+    client's FitIns (`sent`). ``server_round`` equal to the round the strategy sends
+    (`server_round`) is accepted: Flower's tutorials put it in their fit config.
     """
     for key in sorted(user):
+        if key == SERVER_ROUND and server_round is not None and user[key] == server_round:
+            continue  # Flower's examples send the round themselves: the same value is no clash
         overwritten = any(
             key not in ins.config
             or (ins.config[key] is not user[key] and ins.config[key] != user[key])

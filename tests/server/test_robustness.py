@@ -236,13 +236,28 @@ def test_what_fedavg_accepts_fedadmm_accepts(caplog: pytest.LogCaptureFixture) -
 @pytest.mark.parametrize("key", ["rho", "proximal_mu", "server_round", "admm-duals"])
 def test_on_fit_config_keys_that_collide_with_ours_are_an_error(key: str) -> None:
     strategy = FedADMM(
-        rho=0.1, initial_parameters=zeros_parameters(), on_fit_config_fn=lambda r: {key: 1.0}
+        rho=0.1, initial_parameters=zeros_parameters(), on_fit_config_fn=lambda r: {key: 7.0}
     )
     manager = SimpleClientManager()
     for proxy in make_proxies(admm_client_fn(**CLIENT), 2):
         manager.register(proxy)
     with pytest.raises(ValueError, match=key):
         strategy.configure_fit(1, zeros_parameters(), manager)
+
+
+def test_the_round_in_a_users_fit_config_is_no_clash() -> None:
+    # Flower's tutorials return {"server_round": server_round, ...}: same value as ours.
+    strategy = FedADMM(
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        on_fit_config_fn=lambda r: {"server_round": r, "local_epochs": 2},
+    )
+    manager = SimpleClientManager()
+    for proxy in make_proxies(admm_client_fn(**CLIENT), 2):
+        manager.register(proxy)
+    sent = strategy.configure_fit(1, zeros_parameters(), manager)
+    assert [ins.config["server_round"] for _, ins in sent] == [1, 1]
+    assert all(ins.config["local_epochs"] == 2 for _, ins in sent)
 
 
 def test_fit_metrics_aggregation_sees_only_the_accepted_replies() -> None:
