@@ -162,7 +162,7 @@ class ADMMClient(NumPyClient):
 
     # -------------------------------------------------------------- NumPyClient
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
-        """The model's initial parameters."""
+        """Return the model's initial parameters."""
         return self.model.init_params(getattr(self.model, "seed", 0))
 
     def fit(
@@ -302,7 +302,7 @@ class ADMMClient(NumPyClient):
 
     # ----------------------------------------------------------------- helpers
     def _noise_rng(self, server_round: int) -> np.random.Generator:
-        """Generator of the local-DP noise: secret (OS entropy) unless `dp_seed` is set.
+        """Return the generator of the local-DP noise: secret (OS entropy) unless `dp_seed` is set.
 
         Noise the server could regenerate from a known seed would protect nothing.
         """
@@ -351,7 +351,7 @@ class ADMMClient(NumPyClient):
         return previous
 
     def _residual_kept(self, received: Params) -> Params | None:
-        """The uplink residual kept from the last compressed reply, if shapes still match."""
+        """Return the uplink residual kept from the last compressed reply, if shapes match."""
         if self.context is None:
             kept = self._residual
         else:
