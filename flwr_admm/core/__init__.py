@@ -1,6 +1,7 @@
 """Framework-free numpy core of inexact consensus ADMM (no `flwr` import).
 
-`ConsensusADMM` holds the server state and runs a round (begin, absorb, finish);
+`ConsensusADMM` holds the server state and runs a round (begin, absorb, finish),
+`settings` the checked settings it is built from (`ConsensusSettings`);
 `schedules` (rho rules), `regularizers` (prox of g), `local_solver` (the penalized
 local loop), `client_duals` (client-held-dual arithmetic), `kernels` (one-pass
 array updates), `types` (value types and errors), `validation` (reply checks).
@@ -18,6 +19,7 @@ from flwr_admm.core.schedules import (
     StallIncrease,
     make_schedule,
 )
+from flwr_admm.core.settings import ConsensusSettings
 from flwr_admm.core.types import Arrays, NonFiniteReplyError, Reply, RoundReport
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "L2",
     "Arrays",
     "ConsensusADMM",
+    "ConsensusSettings",
     "Constant",
     "Geometric",
     "LocalPlan",

@@ -41,7 +41,8 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.core.schedules import RhoSchedule
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
@@ -130,6 +131,8 @@ class FedADMM(ConsensusStrategy):
 
     label: ClassVar[str] = "FedADMM"
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
+    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
+    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
 
     def __init__(
         self,
@@ -165,23 +168,15 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
-        if isinstance(rho_schedule, str):
-            rho_schedule = make_schedule(rho_schedule)
-        if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
-            raise ValueError(
-                f"rho_schedule: must be a RhoSchedule or a schedule name, got {rho_schedule!r}"
-            )
-        if regularizer is not None and not isinstance(regularizer, Regularizer):
-            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        self.rho = rho
-        self.rho_schedule = rho_schedule if rho_schedule is not None else Constant()
-        self.regularizer = regularizer
-        self.client_rho: ClientRho = client_rho
-        self.eps_abs, self.eps_rel = eps_abs, eps_rel
-        self.relaxation = relaxation
-        # Build once to validate rho, client_rho, eps and their combination.
-        self._new_admm([np.zeros(1)])
-        self.rho, self.relaxation = float(rho), float(relaxation)
+        self.admm_settings = ConsensusSettings.from_options(
+            rho=rho,
+            rho_schedule=rho_schedule,
+            regularizer=regularizer,
+            client_rho=client_rho,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            relaxation=relaxation,
+        )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
         self._sent_rho: dict[str, float] = {}  # cid -> the rho_i its center was built with
@@ -340,22 +335,9 @@ class FedADMM(ConsensusStrategy):
         z = parameters_to_ndarrays(parameters)
         if self.admm is None:
             self._dtypes = [np.asarray(t).dtype for t in z]
-            self.admm = self._new_admm(z)
+            self.admm = self.admm_settings.new_admm(z)
         else:
             self.admm.adopt_consensus(z)
-
-    def _new_admm(self, z: NDArrays) -> ConsensusADMM:
-        """Build a fresh numpy core with this strategy's configuration (validates it)."""
-        return ConsensusADMM(
-            z,
-            self.rho,
-            self.rho_schedule,
-            self.regularizer,
-            self.client_rho,
-            self.eps_abs,
-            self.eps_rel,
-            self.relaxation,
-        )
 
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
         return ndarrays_to_parameters(
@@ -368,16 +350,7 @@ class FedADMM(ConsensusStrategy):
 
         `ConsensusStrategy.settings` adds sampling, identity, uplink and local DP.
         """
-        return {
-            "strategy": self.label,
-            "rho": self.rho,
-            "rho_schedule": self.rho_schedule.describe(),
-            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
-            "client_rho": self.client_rho,
-            "eps_abs": self.eps_abs,
-            "eps_rel": self.eps_rel,
-            "relaxation": self.relaxation,
-        }
+        return {"strategy": self.label, **self.admm_settings.describe()}
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho, schedule and privacy ledger."""
@@ -395,7 +368,7 @@ class FedADMM(ConsensusStrategy):
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
     ) -> None:
         meta = manifest["admm"]
-        admm = self._new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
+        admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
         admm.load_state_dict(arrays, meta)
         self.admm = admm
         self._sent_key = dict(manifest.get("sent_key", {}))

@@ -9,11 +9,9 @@ from typing import Any
 from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
 from flwr_admm.protocol import MESSAGE_RESERVED_CONFIG_KEYS, RESERVED_CONFIG_PREFIXES
 
-__all__ = ["PLANNED", "admm_parts", "check_fields", "copy_config", "refuse_planned"]
+__all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
 
 # Keywords of the legacy strategies the Message-API ones do not support yet.
 PLANNED = (
@@ -76,26 +74,6 @@ def check_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
         or sampling_seed < 0
     ):
         raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
-
-
-def admm_parts(
-    rho_schedule: RhoSchedule | str | None, regularizer: Regularizer | None
-) -> tuple[RhoSchedule, Regularizer | None]:
-    """Return the rho schedule (built from its name; `Constant` if None) and regularizer.
-
-    Raises
-    ------
-    ValueError
-        Naming the field when it is neither None nor of the expected kind.
-
-    """
-    if isinstance(rho_schedule, str):
-        rho_schedule = make_schedule(rho_schedule)
-    if rho_schedule is not None and not isinstance(rho_schedule, RhoSchedule):
-        raise ValueError(f"rho_schedule: must be a RhoSchedule or a name, got {rho_schedule!r}")
-    if regularizer is not None and not isinstance(regularizer, Regularizer):
-        raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-    return (rho_schedule if rho_schedule is not None else Constant()), regularizer
 
 
 def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
-import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -22,6 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -36,7 +36,7 @@ from flwr_admm.protocol import (
     ROUND,
 )
 from flwr_admm.server.identity import KeyBinding
-from flwr_admm.serverapp.config import admm_parts, check_fields, copy_config, refuse_planned
+from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
 from flwr_admm.serverapp.nodes import admit, sample_nodes, wait_for_nodes
 from flwr_admm.serverapp.records import (
     Layout,
@@ -122,6 +122,9 @@ class FedADMM(FedAvg):
 
     """
 
+    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
+    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
+
     def __init__(
         self,
         *,
@@ -160,12 +163,15 @@ class FedADMM(FedAvg):
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
         check_fields(self, sampling_seed)
-        self.rho_schedule, self.regularizer = admm_parts(rho_schedule, regularizer)
-        self.client_rho = client_rho
-        self.eps_abs, self.eps_rel, self.relaxation = eps_abs, eps_rel, relaxation
-        self.rho = rho
-        self._new_admm([np.zeros(1)])  # validates rho, client_rho, eps, relaxation together
-        self.rho, self.relaxation = float(rho), float(relaxation)
+        self.admm_settings = ConsensusSettings.from_options(
+            rho=rho,
+            rho_schedule=rho_schedule,
+            regularizer=regularizer,
+            client_rho=client_rho,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            relaxation=relaxation,
+        )
         self.stop_on_convergence = bool(stop_on_convergence)
         self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
         self.admm: ConsensusADMM | None = None
@@ -333,7 +339,7 @@ class FedADMM(FedAvg):
             self.layout = Layout.of(arrays)
         z = self.layout.read(arrays)
         if self.admm is None:
-            self.admm = self._new_admm(z)
+            self.admm = self.admm_settings.new_admm(z)
         else:
             self.admm.adopt_consensus(z)
         return self.admm
@@ -341,15 +347,3 @@ class FedADMM(FedAvg):
     def _record(self, arrays: list[Any]) -> ArrayRecord:
         assert self.layout is not None
         return self.layout.record(arrays)
-
-    def _new_admm(self, z: list[Any]) -> ConsensusADMM:
-        return ConsensusADMM(
-            z,
-            self.rho,
-            self.rho_schedule,
-            self.regularizer,
-            self.client_rho,
-            self.eps_abs,
-            self.eps_rel,
-            self.relaxation,
-        )

@@ -463,7 +463,7 @@ def test_strategy_rejects_bad_configuration(kwargs: dict[str, Any], field: str) 
 
 def test_relaxation_reaches_the_core_and_the_checkpoint_fingerprint() -> None:
     relaxed = seed_strategy(relaxation=1.6)
-    assert relaxed._new_admm([np.zeros(2)]).relaxation == 1.6
+    assert relaxed.admm_settings.new_admm([np.zeros(2)]).relaxation == 1.6
     # alpha = 1 leaves the fingerprint of older checkpoints unchanged; 1.6 changes it.
     assert seed_strategy().fingerprint() == seed_strategy(relaxation=1.0).fingerprint()
     assert relaxed.fingerprint() != seed_strategy().fingerprint()

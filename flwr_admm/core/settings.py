@@ -1,0 +1,168 @@
+"""The consensus-ADMM settings a server strategy is built with, checked once.
+
+`ConsensusSettings` holds rho, its schedule, the regularizer g, the per-client rho
+rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a bad
+value or combination (ValueError naming the field), and `new_admm` starts the numpy
+core (`ConsensusADMM`) from it. `SETTING_VIEWS` lets a strategy that holds one in
+``admm_settings`` show its fields as read-only attributes (``strategy.rho``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
+
+import numpy as np
+
+from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.core.types import Arrays, ClientRho
+
+__all__ = ["SETTING_VIEWS", "ConsensusSettings", "SettingView"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ConsensusSettings:
+    """Settings of a `ConsensusADMM` server, validated together when built.
+
+    Parameters
+    ----------
+    rho : float
+        Penalty rho >= 0, > 0 with a regularizer or ``client_rho="data_size"``
+        (kept as a float).
+    rho_schedule : RhoSchedule
+        Rule for rho between rounds (`from_options` also takes a name or None).
+    regularizer : Regularizer or None
+        Server regularizer g (`L1`, `L2`); the z-step is its prox.
+    client_rho : {"uniform", "data_size"}
+        rho_i = rho or rho * n_i / max_j n_j.
+    eps_abs, eps_rel : float
+        Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
+    relaxation : float
+        Over-relaxation alpha in (0, 2) (kept as a float).
+
+    Raises
+    ------
+    ValueError
+        Naming the field and its allowed values.
+
+    """
+
+    rho: float = 1.0
+    rho_schedule: RhoSchedule = field(default_factory=Constant)
+    regularizer: Regularizer | None = None
+    client_rho: ClientRho = "uniform"
+    eps_abs: float = 1e-6
+    eps_rel: float = 1e-4
+    relaxation: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rho_schedule, RhoSchedule):
+            raise ValueError(
+                f"rho_schedule: must be a RhoSchedule or a schedule name, got {self.rho_schedule!r}"
+            )
+        if self.regularizer is not None and not isinstance(self.regularizer, Regularizer):
+            raise ValueError(
+                f"regularizer: must be L1(...), L2(...) or None, got {self.regularizer!r}"
+            )
+        # Build once: the core checks rho, client_rho, eps, relaxation and their combination.
+        self.new_admm([np.zeros(1)])
+        object.__setattr__(self, "rho", float(self.rho))
+        object.__setattr__(self, "relaxation", float(self.relaxation))
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        rho: float = 1.0,
+        rho_schedule: RhoSchedule | str | None = None,
+        regularizer: Regularizer | None = None,
+        client_rho: ClientRho = "uniform",
+        eps_abs: float = 1e-6,
+        eps_rel: float = 1e-4,
+        relaxation: float = 1.0,
+    ) -> ConsensusSettings:
+        """Build checked settings from a strategy's keywords.
+
+        A schedule may be given by name (`make_schedule`); None is `Constant`.
+        """
+        if isinstance(rho_schedule, str):
+            rho_schedule = make_schedule(rho_schedule)
+        schedule = Constant() if rho_schedule is None else rho_schedule
+        return cls(rho, schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation)
+
+    def new_admm(self, z: Arrays) -> ConsensusADMM:
+        """Start a fresh numpy core at consensus `z` with these settings."""
+        return ConsensusADMM(
+            z,
+            self.rho,
+            self.rho_schedule,
+            self.regularizer,
+            self.client_rho,
+            self.eps_abs,
+            self.eps_rel,
+            self.relaxation,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Return the settings as JSON: schedule and regularizer by their `describe`."""
+        return {
+            "rho": self.rho,
+            "rho_schedule": self.rho_schedule.describe(),
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "client_rho": self.client_rho,
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+            "relaxation": self.relaxation,
+        }
+
+
+class SettingView(Generic[T]):
+    """Read one field of the owner's ``admm_settings`` under the attribute's own name.
+
+    Read-only: assigning raises AttributeError (new settings mean a new strategy).
+    """
+
+    name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> SettingView[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> SettingView[T] | T:
+        if obj is None:
+            return self
+        value: T = getattr(obj.admm_settings, self.name)  # type: ignore[attr-defined]
+        return value
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(
+            f"{self.name}: read-only (it is admm_settings.{self.name}); build a new strategy"
+        )
+
+
+# In a strategy's class body: rho, rho_schedule, regularizer, client_rho, eps_abs,
+# eps_rel, relaxation = SETTING_VIEWS (in this order: the types follow it).
+SETTING_VIEWS: tuple[
+    SettingView[float],
+    SettingView[RhoSchedule],
+    SettingView[Regularizer | None],
+    SettingView[ClientRho],
+    SettingView[float],
+    SettingView[float],
+    SettingView[float],
+] = (
+    SettingView(),
+    SettingView(),
+    SettingView(),
+    SettingView(),
+    SettingView(),
+    SettingView(),
+    SettingView(),
+)
