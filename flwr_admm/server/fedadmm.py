@@ -46,21 +46,14 @@ from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
-    CONVERGED,
-    DUAL_RESIDUAL,
-    EPS_DUAL,
-    EPS_PRIMAL,
     LOSS,
-    NEXT_RHO,
     NUM_CLIENTS_CACHED,
-    NUM_REPLIES,
     NUM_RESYNCED,
-    OBJECTIVE,
-    PRIMAL_RESIDUAL,
     PROXIMAL_MU,
     RHO,
 )
 from flwr_admm.server.base import ConsensusStrategy
+from flwr_admm.server.report import report_metrics
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
@@ -308,20 +301,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         report = self.admm.finish(server_round)
         self.converged = report.converged
-        metrics: dict[str, Scalar] = {
-            RHO: report.rho,
-            NEXT_RHO: report.next_rho,
-            PRIMAL_RESIDUAL: report.primal_residual,
-            DUAL_RESIDUAL: report.dual_residual,
-            EPS_PRIMAL: report.eps_primal,
-            EPS_DUAL: report.eps_dual,
-            CONVERGED: int(report.converged),
-            NUM_REPLIES: report.num_replies,
-            NUM_CLIENTS_CACHED: report.num_clients_cached,
-        }
-        if report.objective is not None:
-            metrics[OBJECTIVE] = report.objective
-        return metrics
+        return report_metrics(report)
 
     # ----------------------------------------------------------------- state
     def _consensus(self) -> Arrays | None:

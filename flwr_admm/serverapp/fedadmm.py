@@ -36,6 +36,7 @@ from flwr_admm.protocol import (
     ROUND,
 )
 from flwr_admm.server.identity import KeyBinding
+from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
 from flwr_admm.serverapp.nodes import admit, sample_nodes, wait_for_nodes
 from flwr_admm.serverapp.records import (
@@ -45,7 +46,6 @@ from flwr_admm.serverapp.records import (
     merge_metrics,
     plain_metrics,
     read_reply,
-    report_metrics,
 )
 
 __all__ = ["FedADMM"]

@@ -5,8 +5,9 @@ as named `Array`s). `Layout` remembers the names, dtypes and shapes of the first
 a strategy receives, so that every center and every new z goes back out under the
 same names, in the same order, with the same dtypes and shapes (0-d tensors stay
 0-d). `read_reply` turns one reply `Message` into a core `Reply`, or says why it is
-unusable; it never raises. `report_metrics` and `merge_metrics` build the round's
-MetricRecord (plain ints and floats).
+unusable; it never raises. `merge_metrics` builds the round's MetricRecord (plain
+ints and floats): the user's aggregation overlaid with ours (the counts and
+`flwr_admm.server.report.report_metrics`).
 """
 
 from __future__ import annotations
@@ -23,20 +24,10 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays, RoundReport
+from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
-    CONVERGED,
-    DUAL_RESIDUAL,
-    EPS_DUAL,
-    EPS_PRIMAL,
     LOSS,
-    NEXT_RHO,
-    NUM_CLIENTS_CACHED,
-    NUM_REPLIES,
-    OBJECTIVE,
-    PRIMAL_RESIDUAL,
-    RHO,
 )
 from flwr_admm.server.identity import client_key_of
 
@@ -47,7 +38,6 @@ __all__ = [
     "merge_metrics",
     "plain_metrics",
     "read_reply",
-    "report_metrics",
 ]
 
 
@@ -170,24 +160,6 @@ def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
         else:
             plain[name] = float(value)
     return MetricRecord(plain)  # type: ignore[arg-type]
-
-
-def report_metrics(report: RoundReport) -> dict[str, Any]:
-    """Return one aggregation's round metrics: rho, residuals, thresholds, counts, f."""
-    metrics: dict[str, Any] = {
-        RHO: report.rho,
-        NEXT_RHO: report.next_rho,
-        PRIMAL_RESIDUAL: report.primal_residual,
-        DUAL_RESIDUAL: report.dual_residual,
-        EPS_PRIMAL: report.eps_primal,
-        EPS_DUAL: report.eps_dual,
-        CONVERGED: int(report.converged),
-        NUM_REPLIES: report.num_replies,
-        NUM_CLIENTS_CACHED: report.num_clients_cached,
-    }
-    if report.objective is not None:
-        metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
-    return metrics
 
 
 def merge_metrics(
