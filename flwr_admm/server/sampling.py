@@ -9,9 +9,10 @@ generator seeded by (sampling_seed, k).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Scalar
@@ -28,6 +29,8 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
+
+IdT = TypeVar("IdT", int, str)  # a legacy cid or a Message-API node id
 
 
 def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
@@ -118,15 +121,33 @@ def sample_clients(
             len(available),
         )
         return []
-    order = sorted(
-        available,
-        key=lambda cid: (natural_key(key_of_cid.get(cid, "~")), natural_key(cid)),
-    )
-    if size < len(order):
-        rng = np.random.default_rng([sampling_seed, server_round])
-        picked = np.sort(rng.choice(len(order), size=size, replace=False))
-        order = [order[i] for i in picked]
+    order = sample_ids(available, size, server_round, sampling_seed, key_of_cid)
     return [available[cid] for cid in order]
+
+
+def sample_ids(
+    ids: Iterable[IdT],
+    size: int,
+    server_round: int,
+    sampling_seed: int | None,
+    key_of: Mapping[str, str],
+) -> list[IdT]:
+    """Return `size` of `ids` (all if fewer), ordered by (client key, id).
+
+    `key_of` maps an id (as str) to the client key it speaks for; unknown ids sort
+    last. With a `sampling_seed`, round k picks ``default_rng([sampling_seed, k])
+    .choice(len(ids), size, replace=False)`` of that order, so a run is reproducible
+    and both APIs pick the same clients; None draws with `random`, as Flower does.
+    """
+    order = sorted(ids, key=lambda i: (natural_key(key_of.get(str(i), "~")), natural_key(str(i))))
+    if size >= len(order):
+        return order
+    if sampling_seed is None:
+        picked = sorted(random.sample(range(len(order)), size))
+    else:
+        rng = np.random.default_rng([sampling_seed, server_round])
+        picked = [int(i) for i in np.sort(rng.choice(len(order), size=size, replace=False))]
+    return [order[i] for i in picked]
 
 
 def record_round(

@@ -37,8 +37,9 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.server.identity import KeyBinding
 from flwr_admm.server.report import report_metrics
+from flwr_admm.server.sampling import sample_ids
 from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
-from flwr_admm.serverapp.nodes import admit, sample_nodes, wait_for_nodes
+from flwr_admm.serverapp.nodes import admit, wait_for_nodes
 from flwr_admm.serverapp.records import (
     Layout,
     ReadReply,
@@ -328,7 +329,7 @@ class FedADMM(FedAvg):
         if train:
             self.binding.connected(str(n) for n in node_ids)
         key_of = self.binding.key_of
-        sampled = sample_nodes(node_ids, size, server_round, self.sampling_seed, key_of)
+        sampled = sample_ids(node_ids, size, server_round, self.sampling_seed, key_of)
         log(INFO, "FedADMM: sampled %s nodes (out of %s)", len(sampled), len(node_ids))
         return sampled
 

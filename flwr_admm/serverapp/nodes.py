@@ -2,31 +2,28 @@
 
 Sampling waits for the nodes first and sizes the sample afterwards (Flower 1.42's
 Message-API FedAvg sizes it from the nodes connected *before* waiting, so round 1 of
-a simulation can sample 2 of 10 nodes). With a seed, round k draws from the nodes
-ordered by their known client key, then node id, with a generator seeded by
-(sampling_seed, k): the legacy `flwr_admm.server.sampling.sample_clients` rule, so
-both APIs pick the same clients. `admit` applies the legacy strategies' duplicate-key
+a simulation can sample 2 of 10 nodes); the draw itself is the legacy strategies'
+`flwr_admm.server.sampling.sample_ids` (nodes ordered by their known client key,
+then node id; with a seed, a generator seeded by (sampling_seed, k)), so both APIs
+pick the same clients. `admit` applies the legacy strategies' duplicate-key
 and key-binding policy (`flwr_admm.server.identity.KeyBinding.admit`) to Message replies.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO
 from typing import cast
 
-import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_admm.core.types import natural_key
 from flwr_admm.server.identity import KeyBinding, Keyed
 from flwr_admm.serverapp.records import ReadReply
 
-__all__ = ["admit", "sample_nodes", "wait_for_nodes"]
+__all__ = ["admit", "wait_for_nodes"]
 
 WAIT_INTERVAL = 1.0  # seconds between looks at the connected nodes (Flower's value)
 
@@ -40,32 +37,6 @@ def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> l
         log(INFO, "Waiting for nodes: %d connected (minimum: %d)", len(node_ids), minimum)
         time.sleep(WAIT_INTERVAL if interval is None else interval)
     return node_ids
-
-
-def sample_nodes(
-    node_ids: list[int],
-    size: int,
-    server_round: int,
-    sampling_seed: int | None,
-    key_of: Mapping[str, str],
-) -> list[int]:
-    """Return `size` of `node_ids`, ordered by (client key, node id).
-
-    `key_of` maps a node id (as str) to the key it speaks for; unknown nodes sort
-    last. With a `sampling_seed` the draw is reproducible; None draws with `random`,
-    as Flower does.
-    """
-    order = sorted(
-        node_ids, key=lambda n: (natural_key(key_of.get(str(n), "~")), natural_key(str(n)))
-    )
-    if size >= len(order):
-        return order
-    if sampling_seed is None:
-        picked = sorted(random.sample(range(len(order)), size))
-    else:
-        rng = np.random.default_rng([sampling_seed, server_round])
-        picked = [int(i) for i in np.sort(rng.choice(len(order), size=size, replace=False))]
-    return [order[i] for i in picked]
 
 
 @dataclass(frozen=True)
