@@ -17,11 +17,10 @@ remembers when each key was last heard, for the eviction policies `stale` applie
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
-from flwr.common import FitRes, Scalar
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import Scalar
 
 from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import CLIENT_KEY, PARTITION_ID
@@ -36,10 +35,21 @@ __all__ = [
 KeyBindingPolicy = Literal["node", "reported"]
 KEY_BINDINGS = ("node", "reported")
 Claim = Literal["ok", "conflict", "rebind"]
-Keyed = list[tuple[str, ClientProxy, FitRes]]
 Reject = Callable[[str, str, bool], None]  # (key, problem, is a key conflict)
 MAX_CLIENT_KEY_LENGTH = 256
 MAX_PARTITION_ID = 2**63 - 1  # Flower's node config holds 64-bit integers
+
+
+class Sender(Protocol):
+    """What `KeyBinding.admit` reads of a reply's sender: its node id (a ClientProxy has it)."""
+
+    @property
+    def cid(self) -> str:
+        """Return the id of the node the reply came from."""
+        ...
+
+
+KeyedT = TypeVar("KeyedT", bound=tuple[str, Sender, object])  # (key, sender, reply)
 
 
 def client_key_of(cid: str, metrics: Mapping[str, Scalar]) -> str:
@@ -157,7 +167,7 @@ class KeyBinding:
             return "rebind"
         return "conflict"
 
-    def admit(self, keyed: Keyed, reject: Reject) -> tuple[Keyed, list[str]]:
+    def admit(self, keyed: Sequence[KeyedT], reject: Reject) -> tuple[list[KeyedT], list[str]]:
         """Return the replies that may touch their key's state, and the keys to free.
 
         In natural key order. To free (evict, then rebind) first: the keys whose bound
@@ -165,10 +175,10 @@ class KeyBinding:
         the round (but a single reply from the key's bound node is kept, the others
         are conflicts) and every conflicting claim.
         """
-        by_key: dict[str, Keyed] = {}
+        by_key: dict[str, list[KeyedT]] = {}
         for item in keyed:
             by_key.setdefault(item[0], []).append(item)
-        admitted: Keyed = []
+        admitted: list[KeyedT] = []
         freed: list[str] = []
         for key in sorted(by_key, key=natural_key):
             group = by_key[key]

@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO
-from typing import cast
 
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_admm.server.identity import KeyBinding, Keyed
+from flwr_admm.server.identity import KeyBinding
 from flwr_admm.serverapp.records import ReadReply
 
 __all__ = ["admit", "wait_for_nodes"]
@@ -41,7 +40,7 @@ def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> l
 
 @dataclass(frozen=True)
 class _Sender:
-    """The one field of a legacy ClientProxy that `KeyBinding.admit` reads."""
+    """A node id as `KeyBinding.admit` reads it (`flwr_admm.server.identity.Sender`)."""
 
     cid: str
 
@@ -59,5 +58,5 @@ def admit(
     Refusals go to ``reject(key, problem, is_conflict)``.
     """
     keyed = [(r.key, _Sender(str(r.node_id)), r) for r in replies]
-    admitted, freed = binding.admit(cast(Keyed, keyed), reject)  # reads .cid only
-    return [cast(ReadReply, item[2]) for item in admitted], freed
+    admitted, freed = binding.admit(keyed, reject)
+    return [reply for _, _, reply in admitted], freed
