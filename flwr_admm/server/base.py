@@ -44,6 +44,7 @@ from flwr_admm.server.checkpoint import (
 )
 from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
 from flwr_admm.server.sampling import (
+    KeyedReply,
     check_flower_fields,
     check_user_config,
     keyed_replies,
@@ -236,16 +237,16 @@ class ConsensusStrategy(FedAvg):
         )
         if freed:
             self._evict_keys(freed, "their nodes left the federation; new nodes start fresh")
-        incoming = [key for key, _, _ in admitted]
+        incoming = [reply.key for reply in admitted]
         crowded = self.binding.stale(self._clock, None, self.max_clients, incoming)
         if crowded:
             self._evict_keys(crowded, "least recently heard beyond max_clients")
         self._open_round(incoming)
         accepted: Results = []
-        for key, proxy, res in admitted:
-            if self._fold_reply(key, proxy, res, server_round, counts):
-                self.binding.bind(key, proxy.cid, self._clock)
-                accepted.append((proxy, res))
+        for reply in admitted:
+            if self._fold_reply(reply, server_round, counts):
+                self.binding.bind(reply.key, reply.proxy.cid, self._clock)
+                accepted.append((reply.proxy, reply.res))
         return accepted
 
     def _evict_keys(self, keys: list[str], reason: str) -> None:
@@ -340,15 +341,8 @@ class ConsensusStrategy(FedAvg):
         """Prepare to fold in the replies of `keys` (in this order)."""
 
     @abstractmethod
-    def _fold_reply(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        server_round: int,
-        counts: dict[str, Scalar],
-    ) -> bool:
-        """Check one reply and fold it into the round; False if rejected or skipped."""
+    def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
+        """Check one keyed reply and fold it into the round; False if rejected or skipped."""
 
     @abstractmethod
     def _discard_round(self) -> dict[str, Scalar]:

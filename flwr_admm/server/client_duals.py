@@ -87,7 +87,7 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import FitIns, Parameters, Scalar, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
@@ -121,6 +121,7 @@ from flwr_admm.server.client_duals_replies import (
     z_step,
 )
 from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
@@ -260,19 +261,13 @@ class FedADMMClientDuals(ConsensusStrategy):
     def _open_round(self, keys: list[str]) -> None:
         self._stats = RoundStats()
 
-    def _fold_reply(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        server_round: int,
-        counts: dict[str, Scalar],
-    ) -> bool:
+    def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
 
         A full contribution (previous round 0) for a key S holds is a resync: its old
         share goes stale and the sweep takes it out of S.
         """
+        key, proxy, res = keyed
         assert self.contribution_sum is not None
         entry = self.clients.get(key)
         report = protocol_problem(entry, res)

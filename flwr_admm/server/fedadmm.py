@@ -54,6 +54,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.report import report_metrics
+from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
@@ -205,15 +206,9 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         self.admm.begin(keys)
 
-    def _fold_reply(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        server_round: int,
-        counts: dict[str, Scalar],
-    ) -> bool:
+    def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Absorb w_i, n_i (and f_i(w_i)) of one checked reply into the open round."""
+        key, proxy, res = keyed
         admm = self.admm
         assert admm is not None
         checked = self._checked(key, proxy, res, [t.shape for t in admm.z], counts)

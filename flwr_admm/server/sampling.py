@@ -12,7 +12,7 @@ import numbers
 import random
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Scalar
@@ -181,16 +181,24 @@ def record_round(
     return metrics
 
 
+class KeyedReply(NamedTuple):
+    """One fit reply with the client key it is filed under."""
+
+    key: str
+    proxy: ClientProxy
+    res: FitRes
+
+
 def keyed_replies(
     results: list[tuple[ClientProxy, FitRes]],
     key_of: Callable[[str, dict[str, Scalar]], str],
     reject: Callable[[str, str], None],
-) -> list[tuple[str, ClientProxy, FitRes]]:
+) -> list[KeyedReply]:
     """Each reply with its client key; one whose key cannot be read goes to `reject`."""
-    keyed: list[tuple[str, ClientProxy, FitRes]] = []
+    keyed: list[KeyedReply] = []
     for proxy, res in results:
         try:
-            keyed.append((key_of(proxy.cid, res.metrics), proxy, res))
+            keyed.append(KeyedReply(key_of(proxy.cid, res.metrics), proxy, res))
         except ValueError as error:  # a key of the wrong type or size
             reject(f"cid:{proxy.cid}", f"unusable client key: {error}")
         except Exception as error:  # a malformed reply must not stop the server
