@@ -3,8 +3,9 @@
 `ConsensusSettings` holds rho, its schedule, the regularizer g, the per-client rho
 rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a bad
 value or combination (ValueError naming the field), and `new_admm` starts the numpy
-core (`ConsensusADMM`) from it. `SETTING_VIEWS` lets a strategy that holds one in
-``admm_settings`` show its fields as read-only attributes (``strategy.rho``).
+core (`ConsensusADMM`) from it. `schedule_of` reads a schedule given by name.
+`SETTING_VIEWS` lets a strategy that holds settings in ``admm_settings`` show their
+fields as read-only attributes (``strategy.rho``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
 from flwr_admm.core.types import Arrays, ClientRho
 
-__all__ = ["SETTING_VIEWS", "ConsensusSettings", "SettingView"]
+__all__ = ["SETTING_VIEWS", "ConsensusSettings", "SettingView", "schedule_of"]
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ class ConsensusSettings:
         Penalty rho >= 0, > 0 with a regularizer or ``client_rho="data_size"``
         (kept as a float).
     rho_schedule : RhoSchedule
-        Rule for rho between rounds (`from_options` also takes a name or None).
+        Rule for rho between rounds (`schedule_of` turns a name or None into one).
     regularizer : Regularizer or None
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     client_rho : {"uniform", "data_size"}
@@ -73,27 +74,6 @@ class ConsensusSettings:
         object.__setattr__(self, "rho", float(self.rho))
         object.__setattr__(self, "relaxation", float(self.relaxation))
 
-    @classmethod
-    def from_options(
-        cls,
-        *,
-        rho: float = 1.0,
-        rho_schedule: RhoSchedule | str | None = None,
-        regularizer: Regularizer | None = None,
-        client_rho: ClientRho = "uniform",
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
-        relaxation: float = 1.0,
-    ) -> ConsensusSettings:
-        """Build checked settings from a strategy's keywords.
-
-        A schedule may be given by name (`make_schedule`); None is `Constant`.
-        """
-        if isinstance(rho_schedule, str):
-            rho_schedule = make_schedule(rho_schedule)
-        schedule = Constant() if rho_schedule is None else rho_schedule
-        return cls(rho, schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation)
-
     def new_admm(self, z: Arrays) -> ConsensusADMM:
         """Start a fresh numpy core at consensus `z` with these settings."""
         return ConsensusADMM(
@@ -118,6 +98,17 @@ class ConsensusSettings:
             "eps_rel": self.eps_rel,
             "relaxation": self.relaxation,
         }
+
+
+def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:
+    """Return the schedule a strategy's ``rho_schedule`` keyword names.
+
+    A name goes through `make_schedule`, None is `Constant()`; anything else is
+    returned as it is (`ConsensusSettings` refuses what is not a `RhoSchedule`).
+    """
+    if isinstance(rho_schedule, str):
+        return make_schedule(rho_schedule)
+    return Constant() if rho_schedule is None else rho_schedule
 
 
 class SettingView(Generic[T]):

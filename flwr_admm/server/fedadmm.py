@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
@@ -162,9 +162,9 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
-        self.admm_settings = ConsensusSettings.from_options(
+        self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=rho_schedule,
+            rho_schedule=schedule_of(rho_schedule),
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,

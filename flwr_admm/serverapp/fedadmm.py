@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -164,9 +164,9 @@ class FedADMM(FedAvg):
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
         check_fields(self, sampling_seed)
-        self.admm_settings = ConsensusSettings.from_options(
+        self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=rho_schedule,
+            rho_schedule=schedule_of(rho_schedule),
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
