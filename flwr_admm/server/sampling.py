@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, NamedTuple, TypeVar
 
@@ -41,21 +41,39 @@ def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
     `accept_failures`. `min_available_clients` below `min_fit_clients` is FedAvg's
     warning (its ``__init__`` logs it), not an error.
     """
-    for name in ("fraction_fit", "fraction_evaluate"):
-        fraction = getattr(strategy, name)
-        if isinstance(fraction, bool) or not (
-            isinstance(fraction, numbers.Real) and 0.0 <= float(fraction) <= 1.0
-        ):
-            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
-    for name in ("min_fit_clients", "min_evaluate_clients", "min_available_clients"):
-        count = getattr(strategy, name)
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
-            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+    check_sizes(
+        strategy,
+        ("fraction_fit", "fraction_evaluate"),
+        ("min_fit_clients", "min_evaluate_clients", "min_available_clients"),
+    )
     if not isinstance(strategy.accept_failures, bool | np.bool_):
         raise ValueError(
             f"accept_failures: must be True or False, got {strategy.accept_failures!r}"
         )
     strategy.accept_failures = bool(strategy.accept_failures)
+    check_sampling_seed(sampling_seed)
+
+
+def check_sizes(strategy: object, fractions: Sequence[str], counts: Sequence[str]) -> None:
+    """Refuse a fraction outside [0, 1] or a count that is not an integer >= 0.
+
+    `fractions` and `counts` name the strategy's attributes (Flower's legacy and
+    Message-API FedAvg call them differently); the ValueError names the field.
+    """
+    for name in fractions:
+        fraction = getattr(strategy, name)
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, numbers.Real) and 0.0 <= float(fraction) <= 1.0
+        ):
+            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
+    for name in counts:
+        count = getattr(strategy, name)
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+
+
+def check_sampling_seed(sampling_seed: int | None) -> None:
+    """Refuse a `sampling_seed` that is neither None nor an integer >= 0 (ValueError)."""
     if sampling_seed is not None and (
         isinstance(sampling_seed, bool)
         or not isinstance(sampling_seed, numbers.Integral)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +9,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.protocol import MESSAGE_RESERVED_CONFIG_KEYS, RESERVED_CONFIG_PREFIXES
+from flwr_admm.server.sampling import check_sampling_seed, check_sizes
 
 __all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
 
@@ -54,26 +54,16 @@ def check_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
     Refused: a fraction outside [0, 1], a count that is not an integer >= 0, a
     `sampling_seed` that is not None or an integer >= 0, empty record keys.
     """
-    for name in ("fraction_train", "fraction_evaluate"):
-        fraction = getattr(strategy, name)
-        if isinstance(fraction, bool) or not (
-            isinstance(fraction, numbers.Real) and 0.0 <= float(fraction) <= 1.0
-        ):
-            raise ValueError(f"{name}: must be a number in [0, 1], got {fraction!r}")
-    for name in ("min_train_nodes", "min_evaluate_nodes", "min_available_nodes"):
-        count = getattr(strategy, name)
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
-            raise ValueError(f"{name}: must be an integer >= 0, got {count!r}")
+    check_sizes(
+        strategy,
+        ("fraction_train", "fraction_evaluate"),
+        ("min_train_nodes", "min_evaluate_nodes", "min_available_nodes"),
+    )
     for name in ("weighted_by_key", "arrayrecord_key", "configrecord_key"):
         value = getattr(strategy, name)
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name}: must be a non-empty str, got {value!r}")
-    if sampling_seed is not None and (
-        isinstance(sampling_seed, bool)
-        or not isinstance(sampling_seed, numbers.Integral)
-        or sampling_seed < 0
-    ):
-        raise ValueError(f"sampling_seed: must be None or an integer >= 0, got {sampling_seed!r}")
+    check_sampling_seed(sampling_seed)
 
 
 def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:
