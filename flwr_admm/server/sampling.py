@@ -3,7 +3,9 @@
 `FedADMM` and `FedADMMClientDuals` key every reply by a stable client key
 (`flwr_admm.server.identity`) and sample clients deterministically: with a
 `sampling_seed`, round k draws from the clients ordered by key, then cid, with a
-generator seeded by (sampling_seed, k).
+generator seeded by (sampling_seed, k). The Message-API strategy
+(`flwr_admm.serverapp`) uses the same draw (`sample_ids`) and keyword checks
+(`check_sizes`, `check_sampling_seed`), so both APIs pick the same clients.
 """
 
 from __future__ import annotations
