@@ -296,3 +296,34 @@ def test_user_metrics_that_collide_with_ours_are_warned_and_ours_win(
         _, metrics = strategy.aggregate_fit(1, [(proxies[0], good)], [])
     assert metrics["rho"] == 0.1
     assert "rho" in caplog.text
+
+
+def test_a_0d_tensor_keeps_its_shape_with_client_held_duals() -> None:
+    initial = ndarrays_to_parameters([np.zeros(3), np.array(0.0)])
+    strategy = FedADMMClientDuals(rho=0.5, initial_parameters=initial)
+    manager = SimpleClientManager()
+    for proxy in make_proxies(ZeroDimClient, 2):
+        manager.register(proxy)
+    sent = strategy.configure_fit(1, initial, manager)
+    replies = []
+    for i, (proxy, ins) in enumerate(sent):
+        z = parameters_to_ndarrays(ins.parameters)
+        assert [a.shape for a in z] == [(3,), ()]
+        w = [a + 1.0 + i for a in z]  # first round: Delta_i = n_i (w_i + 0)
+        metrics: dict[str, Scalar] = {
+            "partition-id": i,
+            "admm-previous-round": 0,
+            "admm-examples-change": 10,
+            "admm-w-sq-norm": float(sum(np.vdot(a, a) for a in w)),
+            "admm-u-sq-norm": 0.0,
+        }
+        replies.append((proxy, fit_res([10.0 * a for a in w], 10, metrics)))
+    parameters, metrics = strategy.aggregate_fit(1, replies, [])
+    assert metrics["num_rejected"] == 0 and parameters is not None
+    z = parameters_to_ndarrays(parameters)
+    assert [a.shape for a in z] == [(3,), ()]
+    assert float(z[1]) == pytest.approx(1.5)  # the mean of 1 and 2
+    again = strategy.configure_fit(2, parameters, manager)
+    assert all(
+        [a.shape for a in parameters_to_ndarrays(ins.parameters)] == [(3,), ()] for _, ins in again
+    )
