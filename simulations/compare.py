@@ -1,7 +1,8 @@
 """Run strategies side by side with real `flwr run`s, then check, plot and summarize.
 
     python -m simulations.compare --task seed-logreg --strategies fedadmm,fedavg,fedprox \
-        --rounds 200 --output-dir outputs [--preset seed] [--run-config 'rho=1.0 ...']
+        --rounds 200 --output-dir outputs [--preset seed] [--api message|legacy] \
+        [--run-config 'rho=1.0 ...']
 
 Each strategy is one ``flwr run simulations --stream`` against a private SuperLink
 (`simulations.launcher.LocalFlower`: temporary FLWR_HOME, free port, runtime
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .admm_app.evaluation import get_task
-from .admm_app.run_config import STRATEGIES, parse_run_config
+from .admm_app.run_config import APIS, STRATEGIES, parse_run_config
 from .launcher import APP_DIR, LocalFlower, RunOutcome
 from .report import RunResult, check_result, plot_all, summary_markdown
 
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {list(STRATEGIES)}",
     )
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--api",
+        choices=list(APIS),
+        default=None,
+        help="Flower API of the app (run-config key api; default: the app's default)",
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument(
         "--run-config",
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             "output-dir": str(output_dir),
             "run-tag": tag,
         }
+        if args.api is not None:
+            base["api"] = args.api
         configs = {s: {**base, "strategy": s} for s in strategies}
         settings = {s: parse_run_config(c) for s, c in configs.items()}
     except ValueError as error:

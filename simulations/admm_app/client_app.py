@@ -1,14 +1,21 @@
-"""ClientApp: an `ADMMClient` on partition ``partition-id`` of the configured task."""
+"""ClientApp: an `ADMMClient` on partition ``partition-id`` of the configured task.
+
+``app`` serves both Flower APIs, chosen per message by the run config's ``api``:
+``legacy`` runs ``ClientApp(client_fn=client_fn)``, ``message`` runs
+`flwr_admm.clientapp.make_client_app` around the same client (``@app.train()`` /
+``@app.evaluate()`` handlers), so both compute the same numbers.
+"""
 
 from __future__ import annotations
 
 from flwr.client import Client, ClientApp
-from flwr.common import Context, Scalar
+from flwr.common import Context, Message, Scalar
 
 from flwr_admm import ADMMClient
+from flwr_admm.clientapp import make_client_app
 
 from .evaluation import get_task
-from .run_config import parse_run_config
+from .run_config import api_of, parse_run_config
 
 
 class AppClient(ADMMClient):
@@ -19,8 +26,8 @@ class AppClient(ADMMClient):
         return {} if self.partition_id is None else {"partition-id": int(self.partition_id)}
 
 
-def client_fn(context: Context) -> Client:
-    """Build the client of this node's partition from the run config."""
+def numpy_client_fn(context: Context) -> AppClient:
+    """Build the (NumPy) client of this node's partition from the run config."""
     settings = parse_run_config(context.run_config)
     task = get_task(settings.task, settings.seed, settings.task_options())
     settings = parse_run_config(context.run_config, task.defaults)
@@ -50,7 +57,25 @@ def client_fn(context: Context) -> Client:
         X_val=data.X_test[partition_id] if has_test else None,  # type: ignore[index]
         y_val=data.y_test[partition_id] if has_test else None,  # type: ignore[index]
         seed=settings.seed,
-    ).to_client()
+    )
 
 
-app = ClientApp(client_fn=client_fn)
+def client_fn(context: Context) -> Client:
+    """Build the legacy client of this node's partition from the run config."""
+    return numpy_client_fn(context).to_client()
+
+
+legacy_app = ClientApp(client_fn=client_fn)
+message_app = make_client_app(numpy_client_fn)
+
+
+class ApiClientApp(ClientApp):
+    """A ClientApp that hands each message to the legacy or the Message-API app."""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Dispatch on the run config's ``api``."""
+        chosen = message_app if api_of(context.run_config) == "message" else legacy_app
+        return chosen(message, context)
+
+
+app = ApiClientApp()

@@ -19,7 +19,7 @@ import json
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,6 +80,8 @@ class RunRecorder:
         self.write_every = write_every
         self.rounds: dict[int, dict[str, Any]] = {}
         self.status = STATUS_RUNNING
+        # Called with the final document once the last round is written (e.g. plots).
+        self.on_complete: Callable[[dict[str, Any]], None] | None = None
         self.started = time.perf_counter()
         task_dir.mkdir(parents=True, exist_ok=True)
         for path in self.paths.values():
@@ -99,6 +101,8 @@ class RunRecorder:
         if server_round >= self.num_rounds:
             self.status = STATUS_COMPLETE
             self.write()
+            if self.on_complete is not None:
+                self.on_complete(_jsonable(self.document()))
         elif server_round % self.write_every == 0:
             self.write()
 
@@ -307,38 +311,47 @@ class RecordingStrategy(Strategy):
             self._fail(f"round {server_round}: centralized evaluation returned nothing")
         assert result is not None
         loss, metrics = result
-        client_auc = {
-            k.removeprefix("client_auc_"): v
-            for k, v in metrics.items()
-            if k.startswith("client_auc_")
-        }
-        values: dict[str, Any] = {
-            k: v for k, v in metrics.items() if not k.startswith("client_auc_")
-        }
-        if client_auc:
-            values["client_auc"] = client_auc
-        values.update(
-            {
-                "eval_seconds": time.perf_counter() - start,
-                "elapsed_seconds": self.recorder.elapsed(),
-            }
-        )
-        self.recorder.update(server_round, values)
-        self.recorder.end_of_round(server_round)
+        record_evaluation(self.recorder, server_round, metrics, time.perf_counter() - start)
         return loss, metrics
+
+
+def record_evaluation(
+    recorder: RunRecorder, server_round: int, metrics: Mapping[str, Any], seconds: float
+) -> None:
+    """Record a centralized evaluation (client AUCs nested) and end the round."""
+    client_auc = {
+        k.removeprefix("client_auc_"): v for k, v in metrics.items() if k.startswith("client_auc_")
+    }
+    values: dict[str, Any] = {k: v for k, v in metrics.items() if not k.startswith("client_auc_")}
+    if client_auc:
+        values["client_auc"] = client_auc
+    values.update({"eval_seconds": seconds, "elapsed_seconds": recorder.elapsed()})
+    recorder.update(server_round, values)
+    recorder.end_of_round(server_round)
 
 
 def client_drift(parameters: Parameters, results: list[tuple[ClientProxy, FitRes]]) -> float:
     """sqrt(sum_i p_i ||w_i - z'||^2) over the replies (consensus disagreement)."""
-    z = [np.asarray(a, dtype=np.float64) for a in parameters_to_ndarrays(parameters)]
-    total = float(sum(res.num_examples for _, res in results))
+    return weighted_drift(
+        parameters_to_ndarrays(parameters),
+        [(res.num_examples, parameters_to_ndarrays(res.parameters)) for _, res in results],
+    )
+
+
+def weighted_drift(z: list[Any], replies: list[tuple[int, list[Any]]]) -> float:
+    """sqrt(sum_i p_i ||w_i - z||^2) for replies (n_i, w_i); misshapen w_i are skipped."""
+    total = float(sum(n for n, _ in replies))
     value = 0.0
-    for _, res in results:
-        w = parameters_to_ndarrays(res.parameters)
+    for n, w in replies:
         if len(w) != len(z) or any(np.shape(a) != np.shape(b) for a, b in zip(w, z, strict=True)):
             continue  # rejected by the strategy anyway
-        value += res.num_examples / total * _distance(w, z) ** 2
+        value += n / total * _distance(w, z) ** 2
     return math.sqrt(value)
+
+
+def distance(a: list[Any], b: list[Any]) -> float:
+    """Euclidean distance between two lists of arrays."""
+    return _distance(a, b)
 
 
 def _distance(a: list[Any], b: list[Any]) -> float:

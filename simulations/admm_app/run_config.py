@@ -25,9 +25,12 @@ from flwr_admm.data import TASKS
 from flwr_admm.server.identity import KEY_BINDINGS
 
 STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
+APIS = ("message", "legacy")
+LEGACY_ONLY_STRATEGIES = ("fedadmm-client-duals", "fednova")
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 
 DEFAULTS: dict[str, Any] = {
+    "api": "legacy",
     "strategy": "fedadmm",
     "task": "seed-logreg",
     "num-server-rounds": 50,
@@ -56,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 HELP: dict[str, str] = {
+    "api": f"one of {list(APIS)} (Flower's Message API or the legacy strategy API)",
     "strategy": f"one of {list(STRATEGIES)}",
     "task": "a task name of flwr_admm.data.TASKS",
     "num-server-rounds": "integer >= 1",
@@ -114,6 +118,7 @@ class RunSettings:
     client_wait_seconds: float
     round_timeout: float | None = None
     key_binding: str = "node"
+    api: str = "legacy"
 
     @property
     def task_dir(self) -> Path:
@@ -277,8 +282,21 @@ def parse_run_config(
     if not isinstance(model, str):
         raise _fail("model", model)
     strategy = _choice(config, "strategy", STRATEGIES)
+    api = _choice(config, "api", APIS)
+    if api == "message" and strategy in LEGACY_ONLY_STRATEGIES:
+        raise ValueError(
+            f"run config 'strategy': {strategy!r} exists only on the legacy API; "
+            f"run it with api=legacy (api=message supports "
+            f"{[s for s in STRATEGIES if s not in LEGACY_ONLY_STRATEGIES]})"
+        )
     if strategy == "fedadmm-client-duals":
         _check_client_duals(config)
+    key_binding = _choice(config, "key-binding", KEY_BINDINGS)
+    if api == "message" and key_binding != "node":
+        raise ValueError(
+            "run config 'key-binding': flwr_admm.serverapp.FedADMM binds keys to nodes; "
+            f"must be 'node' with api=message, got {key_binding!r} (use api=legacy)"
+        )
     return RunSettings(
         strategy=strategy,
         task=task,
@@ -305,8 +323,14 @@ def parse_run_config(
         run_tag=_run_tag(config),
         client_wait_seconds=_number(config, "client-wait-seconds", 0.0, strict=True),
         round_timeout=_number(config, "round-timeout", 0.0) or None,
-        key_binding=_choice(config, "key-binding", KEY_BINDINGS),
+        key_binding=key_binding,
+        api=api,
     )
+
+
+def api_of(run_config: Mapping[str, Any]) -> str:
+    """Return the validated ``api`` of `run_config` (the default when absent)."""
+    return _choice({**DEFAULTS, **run_config}, "api", APIS)
 
 
 def fit_config(settings: RunSettings) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""ServerApp (legacy ``server_fn`` API): the chosen strategy, wrapped in a recorder.
+"""ServerApp: the chosen strategy, wrapped in a recorder, on either Flower API.
+
+``app`` is a Message-API ServerApp (``@app.main()``) that dispatches on the run
+config's ``api``: ``message`` runs `message_server.run_message_api` (``Strategy.start``);
+``legacy`` runs the legacy ``server_fn`` below through Flower's own compat path (a
+``ServerApp(server_fn=...)`` called with the same grid and context). Both record the
+same JSON/CSV and, after the last round, write PNG plots next to them.
 
 Every strategy gets the same clients, the same fit config (learning rate, local
 steps/epochs, batch size), the same initial model and the same centralized evaluation;
@@ -26,6 +32,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 from flwr.server.strategy import FedAvg, FedProx, Strategy
+from flwr.serverapp import Grid
 
 from flwr_admm import FedADMM, Geometric, make_schedule
 from flwr_admm.data import Task
@@ -33,8 +40,9 @@ from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.fednova import FedNova
 
 from .evaluation import Evaluator, get_task
+from .message_server import run_message_api
 from .recorder import RecordingStrategy, RunRecorder, result_paths
-from .run_config import DEFAULTS, RunSettings, fit_config, parse_run_config
+from .run_config import DEFAULTS, RunSettings, api_of, fit_config, parse_run_config
 
 
 class PartitionClientManager(SimpleClientManager):
@@ -201,19 +209,41 @@ def _mark_setup_failure(run_config: Mapping[str, Any], error: BaseException) -> 
         pass
 
 
-def server_fn(context: Context) -> ServerAppComponents:
-    """Validate the run config, load the task, find F*, wrap the strategy."""
+def plot_run(task_dir: Path, stem: str, document: dict[str, Any]) -> list[Path]:
+    """Write this run's PNG plots (``<stem>-objective.png`` ...) next to its JSON/CSV."""
+    from .plots import RunResult, plot_all  # matplotlib, Agg backend
+
+    return plot_all([RunResult(stem, document)], task_dir, prefix=f"{stem}-")
+
+
+def _plot_safely(task_dir: Path, stem: str, document: dict[str, Any]) -> None:
     try:
-        settings = parse_run_config(context.run_config)
-        task = get_task(settings.task, settings.seed, settings.task_options())
-        settings = parse_run_config(context.run_config, task.defaults)
-        evaluator = Evaluator.build(task, cache_dir=settings.task_dir)
-        recorder = RunRecorder(
-            settings.task_dir,
-            settings.stem,
-            _header(settings, task, evaluator, context.run_config),
-            settings.num_server_rounds,
-        )
+        plot_run(task_dir, stem, document)
+    except Exception as error:  # the results are written; a plot failure only warns
+        log(WARNING, "plotting %s failed: %r", stem, error)
+
+
+def setup(context: Context) -> tuple[RunSettings, Task, Evaluator, RunRecorder]:
+    """Validate the run config, load the task, find F*, open the recorder."""
+    settings = parse_run_config(context.run_config)
+    task = get_task(settings.task, settings.seed, settings.task_options())
+    settings = parse_run_config(context.run_config, task.defaults)
+    evaluator = Evaluator.build(task, cache_dir=settings.task_dir)
+    recorder = RunRecorder(
+        settings.task_dir,
+        settings.stem,
+        _header(settings, task, evaluator, context.run_config),
+        settings.num_server_rounds,
+    )
+    task_dir, stem = settings.task_dir, settings.stem
+    recorder.on_complete = lambda document: _plot_safely(task_dir, stem, document)
+    return settings, task, evaluator, recorder
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Validate the run config, load the task, find F*, wrap the (legacy) strategy."""
+    try:
+        settings, task, evaluator, recorder = setup(context)
         strategy = RecordingStrategy(build_strategy(settings, task, evaluator), recorder)
     except Exception as error:
         _mark_setup_failure(context.run_config, error)
@@ -227,4 +257,24 @@ def server_fn(context: Context) -> ServerAppComponents:
     )
 
 
-app = ServerApp(server_fn=server_fn)
+legacy_app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the configured strategy on the run config's ``api``."""
+    try:
+        api = api_of(context.run_config)
+    except ValueError as error:
+        _mark_setup_failure(context.run_config, error)
+        raise
+    if api == "legacy":
+        legacy_app(grid, context)
+        return
+    try:
+        settings, task, evaluator, recorder = setup(context)
+    except Exception as error:
+        _mark_setup_failure(context.run_config, error)
+        raise
+    run_message_api(grid, settings, task, evaluator, recorder)

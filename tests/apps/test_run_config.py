@@ -12,7 +12,7 @@ import tomllib
 import pytest
 from flwr.common import Context, RecordDict
 
-from simulations.admm_app.run_config import DEFAULTS, fit_config, parse_run_config
+from simulations.admm_app.run_config import DEFAULTS, api_of, fit_config, parse_run_config
 from simulations.admm_app.server_app import server_fn
 from simulations.launcher import APP_DIR
 
@@ -36,6 +36,14 @@ def test_pyproject_config_is_the_validated_defaults():
     "override, words",
     [
         ({"strategy": "sgd"}, ["'strategy'", "fedadmm", "fednova", "'sgd'"]),
+        ({"api": "grpc"}, ["'api'", "'message'", "'legacy'", "'grpc'"]),
+        ({"api": 1}, ["'api'", "'message'", "'legacy'"]),
+        ({"api": "message", "key-binding": "reported"}, ["'key-binding'", "'node'", "api=legacy"]),
+        ({"api": "message", "strategy": "fednova"}, ["'fednova'", "legacy API", "api=legacy"]),
+        (
+            {"api": "message", "strategy": "fedadmm-client-duals"},
+            ["'fedadmm-client-duals'", "api=legacy"],
+        ),
         ({"task": "nope"}, ["'task'", "seed-logreg"]),
         ({"num-server-rounds": 0}, ["'num-server-rounds'", ">= 1"]),
         ({"num-server-rounds": 2.5}, ["'num-server-rounds'"]),
@@ -125,3 +133,14 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
     assert inner.key_binding == key_binding
     # server_round is the strategy's own fit-config key: the app leaves it out
     assert "server_round" not in inner.on_fit_config_fn(1)
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_api_is_parsed_for_every_strategy_it_serves(api):
+    strategies = ["fedadmm", "fedavg", "fedprox"]
+    if api == "legacy":
+        strategies += ["fedadmm-client-duals", "fednova"]
+    for strategy in strategies:
+        assert parse_run_config({"api": api, "strategy": strategy}).api == api
+    assert api_of({"api": api}) == api
+    assert api_of({}) == DEFAULTS["api"] == parse_run_config({}).api

@@ -1,0 +1,247 @@
+"""The app's Message-API server side (``api = "message"``): Flower's ``Strategy.start``.
+
+`run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``) or Flower's
+Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) with the same sampling
+sizes, fit config, initial model and centralized evaluation as the legacy path, and
+records the same per-round JSON/CSV through `RunRecorder`: the strategy class is
+extended by `RecordingMixin` (bytes, time, results/failures, drift, fit metrics per
+round), and the evaluation goes through ``evaluate_fn`` (round 0 = initial model).
+Replies are sorted by partition-id before aggregation, as on the legacy path.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+
+from flwr_admm import Geometric, make_schedule
+from flwr_admm.data import Task
+from flwr_admm.serverapp import FedADMM
+
+from .evaluation import Evaluator
+from .recorder import (
+    FIT_FIELDS,
+    STATUS_FAILED,
+    RunRecorder,
+    distance,
+    record_evaluation,
+    weighted_drift,
+)
+from .run_config import RunSettings, fit_config
+
+NUM_EXAMPLES = "num-examples"
+NO_LIMIT = 1e7  # seconds a round may wait for replies when round-timeout is 0
+
+
+def _metrics_of(content: RecordDict) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for record in content.metric_records.values():
+        merged.update(record)
+    return merged
+
+
+def _arrays_of(content: RecordDict) -> list[Any]:
+    for record in content.array_records.values():
+        return list(record.to_numpy_ndarrays())
+    return []
+
+
+def _record_bytes(content: RecordDict) -> int:
+    return int(sum(len(a.data) for r in content.array_records.values() for a in r.values()))
+
+
+def train_metrics(contents: list[RecordDict], weighting_key: str) -> MetricRecord:
+    """Return the legacy app's fit metrics: weighted train_loss and mean_local_steps."""
+    total = 0.0
+    losses, steps = [], []
+    for content in contents:
+        metrics = _metrics_of(content)
+        n = float(metrics.get(weighting_key, 0))
+        total += n
+        if isinstance(metrics.get("loss"), int | float):
+            losses.append((n, float(metrics["loss"])))
+        if isinstance(metrics.get("local_steps"), int | float):
+            steps.append(float(metrics["local_steps"]))
+    out: dict[str, float] = {}
+    if losses and total > 0:
+        out["train_loss"] = float(sum(n * v for n, v in losses) / total)
+    if steps:
+        out["mean_local_steps"] = sum(steps) / len(steps)
+    return MetricRecord(out)
+
+
+def _partition_key(message: Message) -> tuple[int, int]:
+    pid = _metrics_of(message.content).get("partition-id")
+    return (int(pid) if isinstance(pid, int | float) else 1 << 30, message.metadata.src_node_id)
+
+
+class RecordingMixin:
+    """Record every train round of a Message-API strategy it is mixed into."""
+
+    recorder: RunRecorder
+    _round_start: float
+    _sent: list[Any]
+
+    def _fail(self, message: str) -> None:
+        if self.recorder.status != STATUS_FAILED:
+            self.recorder.fail(message)
+        raise RuntimeError(message)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Delegate; record what is sent down. No node sampled is an error."""
+        self._round_start = time.perf_counter()
+        self._sent = list(arrays.to_numpy_ndarrays())
+        messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
+        if not messages:
+            self._fail(f"round {server_round}: no node sampled")
+        self.recorder.update(
+            server_round,
+            {
+                "num_sampled": len(messages),
+                "bytes_down": sum(_record_bytes(m.content) for m in messages),
+            },
+        )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the content replies in partition-id order; record the round."""
+        replies = list(replies)
+        failures = [m for m in replies if m.has_error()]
+        ordered = sorted((m for m in replies if not m.has_error()), key=_partition_key)
+        reasons = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failures[:5]]
+        if not ordered:
+            self._fail(
+                f"round {server_round}: all {len(failures)} clients failed: {'; '.join(reasons)}"
+            )
+        arrays, metrics = super().aggregate_train(server_round, ordered)  # type: ignore[misc]
+        if arrays is None:
+            self._fail(f"round {server_round}: the strategy produced no model (metrics {metrics})")
+        z = list(arrays.to_numpy_ndarrays())
+        fit = dict(metrics or {})
+        record: dict[str, Any] = {
+            "num_results": len(ordered),
+            "num_failures": len(failures),
+            "bytes_up": sum(_record_bytes(m.content) for m in ordered),
+            "round_seconds": time.perf_counter() - self._round_start,
+            "client_drift": weighted_drift(
+                z,
+                [
+                    (int(_metrics_of(m.content).get(NUM_EXAMPLES, 0)), _arrays_of(m.content))
+                    for m in ordered
+                ],
+            ),
+            "model_change": distance(z, self._sent),
+            "fit_metrics": fit,
+        }
+        if failures:
+            record["failure_reasons"] = reasons
+        record.update({name: fit[key] for key, name in FIT_FIELDS.items() if key in fit})
+        self.recorder.update(server_round, record)
+        return arrays, metrics
+
+
+class RecordingFedADMM(RecordingMixin, FedADMM):
+    """`flwr_admm.serverapp.FedADMM`, recorded."""
+
+
+class RecordingFedAvg(RecordingMixin, FedAvg):
+    """Flower's Message-API `FedAvg`, recorded."""
+
+
+class RecordingFedProx(RecordingMixin, FedProx):
+    """Flower's Message-API `FedProx`, recorded."""
+
+
+def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecorder) -> Strategy:
+    """Return the configured Message-API strategy, sampling as many nodes as legacy."""
+    n = task.data.num_clients
+    # Flower's FedAvg sizes its sample from the nodes connected before it waits; a
+    # min_train_nodes of the intended count avoids sampling fewer in round 1.
+    count = min(n, max(settings.min_fit_clients, int(n * settings.fraction_fit)))
+    common: dict[str, Any] = {
+        "fraction_train": settings.fraction_fit,
+        "fraction_evaluate": 0.0,
+        "min_train_nodes": count,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": n,
+        "train_metrics_aggr_fn": train_metrics,
+    }
+    strategy: RecordingMixin
+    if settings.strategy == "fedadmm":
+        schedule = (
+            Geometric(factor=settings.rho_factor)
+            if settings.rho_schedule == "geometric"
+            else make_schedule(settings.rho_schedule)
+        )
+        strategy = RecordingFedADMM(
+            rho=settings.rho,
+            rho_schedule=schedule,
+            relaxation=settings.relaxation,
+            sampling_seed=settings.seed,
+            **common,
+        )
+    elif settings.strategy == "fedprox":
+        strategy = RecordingFedProx(proximal_mu=settings.proximal_mu, **common)
+    elif settings.strategy == "fedavg":
+        strategy = RecordingFedAvg(**common)
+    else:
+        raise ValueError(
+            f"run config 'strategy': {settings.strategy!r} exists only on the legacy API; "
+            "run it with api=legacy"
+        )
+    strategy.recorder = recorder
+    assert isinstance(strategy, Strategy)
+    return strategy
+
+
+def make_evaluate_fn(
+    evaluator: Evaluator, recorder: RunRecorder
+) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    """Return ``evaluate_fn(round, arrays)``: centralized evaluation, recorded."""
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        start = time.perf_counter()
+        _, metrics = evaluator(server_round, list(arrays.to_numpy_ndarrays()), {})
+        record_evaluation(recorder, server_round, metrics, time.perf_counter() - start)
+        return MetricRecord(
+            {
+                k: float(v)
+                for k, v in metrics.items()
+                if isinstance(v, int | float) and not k.startswith("client_auc_")
+            }
+        )
+
+    return evaluate_fn
+
+
+def run_message_api(
+    grid: Grid, settings: RunSettings, task: Task, evaluator: Evaluator, recorder: RunRecorder
+) -> None:
+    """Run `settings.num_server_rounds` rounds with ``Strategy.start``; fail loudly."""
+    strategy = build_message_strategy(settings, task, recorder)
+    initial = [np.asarray(a) for a in task.make_model().init_params(settings.seed)]
+    try:
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(initial),
+            num_rounds=settings.num_server_rounds,
+            timeout=settings.round_timeout or NO_LIMIT,
+            train_config=ConfigRecord(fit_config(settings)),
+            evaluate_config=ConfigRecord(),
+            evaluate_fn=make_evaluate_fn(evaluator, recorder),
+        )
+    except Exception as error:
+        if recorder.status != STATUS_FAILED:
+            recorder.fail(f"{error!r}\n{traceback.format_exc()}")
+        raise
