@@ -225,6 +225,20 @@ def make_evaluate_fn(
     return evaluate_fn
 
 
+def wait_for_nodes(grid: Grid, num_nodes: int, wait_seconds: float) -> None:
+    """Wait until `num_nodes` nodes are connected; raise after `wait_seconds`."""
+    deadline = time.monotonic() + wait_seconds
+    connected = len(list(grid.get_node_ids()))
+    while connected < num_nodes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"only {connected} of {num_nodes} nodes connected within "
+                f"client-wait-seconds={wait_seconds:g}"
+            )
+        time.sleep(0.5)
+        connected = len(list(grid.get_node_ids()))
+
+
 def run_message_api(
     grid: Grid, settings: RunSettings, task: Task, evaluator: Evaluator, recorder: RunRecorder
 ) -> None:
@@ -232,6 +246,7 @@ def run_message_api(
     strategy = build_message_strategy(settings, task, recorder)
     initial = [np.asarray(a) for a in task.make_model().init_params(settings.seed)]
     try:
+        wait_for_nodes(grid, task.data.num_clients, settings.client_wait_seconds)
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(initial),
