@@ -8,8 +8,15 @@ on disk (JSON, CSV and the per-run PNG plots).
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from flwr.clientapp import ClientApp
+from flwr.common import Context, RecordDict
+
+from simulations.admm_app import client_app
+from simulations.admm_app.run_config import DEFAULTS
+from simulations.admm_app.server_app import main
 from simulations.launcher import APP_DIR, LocalFlower
 from simulations.report import check_result
 
@@ -58,3 +65,32 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
                 assert m[key] == g[key], (m["round"], key)
             assert m["rho"] == g["rho"] == 0.1
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
+
+
+@pytest.mark.parametrize("strategy", ["fednova", "fedadmm-client-duals"])
+def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"api": "message", "strategy": strategy, "output-dir": str(tmp_path)},
+    )
+    with pytest.raises(ValueError, match="api=legacy"):
+        main(None, context)  # fails before it touches the grid
+    marker = json.loads((tmp_path / "seed-logreg" / f"{strategy}.error.json").read_text())
+    assert strategy in marker["message"] and "api=legacy" in marker["message"]
+
+
+def test_the_client_app_dispatches_on_the_api(monkeypatch):
+    calls = []
+    monkeypatch.setattr(client_app, "message_app", lambda m, c: calls.append("message"))
+    monkeypatch.setattr(client_app, "legacy_app", lambda m, c: calls.append("legacy"))
+    assert isinstance(client_app.app, ClientApp)
+    for api in ("message", "legacy"):
+        context = Context(
+            run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"api": api}
+        )
+        client_app.app(None, context)
+    client_app.app(None, Context(0, 0, {}, RecordDict(), {}))
+    assert calls == ["message", "legacy", DEFAULTS["api"]]
