@@ -9,6 +9,7 @@ automatically (Boyd et al. 2011, sec. 3.4.1).
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -253,4 +254,12 @@ def make_schedule(name: str, **kwargs: Any) -> RhoSchedule:
     """Build a schedule from its name (`constant`, `geometric`, `stall`, `residual-balancing`)."""
     if name not in SCHEDULES:
         raise ValueError(f"rho_schedule: must be one of {sorted(SCHEDULES)}, got {name!r}")
-    return SCHEDULES[name](**kwargs)
+    schedule = SCHEDULES[name]
+    try:
+        inspect.signature(schedule).bind(**kwargs)
+    except TypeError as error:  # e.g. "geometric" without its factor
+        raise ValueError(
+            f"rho_schedule: {name!r} cannot be built from {sorted(kwargs)} ({error}); "
+            f"pass {schedule.__name__}(...) itself"
+        ) from error
+    return schedule(**kwargs)

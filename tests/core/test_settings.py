@@ -49,3 +49,11 @@ def test_settings_are_frozen() -> None:
     settings = ConsensusSettings()
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.rho = 2.0  # type: ignore[misc]
+
+
+def test_a_schedule_name_that_needs_parameters_is_a_value_error() -> None:
+    # "geometric" needs its factor: a TypeError from the constructor before.
+    with pytest.raises(ValueError, match=r"rho_schedule: 'geometric'.*factor"):
+        schedule_of("geometric")
+    with pytest.raises(ValueError, match="rho_schedule"):
+        ConsensusSettings(rho_schedule=schedule_of("geometric"))
