@@ -13,16 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fit_replies import Proxy, fit_res
 from flower_run import NUM_CLIENTS, D, admm_client_fn, zeros_parameters
 from flwr.client import NumPyClient
 from flwr.common import (
-    Code,
     Context,
     FitRes,
     NDArrays,
     Scalar,
-    Status,
-    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.server.client_manager import SimpleClientManager
@@ -32,17 +30,6 @@ from flwr_admm.server.identity import KeyBinding, client_key_of
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 5, "learning_rate": 0.5}
-
-
-class Proxy:
-    """The little of a ClientProxy that the strategies read."""
-
-    def __init__(self, cid: str) -> None:
-        self.cid = cid
-
-
-def fit_res(arrays: NDArrays, n: int, metrics: dict[str, Scalar]) -> FitRes:
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
 
 
 def first_reply(strategy_class: Any, value: float, n: int, metrics: dict[str, Scalar]) -> FitRes:

@@ -14,15 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fit_replies import Proxy, fit_res
 from flower_run import NUM_CLIENTS, D, admm_client_fn, run_seed, zeros_parameters
 from flwr.client import NumPyClient
 from flwr.common import (
-    Code,
     Context,
-    FitRes,
     NDArrays,
     Scalar,
-    Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -33,17 +31,6 @@ from flwr_admm import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
-
-
-def fit_res(arrays: NDArrays, n: int, metrics: dict[str, Scalar]) -> FitRes:
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
-
-
-class Proxy:
-    """The little of a ClientProxy that the strategies read."""
-
-    def __init__(self, cid: str) -> None:
-        self.cid = cid
 
 
 def started(strategy: Any, num_clients: int = 3) -> tuple[Any, list[Any]]:
