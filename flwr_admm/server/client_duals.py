@@ -270,7 +270,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         key, proxy, res = keyed
         assert self.contribution_sum is not None
         entry = self.clients.get(key)
-        report = protocol_problem(entry, res)
+        report = protocol_problem(entry, res.metrics, res.num_examples)
         if report is not None:
             problem, mismatch = report
             self._reject(key, problem, counts)
@@ -289,7 +289,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.total_examples += int(res.num_examples) - (0 if entry is None else entry.num_examples)
         self.clients[key] = ClientEntry(int(res.num_examples), server_round)
         self._key_of_cid[proxy.cid] = key
-        self._stats.add(res)
+        self._stats.add(res.num_examples, res.metrics)
         return True
 
     def _evict(self, keys: list[str]) -> None:

@@ -79,13 +79,15 @@ def entries_from_arrays(
     return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
 
 
-def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] | None:
-    """Return why the reply's metrics break the protocol (and 1 if it is a state mismatch).
+def protocol_problem(
+    entry: ClientEntry | None, metrics: Mapping[str, Any], num_examples: object
+) -> tuple[str, int] | None:
+    """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
-    A reply with previous round 0 is a full contribution: a new key's, or (for a key
-    S holds) a resync's; its change of n is then all of n_i'.
+    Framework-neutral: `metrics` and `num_examples` (n_i') of a legacy `FitRes` or of
+    a Message-API reply. A reply with previous round 0 is a full contribution: a new
+    key's, or (for a key S holds) a resync's; its change of n is then all of n_i'.
     """
-    metrics = res.metrics
     for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
         if name not in metrics:
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
@@ -98,7 +100,7 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
         and isinstance(change, int)
         and _integer(previous)
         and _integer(change)
-        and _integer(res.num_examples)
+        and _integer(num_examples)
     ):
         return f"{PREVIOUS_ROUND}, {EXAMPLES_CHANGE}, num_examples must be integers", 0
     resync = metrics.get(RESYNC, 0)
@@ -109,10 +111,10 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
     held = entry if previous != 0 else None  # a full contribution replaces what S holds
     known_round = held.last_round if held is not None else 0
     known_n = held.num_examples if held is not None else 0
-    if previous != known_round or known_n + change != res.num_examples:
+    if previous != known_round or known_n + change != num_examples:
         return (
             f"client state out of sync (client reports its previous round {previous} "
-            f"and n change {change} to n={res.num_examples}; the server recorded round "
+            f"and n change {change} to n={num_examples}; the server recorded round "
             f"{known_round}, n={known_n}); the acknowledgement of its next round "
             "brings it back",
             1,
@@ -240,9 +242,9 @@ class RoundStats:
         self.d2 = self.w_sq = self.u_sq = self.loss = 0.0
         self.losses_finite = True
 
-    def add(self, res: FitRes) -> None:
+    def add(self, num_examples: int, metrics: Mapping[str, Any]) -> None:
         """Count one accepted reply (its n_i and protocol metrics)."""
-        n, metrics = float(res.num_examples), res.metrics
+        n = float(num_examples)
         self.num_replies += 1
         self.n += n
         self.w_sq += n * float(metrics[W_SQ_NORM])  # type: ignore[arg-type]

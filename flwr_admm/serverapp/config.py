@@ -13,22 +13,12 @@ from flwr_admm.server.sampling import check_sampling_seed, check_sizes
 
 __all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
 
-# Keywords of the legacy strategies the Message-API ones do not support yet.
-PLANNED = (
-    "checkpoint_dir",
-    "checkpoint_every",
-    "resume",
-    "uplink",
-    "uplink_residual",
-    "local_dp",
-    "key_binding",
-    "max_client_age",
-    "max_clients",
-)
+# Keywords of the legacy strategies the Message-API ones do not support (yet).
+PLANNED = ("uplink", "uplink_residual", "local_dp")
 
 
-def refuse_planned(keywords: Mapping[str, Any]) -> None:
-    """Raise for keywords the Message-API strategy does not take (yet).
+def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> None:
+    """Raise for keywords the Message-API `strategy` does not take (yet).
 
     Raises
     ------
@@ -41,11 +31,10 @@ def refuse_planned(keywords: Mapping[str, Any]) -> None:
     for name in sorted(keywords):
         if name in PLANNED:
             raise ValueError(
-                f"{name}: not supported by flwr_admm.serverapp.FedADMM yet (planned); "
-                "use the legacy flwr_admm.FedADMM for checkpoints, uplink compression, "
-                "local DP and eviction"
+                f"{name}: not supported by flwr_admm.serverapp.{strategy} yet (planned); "
+                f"use the legacy flwr_admm.{strategy} for uplink compression and local DP"
             )
-        raise TypeError(f"FedADMM() got an unexpected keyword argument {name!r}")
+        raise TypeError(f"{strategy}() got an unexpected keyword argument {name!r}")
 
 
 def check_fields(strategy: FedAvg, sampling_seed: int | None) -> None:

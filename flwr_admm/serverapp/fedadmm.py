@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from functools import partial
-from logging import INFO, WARNING
-from typing import Any
+import os
+from collections.abc import Callable
+from logging import INFO
+from typing import Any, ClassVar
 
+import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -16,8 +17,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
 
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
@@ -27,34 +27,20 @@ from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
     NUM_CLIENTS_CACHED,
-    NUM_EVICTED,
     NUM_EXAMPLES,
-    NUM_FAILURES,
-    NUM_KEY_CONFLICTS,
-    NUM_REJECTED,
     RHO,
-    ROUND,
 )
-from flwr_admm.server.identity import KeyBinding
 from flwr_admm.server.report import report_metrics
-from flwr_admm.server.sampling import sample_ids
-from flwr_admm.serverapp.config import check_fields, copy_config, refuse_planned
-from flwr_admm.serverapp.nodes import admit, wait_for_nodes
-from flwr_admm.serverapp.records import (
-    Layout,
-    ReadReply,
-    has_weight,
-    merge_metrics,
-    plain_metrics,
-    read_reply,
-)
+from flwr_admm.serverapp.base import ConsensusStrategy
+from flwr_admm.serverapp.config import refuse_planned
+from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
 
 __all__ = ["FedADMM"]
 
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
-class FedADMM(FedAvg):
+class FedADMM(ConsensusStrategy):
     r"""Federated inexact consensus ADMM with server-held duals (Message API).
 
     Same math and numpy core (`flwr_admm.core.ConsensusADMM`) as the legacy
@@ -108,11 +94,19 @@ class FedADMM(FedAvg):
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
         Seed of the node sample (None: Python's `random`, as Flower).
+    checkpoint_dir, checkpoint_every, resume :
+        Checkpoints as in the legacy `flwr_admm.FedADMM` (same file format): the state
+        (z, every cached w_i and dual, the sums, rho and its schedule, key bindings)
+        after every `checkpoint_every` aggregations; with `resume` the strategy starts
+        from it and continues bit-identically (`ConsensusStrategy`).
+    key_binding, max_client_age, max_clients :
+        Client identity and eviction as in the legacy strategies: under ``"node"``
+        (default) a key is accepted only from its node; keys unheard for more than
+        `max_client_age` rounds, or the least recently heard beyond `max_clients`,
+        are evicted (their w_i and dual leave the sums).
 
-    Not yet supported here (planned; use the legacy `flwr_admm.FedADMM`): checkpoints
-    (``checkpoint_dir``, ``checkpoint_every``, ``resume``), uplink compression
-    (``uplink``, ``uplink_residual``), local DP (``local_dp``) and eviction
-    (``max_client_age``, ``max_clients``): passing one raises ValueError.
+    Not supported here (use the legacy `flwr_admm.FedADMM`): uplink compression
+    (``uplink``, ``uplink_residual``) and local DP (``local_dp``): ValueError.
 
     Attributes
     ----------
@@ -122,6 +116,8 @@ class FedADMM(FedAvg):
         The round metrics of every aggregation, with ``round``.
 
     """
+
+    label: ClassVar[str] = "FedADMM"
 
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
@@ -148,22 +144,36 @@ class FedADMM(FedAvg):
         eps_rel: float = 1e-4,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = True,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
         **planned: Any,
     ) -> None:
-        refuse_planned(planned)
+        refuse_planned(planned, type(self).__name__)
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            fedavg={
+                "fraction_train": fraction_train,
+                "fraction_evaluate": fraction_evaluate,
+                "min_train_nodes": min_train_nodes,
+                "min_evaluate_nodes": min_evaluate_nodes,
+                "min_available_nodes": min_available_nodes,
+                "weighted_by_key": weighted_by_key,
+                "arrayrecord_key": arrayrecord_key,
+                "configrecord_key": configrecord_key,
+                "train_metrics_aggr_fn": train_metrics_aggr_fn,
+                "evaluate_metrics_aggr_fn": evaluate_metrics_aggr_fn,
+            },
+            stop_on_convergence=stop_on_convergence,
+            sampling_seed=sampling_seed,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            key_binding=key_binding,
+            max_client_age=max_client_age,
+            max_clients=max_clients,
         )
-        check_fields(self, sampling_seed)
         self.admm_settings = ConsensusSettings(
             rho=rho,
             rho_schedule=schedule_of(rho_schedule),
@@ -173,14 +183,8 @@ class FedADMM(FedAvg):
             eps_rel=eps_rel,
             relaxation=relaxation,
         )
-        self.stop_on_convergence = bool(stop_on_convergence)
-        self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
         self.admm: ConsensusADMM | None = None
-        self.layout: Layout | None = None
-        self.binding = KeyBinding("node")
-        self.history: list[dict[str, Any]] = []
-        self.converged = False
-        self._clock = 0  # rounds begun
+        self._resume(resume)
 
     def summary(self) -> None:
         """Log the ADMM settings, then FedAvg's."""
@@ -191,20 +195,12 @@ class FedADMM(FedAvg):
         super().summary()
 
     # ------------------------------------------------------------------ train
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    def _train_messages(
+        self, sampled: list[int], arrays: ArrayRecord, user: dict[str, Any], server_round: int
     ) -> list[Message]:
-        """Adopt z, wait for the nodes, sample them, send each its center v_i and rho_i."""
-        user = copy_config(config, check=True)  # Strategy.start reuses `config` every round
-        admm = self._adopt(arrays)
-        self._clock += 1
-        if self.stop_on_convergence and self.converged:
-            log(INFO, "FedADMM: converged (r <= eps_pri, s <= eps_dual); no nodes sampled")
-            return []
-        if self.fraction_train == 0.0:
-            return []
-        messages = []
-        sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
+        """Send each sampled node its center v_i = z - y_i / rho_i and rho_i."""
+        assert self.admm is not None
+        admm, messages = self.admm, []
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
@@ -221,120 +217,42 @@ class FedADMM(FedAvg):
             )
         return messages
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Fold the usable replies in client-key order; return z' and the round metrics."""
-        counts = {NUM_FAILURES: 0, NUM_REJECTED: 0, NUM_KEY_CONFLICTS: 0, NUM_EVICTED: 0}
-        if self.admm is None or self.layout is None:
-            return None, None
-        usable: list[ReadReply] = []
-        for message in replies:
-            if message.has_error():
-                counts[NUM_FAILURES] += 1
-                log(INFO, "FedADMM: error reply from node %s", message.metadata.src_node_id)
-                continue
-            reply = read_reply(message, self.layout, self.weighted_by_key)
-            if reply.problem is None:
-                usable.append(reply)
-            else:
-                self._reject(reply.key, reply.problem, counts)
-        admitted, freed = admit(usable, self.binding, partial(self._refuse, counts))
-        if freed:  # their nodes left: new nodes start fresh under these keys
-            counts[NUM_EVICTED] = len(self.admm.evict(freed))
-            self.binding.forget(freed)
-        accepted = self._fold(admitted, counts)
-        if not accepted:
-            log(WARNING, "FedADMM round %s: no usable reply; state unchanged", server_round)
-            self.admm.cancel()
-            idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
-            return None, plain_metrics({**counts, **idle})
-        contents = [r.content for r in accepted if r.content is not None]
-        ours = {**self._finish(server_round), **counts}
-        metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
-        self.history.append({ROUND: server_round, **metrics})
-        return self._record(self.admm.z), metrics
+    def _read(self, message: Message) -> ReadReply:
+        assert self.layout is not None
+        return read_reply(message, self.layout, self.weighted_by_key)
 
-    def _fold(self, admitted: list[ReadReply], counts: dict[str, int]) -> list[ReadReply]:
-        """Absorb w_i, n_i, f_i(w_i) of each admitted reply (natural key order)."""
+    def _open_round(self, keys: list[str]) -> None:
         assert self.admm is not None
-        self.admm.begin([r.key for r in admitted])
-        accepted = []
-        for r in admitted:
-            try:
-                self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
-            except NonFiniteReplyError:  # found while folding it in; state rolled back
-                self._reject(r.key, NON_FINITE, counts)
-                continue
-            self.binding.bind(r.key, str(r.node_id), self._clock)
-            accepted.append(r)
-        return accepted
+        self.admm.begin(keys)
 
-    def _finish(self, server_round: int) -> dict[str, Any]:
+    def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
+        """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
+        assert self.admm is not None
+        r = reply
+        try:
+            self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
+        except NonFiniteReplyError:  # found while folding it in; state rolled back
+            self._reject(r.key, NON_FINITE, counts)
+            return False
+        return True
+
+    def _finish_round(self, server_round: int) -> dict[str, Any]:
         """Take the z-step and the dual step; return the residuals and the next rho."""
         assert self.admm is not None
         report = self.admm.finish(server_round)
         self.converged = report.converged
         return report_metrics(report)
 
-    def _reject(self, key: str, problem: str, counts: dict[str, int]) -> None:
-        log(WARNING, "FedADMM: rejected reply of %s: %s", key, problem)
-        counts[NUM_REJECTED] += 1
+    def _discard_round(self) -> dict[str, Any]:
+        assert self.admm is not None
+        self.admm.cancel()
+        return {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
 
-    def _refuse(self, counts: dict[str, int], key: str, problem: str, conflict: bool) -> None:
-        """Reject a reply `KeyBinding.admit` refused; count key conflicts too."""
-        self._reject(key, problem, counts)
-        counts[NUM_KEY_CONFLICTS] += int(conflict)
-
-    # --------------------------------------------------------------- evaluate
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        """Send z and a copy of `config` (with ``server-round``) to sampled nodes."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        sampled = self._sample(grid, server_round, self.fraction_evaluate, self.min_evaluate_nodes)
-        node_config = ConfigRecord({**copy_config(config), MESSAGE_SERVER_ROUND: server_round})
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
-        return [
-            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
-            for n in sampled
-        ]
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Aggregate the replies with one MetricRecord and a positive weight; never raise."""
-        key = self.weighted_by_key
-        usable = [m.content for m in replies if not m.has_error() and has_weight(m, key)]
-        if not usable:
-            return None
-        try:
-            return self.evaluate_metrics_aggr_fn(usable, self.weighted_by_key)
-        except Exception as error:  # a user function must not end the run
-            log(WARNING, "FedADMM: evaluate_metrics_aggr_fn failed (%r)", error)
-            return None
-
-    # ------------------------------------------------------------------ nodes
-    def _sample(
-        self, grid: Grid, server_round: int, fraction: float, minimum: int, train: bool = False
-    ) -> list[int]:
-        """Wait for the nodes, THEN size the sample from those connected; draw it.
-
-        A train round also tells the key binding who is connected (a key whose node
-        is gone may then be taken over by a new node).
-        """
-        node_ids = wait_for_nodes(grid, max(self.min_available_nodes, minimum))
-        size = max(int(len(node_ids) * fraction), minimum)
-        if train:
-            self.binding.connected(str(n) for n in node_ids)
-        key_of = self.binding.key_of
-        sampled = sample_ids(node_ids, size, server_round, self.sampling_seed, key_of)
-        log(INFO, "FedADMM: sampled %s nodes (out of %s)", len(sampled), len(node_ids))
-        return sampled
+    def _evict(self, keys: list[str]) -> int:
+        return 0 if self.admm is None else len(self.admm.evict(keys))
 
     # ------------------------------------------------------------------ state
-    def _adopt(self, arrays: ArrayRecord) -> ConsensusADMM:
+    def _adopt(self, arrays: ArrayRecord) -> None:
         """Take the received ArrayRecord as z (the first one fixes the layout)."""
         if self.layout is None:
             self.layout = Layout.of(arrays)
@@ -343,8 +261,32 @@ class FedADMM(FedAvg):
             self.admm = self.admm_settings.new_admm(z)
         else:
             self.admm.adopt_consensus(z)
-        return self.admm
+
+    def _restored_record(self) -> ArrayRecord:
+        assert self.admm is not None
+        return self._record(self.admm.z)
+
+    def _broadcast(self) -> ArrayRecord:
+        assert self.admm is not None
+        return self._record(self.admm.z)
 
     def _record(self, arrays: list[Any]) -> ArrayRecord:
         assert self.layout is not None
         return self.layout.record(arrays)
+
+    # ------------------------------------------------------------- checkpoints
+    def configuration(self) -> dict[str, Any]:
+        """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
+        return {"strategy": self.label, **self.admm_settings.describe()}
+
+    def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return z, every cached w_i and dual, the sums, rho and the schedule state."""
+        assert self.admm is not None
+        arrays, meta = self.admm.state_dict()
+        return arrays, {"admm": meta}
+
+    def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
+        meta = manifest["admm"]
+        admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
+        admm.load_state_dict(arrays, meta)
+        self.admm = admm
