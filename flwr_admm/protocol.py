@@ -120,3 +120,6 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
     SERVER_ROUND,
     MODE_KEY,
 )
+# Message-API client-held duals: the reply's ArrayRecord of the full share sigma_i'
+# (sent with ``admm-rebuild = 1``), next to Delta_i under ``arrays`` (arrayrecord_key).
+SHARE_RECORD = "admm-share"

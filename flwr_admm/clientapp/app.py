@@ -5,9 +5,13 @@ legacy ``ClientApp(client_fn=...)`` takes and serves it through ``@app.train()``
 ``@app.evaluate()`` handlers: the received named tensors go in (as float64, in record
 order), the config keys are read with their Message-API spelling (``server-round``,
 ``proximal-mu``), and the reply carries the trained tensors under the received names
-and dtypes with ``num-examples`` and the client's metrics. The local loop is
-`ADMMClient.fit` itself (`penalized_local_solve`; ``local_steps``, ``local_epochs``,
-``learning_rate``, ``batch_size`` from the config, same defaults, warm start in
+and dtypes with ``num-examples`` and the client's metrics. Under
+`flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"`` in the config) the
+`ADMMClient` runs the client-held-dual protocol, keeping its committed and pending
+states in ``context.state``, and the reply carries Delta_i (float64) under the
+received names, sigma_i' under ``admm-share`` when asked (`flwr_admm.clientapp.duals`).
+The local loop is `ADMMClient.fit` itself (`penalized_local_solve`; ``local_steps``,
+``local_epochs``, ``learning_rate``, ``batch_size`` from the config, same defaults, warm start in
 ``context.state``), so both APIs compute the same numbers for the same inputs; with
 rho = 0 the loop starts at the received arrays (FedAvg).
 """
@@ -22,6 +26,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
+from flwr_admm.clientapp.duals import client_held, duals_reply
 from flwr_admm.clientapp.step import build_reply, received_arrays
 from flwr_admm.protocol import (
     CLIENT_KEY,
@@ -76,6 +81,12 @@ def make_client_app(
         params = [np.asarray(a, dtype=np.float64) for a in received.values()]
         config = legacy_config(_config(message, configrecord_key))
         arrays, num_examples, metrics = client_fn(context).fit(params, config)
+        if client_held(config):  # Delta_i (and sigma_i'); the client kept its states
+            names, count = list(received), len(received)
+            share = list(arrays[count:]) if len(arrays) == 2 * count else None
+            reported = {**_numeric(metrics), NUM_EXAMPLES: int(num_examples)}
+            change, key = list(arrays[:count]), arrayrecord_key
+            return duals_reply(message, names, change, share, reported, arrayrecord_key=key)
         return build_reply(
             message,
             arrays,

@@ -18,7 +18,11 @@ inexact solve at v_i leaves. A handler using these helpers::
         return step.reply(w, num_examples=n, metrics={"loss": loss}, context=context)
 
 Under Flower's FedProx (``proximal-mu`` only) or FedAvg, `start` is the received
-arrays and ``rho`` is mu or 0: the same handler serves every strategy.
+arrays and ``rho`` is mu or 0: the same handler serves every strategy. Under
+`flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"``) the same handler
+runs the client-held-dual protocol: `from_message` picks the acknowledged state from
+``context.state`` and updates u_i (``center`` = z^k - u_i), and `reply` sends Delta_i
+and keeps the states (pass `context`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
+from flwr_admm.clientapp.duals import DualsRound, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,
     MESSAGE_PROXIMAL_MU,
@@ -180,6 +185,10 @@ class ADMMTrainStep:
         The received config (a copy).
     previous : dict or None
         The node's last w_i from ``context.state`` (names and shapes match), else None.
+    duals : DualsRound or None
+        Under `flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"``): the
+        acknowledged state and the updated dual u_i; `center` is then z^k - u_i,
+        `previous` the acknowledged w_i, and `reply` sends Delta_i and keeps the states.
 
     """
 
@@ -192,6 +201,7 @@ class ADMMTrainStep:
     previous: Named | None
     arrayrecord_key: str = "arrays"
     configrecord_key: str = "config"
+    duals: DualsRound | None = None
 
     @classmethod
     def from_message(
@@ -208,16 +218,30 @@ class ADMMTrainStep:
         record = message.content.config_records.get(configrecord_key)
         config = dict(record.items()) if record is not None else {}
         server_round = config.get(MESSAGE_SERVER_ROUND)
+        server_round = server_round if isinstance(server_round, int) else None
+        rho, duals, previous = read_rho(config), None, warm_start(context, center)
+        if client_held(config):
+            if rho <= 0 or server_round is None:
+                raise ValueError(
+                    "client-held duals need rho > 0 and an integer server-round in the "
+                    f"config, got rho={rho!r}, server-round={config.get(MESSAGE_SERVER_ROUND)!r}"
+                )
+            names = list(center)
+            duals = DualsRound.open(context.state, list(center.values()), config, server_round)
+            state = duals.state
+            previous = None if state is None else dict(zip(names, state.w, strict=True))
+            center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i
         return cls(
             message=message,
             center=center,
-            rho=read_rho(config),
+            rho=rho,
             admm=RHO in config,
-            server_round=server_round if isinstance(server_round, int) else None,
+            server_round=server_round,
             config=config,
-            previous=warm_start(context, center),
+            previous=previous,
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
+            duals=duals,
         )
 
     def start(self, *, warm: bool = True) -> Named:
@@ -238,7 +262,26 @@ class ADMMTrainStep:
         metrics: Mapping[str, Any] | None = None,
         context: Context | None = None,
     ) -> Message:
-        """Return the reply (`build_reply`); with `context`, keep w_i as the next warm start."""
+        """Return the reply (`build_reply`); with `context`, keep w_i as the next warm start.
+
+        With client-held duals the reply carries Delta_i (and sigma_i' when asked) and
+        the protocol metrics, and both dual states are kept in ``context.state``
+        (required then).
+        """
+        if self.duals is not None:
+            if context is None:
+                raise ValueError("context: required with client-held duals (states live there)")
+            reported = _key_metrics(context)
+            reported.update({name: _plain(value, name) for name, value in (metrics or {}).items()})
+            return self.duals.answer(
+                self.message,
+                list(self.center),
+                arrays,
+                num_examples,
+                reported,
+                context.state,
+                arrayrecord_key=self.arrayrecord_key,
+            )
         return build_reply(
             self.message,
             arrays,

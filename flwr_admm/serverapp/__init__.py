@@ -4,8 +4,11 @@
 (`flwr_admm.core.ConsensusADMM`) as the legacy `flwr_admm.FedADMM`. Swap it in for
 Flower's ``FedProx`` in one line; a FedProx-style ``@app.train()`` handler then runs
 ADMM's local step (`flwr_admm.clientapp` has helpers for warm starts and replies).
+`FedADMMClientDuals` keeps the duals on the nodes (the legacy protocol, with
+acknowledgement, resync and rebuild sweep); its nodes run `flwr_admm.clientapp`.
 """
 
+from flwr_admm.serverapp.client_duals import FedADMMClientDuals
 from flwr_admm.serverapp.fedadmm import FedADMM
 
-__all__ = ["FedADMM"]
+__all__ = ["FedADMM", "FedADMMClientDuals"]

@@ -98,9 +98,24 @@ class ReadReply:
     sq_norm: float | None
     problem: str | None = None
     content: RecordDict | None = None  # the reply's records (for a metrics aggregation)
+    share: Arrays | None = None  # client-held duals: the full share sigma_i', if sent
+
+    @property
+    def metrics(self) -> MetricRecord:
+        """Return the reply's one MetricRecord (empty for an unusable reply)."""
+        if self.content is None:
+            return MetricRecord()
+        return next(iter(self.content.metric_records.values()), MetricRecord())
 
 
-def read_reply(message: Message, layout: Layout, weighted_by_key: str) -> ReadReply:
+def read_reply(
+    message: Message,
+    layout: Layout,
+    weighted_by_key: str,
+    *,
+    share_key: str | None = None,
+    finite: bool = False,
+) -> ReadReply:
     """Read a content reply: client key, w_i (float64, layout order), n_i, f_i(w_i).
 
     The key is the ``client-key`` metric, else ``partition-id``, else the sending node
@@ -108,7 +123,10 @@ def read_reply(message: Message, layout: Layout, weighted_by_key: str) -> ReadRe
     exactly one ArrayRecord and one MetricRecord, tensor names other than the layout's
     (in any order), a shape that differs, a non-numeric dtype, a `weighted_by_key`
     value that is not a positive integer, an unreadable key. NaN/inf entries are left
-    to `ConsensusADMM.absorb`, which finds them while folding the reply in.
+    to `ConsensusADMM.absorb`, which finds them while folding the reply in, unless
+    `finite` (then they make the reply unusable). With `share_key`, an ArrayRecord of
+    that name is read as a second block (`ReadReply.share`, checked the same way and
+    always for NaN/inf) next to the one ArrayRecord of the reply's tensors.
     """
     node_id = int(message.metadata.src_node_id)
     key = f"cid:{node_id}"
@@ -118,24 +136,37 @@ def read_reply(message: Message, layout: Layout, weighted_by_key: str) -> ReadRe
             return _unusable(key, node_id, "expected exactly one MetricRecord")
         metrics = next(iter(content.metric_records.values()))
         key = client_key_of(str(node_id), metrics)  # type: ignore[arg-type]
-        if len(content.array_records) != 1:
+        records = dict(content.array_records)
+        share_record = records.pop(share_key, None) if share_key is not None else None
+        if len(records) != 1:
             return _unusable(key, node_id, "expected exactly one ArrayRecord")
-        record = next(iter(content.array_records.values()))
-        if set(record.keys()) != set(layout.names) or len(record) != len(layout.names):
-            return _unusable(
-                key, node_id, f"tensors {list(record.keys())}, expected {list(layout.names)}"
-            )
-        arrays = [record[name].numpy() for name in layout.names]
+        arrays, problem = _tensors(next(iter(records.values())), layout)
         n = metrics.get(weighted_by_key)
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            return _unusable(key, node_id, f"{weighted_by_key!r} must be an integer > 0, got {n!r}")
-        problem, sq_norm = check_reply(arrays, n, layout.shapes, finite=False)
+        if problem is None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+            problem = f"{weighted_by_key!r} must be an integer > 0, got {n!r}"
+        if problem is not None:
+            return _unusable(key, node_id, problem)
+        assert isinstance(n, int)
+        problem, sq_norm = check_reply(arrays, n, layout.shapes, finite=finite)
+        share = None
+        if problem is None and share_record is not None:
+            share, problem = _tensors(share_record, layout)
+            problem = problem or check_reply(share, n, layout.shapes)[0]
+            problem = None if problem is None else f"{share_key}: {problem}"
     except Exception as error:  # a malformed reply must not stop the server
         return _unusable(key, node_id, f"unreadable reply ({error!r})")
     if problem is not None:
         return _unusable(key, node_id, problem)
     w = [np.asarray(a, dtype=np.float64) for a in arrays]
-    return ReadReply(key, node_id, w, n, _finite_loss(metrics), sq_norm, None, content)
+    share64 = None if share is None else [np.asarray(a, dtype=np.float64) for a in share]
+    return ReadReply(key, node_id, w, n, _finite_loss(metrics), sq_norm, None, content, share64)
+
+
+def _tensors(record: ArrayRecord, layout: Layout) -> tuple[list[NDArray[Any]], str | None]:
+    """Return the tensors of `record` in layout order, or why its names differ."""
+    if set(record.keys()) != set(layout.names) or len(record) != len(layout.names):
+        return [], f"tensors {list(record.keys())}, expected {list(layout.names)}"
+    return [record[name].numpy() for name in layout.names], None
 
 
 def _unusable(key: str, node_id: int, problem: str) -> ReadReply:

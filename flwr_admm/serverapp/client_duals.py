@@ -1,0 +1,356 @@
+"""FedADMMClientDuals for Flower's Message API: consensus ADMM, the duals kept by the nodes."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from logging import INFO
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from numpy.typing import NDArray
+
+from flwr_admm.core.kernels import single_thread_blas
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import (
+    ACK_ROUND,
+    CONVERGED,
+    MESSAGE_SERVER_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
+    NUM_CLIENTS_CACHED,
+    NUM_EXAMPLES,
+    NUM_RESYNCED,
+    NUM_STATE_MISMATCH,
+    PREVIOUS_ROUND,
+    REBUILD,
+    REBUILDING,
+    RHO,
+    SHARE_RECORD,
+)
+from flwr_admm.server.client_duals import STRATEGY, _check_unsupported
+from flwr_admm.server.client_duals_replies import (
+    ClientEntry,
+    RoundStats,
+    entries_from_arrays,
+    entry_arrays,
+    protocol_problem,
+    round_residuals,
+    z_step,
+)
+from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.serverapp.base import ConsensusStrategy
+from flwr_admm.serverapp.config import refuse_planned
+from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+
+__all__ = ["FedADMMClientDuals"]
+
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
+
+
+class FedADMMClientDuals(ConsensusStrategy):
+    r"""Federated consensus ADMM with client-held duals (Message API).
+
+    The protocol, math and server arithmetic of the legacy `flwr_admm.FedADMMClientDuals`
+    (read its module docstring; `flwr_admm.server.client_duals_replies`,
+    `flwr_admm.server.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
+    its ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),
+    N = sum_i n_i and, per client key, n_i and the round it last took part in. Round k:
+
+        node    if it took part before:  u_i += w_i - z^k
+                w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2
+                sends Delta_i = n_i' (w_i' + u_i) - n_i c_i
+        server  S += Delta_i, N += n_i' - n_i,  z^{k+1} = prox_{g/rho}(S / N)
+
+    Wire (Message API). Each sampled node gets z^k under ``arrays`` (one record for
+    all) and, in ``config``, a copy of the given config plus ``rho``, ``server-round``,
+    ``admm-duals`` = "client", ``admm-ack-round`` (the round whose contribution S holds
+    for its key, 0: none) and ``admm-rebuild`` (1 while the rebuild sweep needs its full
+    share). A reply carries Delta_i under ``arrays`` (the model's tensor names and
+    shapes, any real dtype: send float64, it is a change of a sum), with
+    ``admm-rebuild`` = 1 also sigma_i' = n_i' c_i' under ``admm-share``, and one
+    MetricRecord with ``num-examples`` and the protocol metrics (``admm-previous-round``,
+    ``admm-examples-change``, ``admm-w-sq-norm``, ``admm-u-sq-norm``,
+    ``admm-delayed-sq-residual``, ``admm-resync``) and the client key as in `FedADMM`.
+    `flwr_admm.clientapp.make_client_app` and `flwr_admm.clientapp.ADMMTrainStep` speak it.
+
+    Acknowledgement, state-mismatch rejection (``num_state_mismatch``), resync
+    (``num_resynced``) and the rebuild sweep (``rebuilding``) are the legacy ones, as are
+    the round metrics. Bad replies (error replies: ``num_failures``; missing arrays,
+    other names, shapes or dtypes, NaN/inf, a bad ``num-examples``, missing or
+    inconsistent protocol metrics: ``num_rejected``) never touch S; the run goes on.
+
+    Parameters
+    ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+    min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        As in Flower's Message-API `FedAvg`.
+    rho : float
+        Constant penalty rho > 0.
+    regularizer : Regularizer, optional
+        Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
+    eps_abs, eps_rel, stop_on_convergence, sampling_seed :
+        As in `FedADMM` (convergence uses the delayed primal residual).
+    checkpoint_dir, checkpoint_every, resume :
+        Checkpoints of z, S, N, the per-key entries and the sweep (the legacy format).
+        The duals stay on the nodes: a resumed run continues exactly if they kept
+        their ``context.state``; a node that lost it resynchronizes.
+    key_binding, max_client_age, max_clients :
+        Identity and eviction as in `FedADMM`; an evicted key's share leaves S
+        through the rebuild sweep.
+    rho_schedule, client_rho, relaxation :
+        Accepted only at their defaults (None, "uniform", 1), as in the legacy class.
+
+    Not supported here: ``uplink``, ``uplink_residual``, ``local_dp`` (ValueError; the
+    legacy `flwr_admm.FedADMMClientDuals` has uplink compression).
+
+    """
+
+    label: ClassVar[str] = STRATEGY
+    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH, NUM_RESYNCED)
+
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = NUM_EXAMPLES,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsAggrFn | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
+        rho: float = 1.0,
+        regularizer: Regularizer | None = None,
+        eps_abs: float = 1e-6,
+        eps_rel: float = 1e-4,
+        stop_on_convergence: bool = False,
+        sampling_seed: int | None = 0,
+        rho_schedule: Any = None,
+        client_rho: str = "uniform",
+        relaxation: float = 1.0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = True,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
+        **planned: Any,
+    ) -> None:
+        refuse_planned(planned, STRATEGY)
+        super().__init__(
+            fedavg={
+                "fraction_train": fraction_train,
+                "fraction_evaluate": fraction_evaluate,
+                "min_train_nodes": min_train_nodes,
+                "min_evaluate_nodes": min_evaluate_nodes,
+                "min_available_nodes": min_available_nodes,
+                "weighted_by_key": weighted_by_key,
+                "arrayrecord_key": arrayrecord_key,
+                "configrecord_key": configrecord_key,
+                "train_metrics_aggr_fn": train_metrics_aggr_fn,
+                "evaluate_metrics_aggr_fn": evaluate_metrics_aggr_fn,
+            },
+            stop_on_convergence=stop_on_convergence,
+            sampling_seed=sampling_seed,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            key_binding=key_binding,
+            max_client_age=max_client_age,
+            max_clients=max_clients,
+        )
+        _check_unsupported(rho_schedule, client_rho, relaxation)
+        if isinstance(rho, bool) or not (
+            isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
+        ):
+            raise ValueError(
+                f"rho: must be a finite number > 0 with client-held duals, got {rho!r}"
+            )
+        if regularizer is not None and not isinstance(regularizer, Regularizer):
+            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
+        for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float) and math.isfinite(value) and value >= 0
+            ):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        self.rho = float(rho)
+        self.regularizer = regularizer
+        self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
+        self.z: Arrays | None = None
+        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
+        self.total_examples = 0  # N = sum_i n_i
+        self.clients: dict[str, ClientEntry] = {}
+        self.sweep = RebuildSweep()  # takes stale shares out of S
+        self._sent: ArrayRecord | None = None  # what we returned last (z in the layout)
+        self._stats = RoundStats()  # of the round being folded in
+        self._resume(resume)
+
+    def __repr__(self) -> str:
+        return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
+
+    def summary(self) -> None:
+        """Log the ADMM settings, then FedAvg's."""
+        log(INFO, "\t├──> FedADMMClientDuals settings (duals held by the nodes):")
+        log(INFO, "\t│\t└── rho: %s, regularizer: %s", self.rho, self.regularizer)
+        super().summary()
+
+    # ------------------------------------------------------------------ train
+    def _train_messages(
+        self, sampled: list[int], arrays: ArrayRecord, user: dict[str, Any], server_round: int
+    ) -> list[Message]:
+        """Send z^k (one record for all), rho, and each node's ack round and rebuild flag."""
+        common = {**user, RHO: self.rho, MODE_KEY: MODE_CLIENT, MESSAGE_SERVER_ROUND: server_round}
+        messages = []
+        for node_id in sampled:
+            key = self.binding.key_of.get(str(node_id))
+            entry = None if key is None else self.clients.get(key)
+            ack = 0 if entry is None else entry.last_round
+            rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
+            config = ConfigRecord({**common, ACK_ROUND: ack, REBUILD: int(rebuild)})
+            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+            messages.append(Message(content, dst_node_id=node_id, message_type=MessageType.TRAIN))
+        return messages
+
+    def _read(self, message: Message) -> ReadReply:
+        assert self.layout is not None
+        return read_reply(
+            message, self.layout, self.weighted_by_key, share_key=SHARE_RECORD, finite=True
+        )
+
+    def _open_round(self, keys: list[str]) -> None:
+        self._stats = RoundStats()
+
+    def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
+        """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
+
+        A full contribution (previous round 0) for a key S holds is a resync: its old
+        share goes stale and the sweep takes it out of S.
+        """
+        assert self.contribution_sum is not None
+        key, metrics, n = reply.key, reply.metrics, reply.num_examples
+        entry = self.clients.get(key)
+        report = protocol_problem(entry, metrics, n)
+        if report is not None:
+            problem, mismatch = report
+            self._reject(key, problem, counts)
+            counts[NUM_STATE_MISMATCH] += mismatch
+            return False
+        full = metrics[PREVIOUS_ROUND] == 0
+        if full and entry is not None:
+            log(INFO, "%s: %s resynchronized (its state was lost)", self.label, key)
+            counts[NUM_RESYNCED] += 1
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        with single_thread_blas():
+            self.sweep.fold(key, self.contribution_sum, reply.arrays, reply.share, full=full)
+        self.total_examples += n - (0 if entry is None else entry.num_examples)
+        self.clients[key] = ClientEntry(n, server_round)
+        self._stats.add(n, metrics)
+        return True
+
+    def _evict(self, keys: list[str]) -> int:
+        """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
+        evicted = 0
+        for key in keys:
+            entry = self.clients.pop(key, None)
+            if entry is None or self.contribution_sum is None:
+                continue
+            evicted += 1
+            self.total_examples -= entry.num_examples
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        self._end_sweep()
+        return evicted
+
+    def _end_sweep(self) -> None:
+        """Set S := S_new once every key the server holds has rebuilt."""
+        rebuilt = self.sweep.finish(self.clients)
+        if rebuilt is not None:
+            self.contribution_sum = rebuilt
+
+    def _discard_round(self) -> dict[str, Any]:
+        return {
+            RHO: self.rho,
+            NUM_CLIENTS_CACHED: len(self.clients),
+            REBUILDING: int(self.sweep.active),
+        }
+
+    def _finish_round(self, server_round: int) -> dict[str, Any]:
+        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals."""
+        self._end_sweep()
+        assert self.z is not None and self.contribution_sum is not None
+        weight = self.total_examples + self.sweep.stale_examples
+        with single_thread_blas():
+            dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
+        metrics, converged = round_residuals(
+            self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
+        )
+        self.converged = converged and not self.sweep.active  # not while S holds a stale share
+        metrics[CONVERGED] = int(self.converged)
+        metrics[NUM_CLIENTS_CACHED] = len(self.clients)
+        return {**metrics, REBUILDING: int(self.sweep.active)}
+
+    # ------------------------------------------------------------------ state
+    def _adopt(self, arrays: ArrayRecord) -> None:
+        """Take the broadcast z as z^k (read unless it is what we returned)."""
+        if arrays is self._sent and self.z is not None:
+            return
+        if self.layout is None:
+            self.layout = Layout.of(arrays)
+        z = self.layout.read(arrays)
+        if self.contribution_sum is None:
+            self.contribution_sum = [np.zeros_like(t) for t in z]
+        self.z = z
+
+    def _broadcast(self) -> ArrayRecord:
+        assert self.z is not None and self.layout is not None
+        self._sent = self.layout.record(self.z)
+        return self._sent
+
+    def _restored_record(self) -> ArrayRecord:
+        return self._broadcast()
+
+    # ------------------------------------------------------------- checkpoints
+    def configuration(self) -> dict[str, Any]:
+        """Return the configuration a checkpoint must agree with (JSON)."""
+        return {
+            "strategy": STRATEGY,
+            "rho": self.rho,
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+        }
+
+    def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
+        assert self.z is not None and self.contribution_sum is not None
+        arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
+        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
+        arrays.update(entry_arrays(self.clients))
+        sweep_arrays, sweep_manifest = self.sweep.state_dict()
+        manifest = {
+            "num_tensors": len(self.z),
+            "total_examples": int(self.total_examples),
+            "keys": list(self.clients),
+            **sweep_manifest,
+        }
+        return {**arrays, **sweep_arrays}, manifest
+
+    def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
+        assert self.layout is not None
+        count = int(manifest["num_tensors"])
+        z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
+        s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
+        shapes = [t.shape for t in z]
+        if [t.shape for t in s] != shapes or shapes != list(self.layout.shapes):
+            raise ValueError("z, S and the model's shapes disagree")
+        clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
+        self.sweep.load_state_dict(arrays, manifest, s)
+        self.z, self.contribution_sum = z, s
+        self.total_examples, self.clients = int(manifest["total_examples"]), clients
+        self._sent = None
