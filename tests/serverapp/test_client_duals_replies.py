@@ -1,0 +1,136 @@
+"""Message-API FedADMMClientDuals: bad replies are rejected and counted, S untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord, RecordDict
+from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
+
+from flwr_admm.serverapp import FedADMMClientDuals
+
+Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "b": np.array(0.0)}
+NODES = [21, 22, 23]
+
+
+def delta(i: int) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 3), 10.0 * (i + 1)), "b": np.array(float(i))}
+
+
+def protocol(i: int, n: int = 10, previous: int = 0, change: int | None = None) -> dict[str, Any]:
+    return {
+        "num-examples": n,
+        "partition-id": i,
+        "admm-previous-round": previous,
+        "admm-examples-change": n if change is None else change,
+        "admm-w-sq-norm": 1.0,
+        "admm-u-sq-norm": 0.0,
+        "admm-resync": 0,
+    }
+
+
+def good(i: int) -> Any:
+    return reply(NODES[i], delta(i), **protocol(i))
+
+
+def started(**kwargs: Any) -> FedADMMClientDuals:
+    strategy = FedADMMClientDuals(rho=0.5, fraction_evaluate=0.0, **kwargs)
+    messages = configure(strategy, 1, named(Z0), FakeGrid(NODES))
+    config = messages[0].content["config"]
+    assert config["admm-duals"] == "client" and config["admm-ack-round"] == 0
+    assert config["admm-rebuild"] == 0 and config["rho"] == 0.5
+    return strategy
+
+
+def bad_replies() -> dict[str, Any]:
+    p = protocol(7)
+    nan = {"w": np.full((2, 3), np.nan), "b": np.array(0.0)}
+    two_metrics = RecordDict({"a": named(delta(0)), "m": MetricRecord(p), "k": MetricRecord(p)})
+    without = {k: v for k, v in p.items() if k != "admm-previous-round"}
+    return {
+        "missing arrays": reply(31, None, **p),
+        "two MetricRecords": raw_reply(32, dict(two_metrics)),
+        "wrong names": reply(33, {"v": delta(0)["w"], "b": delta(0)["b"]}, **p),
+        "wrong shape": reply(34, {"w": np.zeros((3, 2)), "b": np.array(0.0)}, **p),
+        "non-numeric dtype": reply(35, {"w": np.full((2, 3), "x"), "b": np.array(0.0)}, **p),
+        "NaN": reply(36, nan, **p),
+        "no num-examples": reply(37, delta(0), **{k: v for k, v in p.items() if k != "num-examples"}),
+        "zero num-examples": reply(38, delta(0), **{**p, "num-examples": 0}),
+        "no protocol metrics": reply(39, delta(0), **{"num-examples": 10, "partition-id": 9}),
+        "missing previous round": reply(40, delta(0), **without),
+        "NaN share": raw_reply(
+            41, {"arrays": named(delta(0)), "admm-share": named(nan), "m": MetricRecord(p)}
+        ),
+        "state mismatch (claims a round S never held)": reply(
+            42, delta(0), **protocol(8, previous=5, change=0)
+        ),
+    }
+
+
+def test_bad_replies_are_rejected_counted_and_never_touch_s() -> None:
+    strategy = started()
+    bad = bad_replies()
+    replies = [good(0), error_reply(29), *bad.values(), good(1)]
+    z, metrics = strategy.aggregate_train(1, replies)
+    assert z is not None and metrics is not None
+    assert metrics["num_failures"] == 1
+    assert metrics["num_rejected"] == len(bad)
+    assert metrics["num_state_mismatch"] == 1
+    assert metrics["num_replies"] == 2
+    assert strategy.contribution_sum is not None
+    expected = [delta(0)["w"] + delta(1)["w"], delta(0)["b"] + delta(1)["b"]]
+    for ours, theirs in zip(strategy.contribution_sum, expected, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert strategy.total_examples == 20
+    assert sorted(strategy.clients) == ["partition-id:0", "partition-id:1"]
+    np.testing.assert_array_equal(z["w"].numpy(), np.full((2, 3), 1.5, dtype=np.float32))
+    assert z["w"].numpy().dtype == np.float32 and z["b"].numpy().shape == ()
+
+
+@pytest.mark.parametrize("name", list(bad_replies()))
+def test_a_round_of_bad_replies_only_changes_nothing(name: str) -> None:
+    strategy = started()
+    z, metrics = strategy.aggregate_train(1, [bad_replies()[name]])
+    assert z is None and metrics is not None and metrics["num_rejected"] == 1
+    assert strategy.contribution_sum is not None
+    assert all(not t.any() for t in strategy.contribution_sum)
+    assert strategy.clients == {} and strategy.total_examples == 0
+
+
+def test_next_round_acknowledges_what_s_holds() -> None:
+    strategy = started()
+    z, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z is not None
+    messages = configure(strategy, 2, z, FakeGrid(NODES))
+    acks = {m.metadata.dst_node_id: m.content["config"]["admm-ack-round"] for m in messages}
+    assert acks == {21: 1, 22: 1, 23: 0}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"rho": 0.0}, "rho"),
+        ({"rho_schedule": "residual-balancing"}, "rho_schedule"),
+        ({"client_rho": "data_size"}, "client_rho"),
+        ({"relaxation": 1.5}, "relaxation"),
+        ({"eps_abs": -1.0}, "eps_abs"),
+        ({"uplink": None}, "uplink"),
+        ({"local_dp": None}, "local_dp"),
+        ({"max_clients": 0}, "max_clients"),
+        ({"key_binding": "trust"}, "key_binding"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"fraction_train": 1.5}, "fraction_train"),
+    ],
+)
+def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        FedADMMClientDuals(**kwargs)
+
+
+def test_a_checkpoint_before_the_first_round_is_refused(tmp_path: Path) -> None:
+    strategy = FedADMMClientDuals(rho=0.5, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="nothing to save"):
+        strategy.save_checkpoint(tmp_path)
