@@ -1,0 +1,122 @@
+"""Message-API FedADMM and FedADMMClientDuals: exact resume from checkpoints, eviction.
+
+Seed 000's task, 10 nodes, rho 0.1, the ready ClientApp (`ADMMClient`), in process. A
+run stopped after round 6 and resumed from its checkpoint (nodes keep their
+``context.state``, as persistent SuperNodes do) gives the same z sequence, bit for bit,
+as one unbroken run, under partial participation (seeded sampling continues).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flower_run import NUM_CLIENTS, admm_client_fn
+from message_apps import ZRecorder, zeros
+from seed_task import gaps
+
+from flwr_admm.clientapp import make_client_app
+from flwr_admm.server.checkpoint import MANIFEST, CheckpointError
+from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
+from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
+
+CLIENT = {"local_steps": 20, "learning_rate": 1.0}
+SETTINGS = {
+    "rho": 0.1,
+    "fraction_train": 0.5,
+    "min_train_nodes": 5,
+    "min_available_nodes": NUM_CLIENTS,
+    "fraction_evaluate": 0.0,
+    "sampling_seed": 3,
+}
+STRATEGIES = {"FedADMM": FedADMM, "FedADMMClientDuals": FedADMMClientDuals}
+
+
+def grid() -> InProcessGrid:
+    return InProcessGrid(make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS)
+
+
+def run(strategy: Any, on: InProcessGrid, rounds: int) -> np.ndarray:
+    recorder = ZRecorder()
+    run_strategy(strategy, on, zeros(), rounds, evaluate_fn=recorder)
+    return recorder.matrix[1:]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) -> None:
+    factory = STRATEGIES[name]
+    straight = run(factory(**SETTINGS), grid(), 12)
+    nodes = grid()  # persistent: they keep their context.state across the restart
+    first = factory(**SETTINGS, checkpoint_dir=tmp_path, checkpoint_every=3)
+    before = run(first, nodes, 6)
+    second = factory(**SETTINGS, checkpoint_dir=tmp_path, checkpoint_every=3)
+    assert second.last_round == 6
+    after = run(second, nodes, 6)  # a new strategy object, from the files only
+    np.testing.assert_array_equal(np.vstack([before, after]), straight)
+    assert [h["round"] for h in second.history] == list(range(7, 13))
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["round"] == 12 and manifest["names"] == ["0"]
+    assert manifest["configuration"]["strategy"] == name
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_a_checkpoint_of_other_settings_or_damaged_is_refused(name: str, tmp_path: Path) -> None:
+    factory = STRATEGIES[name]
+    run(factory(**SETTINGS, checkpoint_dir=tmp_path), grid(), 2)
+    with pytest.raises(CheckpointError, match="rho: checkpoint 0.1, now 0.2"):
+        factory(**{**SETTINGS, "rho": 0.2}, checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="sampling_seed"):
+        factory(**{**SETTINGS, "sampling_seed": 4}, checkpoint_dir=tmp_path)
+    fresh = factory(**SETTINGS, checkpoint_dir=tmp_path, resume=False)
+    assert fresh.last_round == 0
+    path = tmp_path / MANIFEST
+    path.write_text(path.read_text().replace('"round": 2', '"round": 3'))
+    with pytest.raises(CheckpointError, match="edited or damaged"):
+        factory(**SETTINGS, checkpoint_dir=tmp_path)
+
+
+def test_resume_refuses_initial_arrays_of_another_model(tmp_path: Path) -> None:
+    from flwr.app import ArrayRecord
+
+    run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), grid(), 1)
+    resumed = FedADMM(**SETTINGS, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="initial_arrays"):
+        run_strategy(resumed, grid(), ArrayRecord([np.zeros(3)]), 1)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_max_clients_evicts_the_least_recently_heard(name: str) -> None:
+    strategy = STRATEGIES[name](**{**SETTINGS, "fraction_train": 0.3}, max_clients=6)
+    z = run(strategy, grid(), 30)
+    held = strategy.admm.records if name == "FedADMM" else strategy.clients
+    assert len(held) <= 6
+    assert sum(h["num_evicted"] for h in strategy.history) > 0
+    assert all(h["num_clients_cached"] <= 6 for h in strategy.history)
+    assert np.isfinite(z).all()
+
+
+def test_an_evicted_keys_share_leaves_s() -> None:
+    """Client duals: the sweep takes an evicted key's share out of S exactly."""
+    strategy = FedADMMClientDuals(**{**SETTINGS, "fraction_train": 1.0}, max_client_age=2)
+    nodes = grid()
+    nodes.offline = set()
+    run(strategy, nodes, 4)
+    away = {3, 4}  # nodes 3 and 4 leave: their replies never arrive again
+    nodes.offline = away
+    run(strategy, nodes, 8)
+    assert "partition-id:2" not in strategy.clients and not strategy.sweep.active
+    assert strategy.total_examples == 8 * 500
+    expected = np.zeros(20)
+    from flwr_admm.client.client_duals import load_states
+
+    for node_id, context in nodes.contexts.items():
+        if node_id not in away:
+            kept = load_states(context.state, [(20,)])
+            assert kept.pending is not None
+            expected += kept.pending.share[0]
+    assert strategy.contribution_sum is not None
+    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert gaps(np.array([strategy.z[0]]))[-1] > 0  # optimum of the 8 remaining nodes
