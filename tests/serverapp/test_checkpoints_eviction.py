@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 from flower_run import NUM_CLIENTS, admm_client_fn
+from flwr.app import ArrayRecord
 from message_apps import ZRecorder, zeros
 from seed_task import gaps
 
+from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.server.checkpoint import MANIFEST, CheckpointError
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
@@ -66,7 +68,7 @@ def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) ->
 def test_a_checkpoint_of_other_settings_or_damaged_is_refused(name: str, tmp_path: Path) -> None:
     factory = STRATEGIES[name]
     run(factory(**SETTINGS, checkpoint_dir=tmp_path), grid(), 2)
-    with pytest.raises(CheckpointError, match="rho: checkpoint 0.1, now 0.2"):
+    with pytest.raises(CheckpointError, match=r"rho: checkpoint 0\.1, now 0\.2"):
         factory(**{**SETTINGS, "rho": 0.2}, checkpoint_dir=tmp_path)
     with pytest.raises(CheckpointError, match="sampling_seed"):
         factory(**{**SETTINGS, "sampling_seed": 4}, checkpoint_dir=tmp_path)
@@ -79,8 +81,6 @@ def test_a_checkpoint_of_other_settings_or_damaged_is_refused(name: str, tmp_pat
 
 
 def test_resume_refuses_initial_arrays_of_another_model(tmp_path: Path) -> None:
-    from flwr.app import ArrayRecord
-
     run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), grid(), 1)
     resumed = FedADMM(**SETTINGS, checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="initial_arrays"):
@@ -110,8 +110,6 @@ def test_an_evicted_keys_share_leaves_s() -> None:
     assert "partition-id:2" not in strategy.clients and not strategy.sweep.active
     assert strategy.total_examples == 8 * 500
     expected = np.zeros(20)
-    from flwr_admm.client.client_duals import load_states
-
     for node_id, context in nodes.contexts.items():
         if node_id not in away:
             kept = load_states(context.state, [(20,)])

@@ -50,6 +50,7 @@ def bad_replies() -> dict[str, Any]:
     nan = {"w": np.full((2, 3), np.nan), "b": np.array(0.0)}
     two_metrics = RecordDict({"a": named(delta(0)), "m": MetricRecord(p), "k": MetricRecord(p)})
     without = {k: v for k, v in p.items() if k != "admm-previous-round"}
+    unweighted = {k: v for k, v in p.items() if k != "num-examples"}
     return {
         "missing arrays": reply(31, None, **p),
         "two MetricRecords": raw_reply(32, dict(two_metrics)),
