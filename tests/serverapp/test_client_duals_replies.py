@@ -58,9 +58,7 @@ def bad_replies() -> dict[str, Any]:
         "wrong shape": reply(34, {"w": np.zeros((3, 2)), "b": np.array(0.0)}, **p),
         "non-numeric dtype": reply(35, {"w": np.full((2, 3), "x"), "b": np.array(0.0)}, **p),
         "NaN": reply(36, nan, **p),
-        "no num-examples": reply(
-            37, delta(0), **{k: v for k, v in p.items() if k != "num-examples"}
-        ),
+        "no num-examples": reply(37, delta(0), **unweighted),
         "zero num-examples": reply(38, delta(0), **{**p, "num-examples": 0}),
         "no protocol metrics": reply(39, delta(0), **{"num-examples": 10, "partition-id": 9}),
         "missing previous round": reply(40, delta(0), **without),
