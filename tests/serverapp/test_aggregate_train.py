@@ -187,3 +187,16 @@ def test_a_key_whose_node_left_starts_fresh_under_the_new_node() -> None:
     assert metrics["num_replies"] == 2
     assert strategy.binding.node_of["partition-id:0"] == "99"
     assert strategy.admm.records["partition-id:0"].num_examples == 5
+
+
+def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
+    strategy = started(key_binding="reported")
+    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z1 is not None and strategy.admm is not None
+    configure(strategy, 2, z1, FakeGrid(NODES))
+    moved = reply(NODES[3], w_of(3), **{"num-examples": 5, "partition-id": 0})
+    _, metrics = strategy.aggregate_train(2, [moved, good(1)])
+    assert metrics is not None
+    assert metrics["num_key_conflicts"] == 0 and metrics["num_replies"] == 2
+    assert metrics["num_evicted"] == 0  # the key keeps its dual under the new node
+    assert strategy.admm.records["partition-id:0"].num_examples == 5
