@@ -165,10 +165,11 @@ def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
             arrays.pop(name, None)
         records.config_records.pop(slot.meta, None)
         return
-    arrays[slot.w] = ArrayRecord([t.copy() for t in state.w])
-    arrays[slot.u] = ArrayRecord([t.copy() for t in state.u])
+    # np.array, not .copy(): w + u of 0-d tensors is a numpy scalar, which ArrayRecord refuses
+    arrays[slot.w] = ArrayRecord([np.array(t) for t in state.w])
+    arrays[slot.u] = ArrayRecord([np.array(t) for t in state.u])
     if state.residual is not None:
-        arrays[slot.residual] = ArrayRecord([t.copy() for t in state.residual])
+        arrays[slot.residual] = ArrayRecord([np.array(t) for t in state.residual])
     else:
         arrays.pop(slot.residual, None)
     records.config_records[slot.meta] = ConfigRecord(

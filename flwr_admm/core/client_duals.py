@@ -51,7 +51,7 @@ class DualState:
     def share(self) -> Arrays:
         """Return sigma_i = n_i c_i - e_i, this client's exact part of S."""
         n = float(self.num_examples)
-        share = [n * (w + u) for w, u in zip(self.w, self.u, strict=True)]
+        share = [np.asarray(n * (w + u)) for w, u in zip(self.w, self.u, strict=True)]
         if self.residual is not None:
             for total, residual in zip(share, self.residual, strict=True):
                 total -= residual
@@ -107,7 +107,9 @@ def contribution_change(
     state: DualState | None, w: Arrays, dual: Arrays, num_examples: int
 ) -> Arrays:
     """Return Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
-    change = [float(num_examples) * (a + u) for a, u in zip(w, dual, strict=True)]
+    # np.asarray: for a 0-d tensor the product is a numpy scalar, which `-=` below would
+    # rebind instead of updating in place.
+    change = [np.asarray(float(num_examples) * (a + u)) for a, u in zip(w, dual, strict=True)]
     if state is not None:
         for delta, old in zip(change, state.contribution, strict=True):
             delta -= float(state.num_examples) * old

@@ -115,3 +115,54 @@ def test_a_non_finite_w_is_not_kept_as_warm_start() -> None:
     kept = warm_start(ctx, CENTER)
     assert kept is not None
     np.testing.assert_array_equal(kept["fc.bias"], trained(1.0)["fc.bias"])
+
+
+# ------------------------------------------------------------- client-held duals
+def duals_message(server_round: int, ack: int, rebuild: int = 0, **extra: Any) -> Message:
+    config = {"rho": 0.5, "admm-duals": "client", "server-round": server_round}
+    config.update({"admm-ack-round": ack, "admm-rebuild": rebuild, **extra})
+    return train_message(**config)
+
+
+def test_client_held_duals_round_trip_by_hand() -> None:
+    """Round 1 fresh, round 2 acknowledged: u = w1 - z2, Delta = n(w2 + u) - n(w1 + 0)."""
+    ctx = context()
+    z = {n: np.asarray(a, dtype=np.float64) for n, a in CENTER.items()}
+    first = ADMMTrainStep.from_message(duals_message(1, 0), ctx)
+    assert first.duals is not None and first.previous is None
+    w1 = trained(1.0)
+    reply = first.reply(w1, 10, {"loss": 0.5}, ctx)
+    metrics = reply.content["metrics"]
+    assert metrics["admm-previous-round"] == 0 and metrics["admm-examples-change"] == 10
+    assert metrics["num-examples"] == 10 and metrics["partition-id"] == 4
+    assert "admm-share" not in reply.content.array_records
+    for name in CENTER:
+        sent = reply.content["arrays"][name].numpy()
+        assert sent.dtype == np.float64  # a change of a sum, never cast to float32/int64
+        np.testing.assert_array_equal(sent, 10 * w1[name])
+    second = ADMMTrainStep.from_message(duals_message(2, 1, rebuild=1), ctx)
+    assert second.previous is not None
+    for name in CENTER:
+        u = w1[name] - z[name]  # u += w1 - z^2 (z unchanged here)
+        np.testing.assert_array_equal(second.center[name], z[name] - u)
+        np.testing.assert_array_equal(second.start()[name], w1[name])
+    w2 = trained(2.0)
+    reply = second.reply(w2, 10, None, ctx)
+    assert reply.content["metrics"]["admm-previous-round"] == 1
+    assert "admm-delayed-sq-residual" in reply.content["metrics"]
+    for name in CENTER:
+        u = w1[name] - z[name]
+        change = reply.content["arrays"][name].numpy()
+        np.testing.assert_allclose(change, 10 * (w2[name] + u) - 10 * w1[name], rtol=1e-12)
+        share = reply.content["admm-share"][name].numpy()
+        np.testing.assert_allclose(share, 10 * (w2[name] + u), rtol=1e-12)
+
+
+def test_client_held_duals_refuse_what_they_cannot_do() -> None:
+    with pytest.raises(ValueError, match="rho > 0"):
+        ADMMTrainStep.from_message(duals_message(1, 0, rho=0.0), context())
+    with pytest.raises(ValueError, match="admm-ack-round"):
+        ADMMTrainStep.from_message(duals_message(1, -1), context())
+    step = ADMMTrainStep.from_message(duals_message(1, 0), context())
+    with pytest.raises(ValueError, match="context"):
+        step.reply(trained(1.0), 10)
