@@ -1,6 +1,7 @@
 """The app's Message-API server side (``api = "message"``): Flower's ``Strategy.start``.
 
-`run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``) or Flower's
+`run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``),
+`flwr_admm.serverapp.FedADMMClientDuals` (``fedadmm-client-duals``) or Flower's
 Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) with the same sampling
 sizes, fit config, initial model and centralized evaluation as the legacy path, and
 records the same per-round JSON/CSV through `RunRecorder`: the strategy class is
@@ -23,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from flwr_admm import Geometric, make_schedule
 from flwr_admm.data import Task
-from flwr_admm.serverapp import FedADMM
+from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 
 from .evaluation import Evaluator
 from .recorder import (
@@ -134,7 +135,10 @@ class RecordingMixin:
             "num_failures": len(failures),
             "bytes_up": sum(_record_bytes(m.content) for m in ordered),
             "round_seconds": time.perf_counter() - self._round_start,
-            "client_drift": weighted_drift(
+            # FedADMMClientDuals' replies are contribution changes, not models.
+            "client_drift": None
+            if isinstance(self, FedADMMClientDuals)
+            else weighted_drift(
                 z,
                 [
                     (int(_metrics_of(m.content).get(NUM_EXAMPLES, 0)), _arrays_of(m.content))
@@ -153,6 +157,10 @@ class RecordingMixin:
 
 class RecordingFedADMM(RecordingMixin, FedADMM):
     """`flwr_admm.serverapp.FedADMM`, recorded."""
+
+
+class RecordingFedADMMClientDuals(RecordingMixin, FedADMMClientDuals):
+    """`flwr_admm.serverapp.FedADMMClientDuals`, recorded."""
 
 
 class RecordingFedAvg(RecordingMixin, FedAvg):
@@ -190,6 +198,10 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
             relaxation=settings.relaxation,
             sampling_seed=settings.seed,
             **common,
+        )
+    elif settings.strategy == "fedadmm-client-duals":
+        strategy = RecordingFedADMMClientDuals(
+            rho=settings.rho, sampling_seed=settings.seed, **common
         )
     elif settings.strategy == "fedprox":
         strategy = RecordingFedProx(proximal_mu=settings.proximal_mu, **common)

@@ -26,7 +26,7 @@ from flwr_admm.server.identity import KEY_BINDINGS
 
 STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 APIS = ("message", "legacy")
-LEGACY_ONLY_STRATEGIES = ("fedadmm-client-duals", "fednova")
+LEGACY_ONLY_STRATEGIES = ("fednova",)
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 
 DEFAULTS: dict[str, Any] = {

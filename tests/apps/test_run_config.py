@@ -40,10 +40,6 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"api": 1}, ["'api'", "'message'", "'legacy'"]),
         ({"api": "message", "key-binding": "reported"}, ["'key-binding'", "'node'", "api=legacy"]),
         ({"api": "message", "strategy": "fednova"}, ["'fednova'", "legacy API", "api=legacy"]),
-        (
-            {"api": "message", "strategy": "fedadmm-client-duals"},
-            ["'fedadmm-client-duals'", "api=legacy"],
-        ),
         ({"task": "nope"}, ["'task'", "seed-logreg"]),
         ({"num-server-rounds": 0}, ["'num-server-rounds'", ">= 1"]),
         ({"num-server-rounds": 2.5}, ["'num-server-rounds'"]),
