@@ -123,3 +123,6 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
 # Message-API client-held duals: the reply's ArrayRecord of the full share sigma_i'
 # (sent with ``admm-rebuild = 1``), next to Delta_i under ``arrays`` (arrayrecord_key).
 SHARE_RECORD = "admm-share"
+# ... and, with uplink compression, the compressed Delta_i instead of ``arrays``: one
+# uint8 tensor of payload bytes per model tensor, under the model's names.
+PAYLOAD_RECORD = "admm-payload"

@@ -80,13 +80,21 @@ def make_client_app(
         received = received_arrays(message, arrayrecord_key)
         params = [np.asarray(a, dtype=np.float64) for a in received.values()]
         config = legacy_config(_config(message, configrecord_key))
-        arrays, num_examples, metrics = client_fn(context).fit(params, config)
+        client = client_fn(context)
+        arrays, num_examples, metrics = client.fit(params, config)
         if client_held(config):  # Delta_i (and sigma_i'); the client kept its states
             names, count = list(received), len(received)
             share = list(arrays[count:]) if len(arrays) == 2 * count else None
             reported = {**_numeric(metrics), NUM_EXAMPLES: int(num_examples)}
-            change, key = list(arrays[:count]), arrayrecord_key
-            return duals_reply(message, names, change, share, reported, arrayrecord_key=key)
+            return duals_reply(
+                message,
+                names,
+                list(arrays[:count]),
+                share,
+                reported,
+                arrayrecord_key=arrayrecord_key,
+                payload=getattr(client, "uplink_payload", None),  # compressed Delta_i
+            )
         return build_reply(
             message,
             arrays,

@@ -23,12 +23,21 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Parameters
 from numpy.typing import NDArray
 
 from flwr_admm.client.client_duals import KeptDuals, load_states, reply_metrics, save_states
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.types import Arrays
-from flwr_admm.protocol import ACK_ROUND, MODE_CLIENT, MODE_KEY, NUM_EXAMPLES, REBUILD, SHARE_RECORD
+from flwr_admm.protocol import (
+    ACK_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
+    NUM_EXAMPLES,
+    PAYLOAD_RECORD,
+    REBUILD,
+    SHARE_RECORD,
+)
 
 __all__ = ["DualsRound", "ack_round", "client_held", "duals_reply"]
 
@@ -56,12 +65,25 @@ def duals_reply(
     metrics: Mapping[str, Any],
     *,
     arrayrecord_key: str = "arrays",
+    payload: Parameters | None = None,
 ) -> Message:
-    """Return the reply: Delta_i (float64) under `names`, sigma_i' under ``admm-share``."""
+    """Return the reply: Delta_i (float64) under `names`, sigma_i' under ``admm-share``.
+
+    With a compressed `payload` (`ADMMClient` under ``uplink``), its first tensors go
+    under ``admm-payload`` instead of Delta_i: one uint8 tensor of bytes per name.
+    """
     records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {
-        arrayrecord_key: _named(names, change),
-        "metrics": MetricRecord(dict(metrics)),
+        "metrics": MetricRecord(dict(metrics))
     }
+    if payload is None:
+        records[arrayrecord_key] = _named(names, change)
+    else:
+        records[PAYLOAD_RECORD] = ArrayRecord(
+            {
+                n: Array(np.frombuffer(bytes(t), dtype=np.uint8))
+                for n, t in zip(names, payload.tensors[: len(names)], strict=True)
+            }
+        )
     if share is not None:
         records[SHARE_RECORD] = _named(names, share)
     return Message(RecordDict(records), reply_to=message)

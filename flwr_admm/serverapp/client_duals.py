@@ -9,7 +9,14 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -26,13 +33,14 @@ from flwr_admm.protocol import (
     NUM_EXAMPLES,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
+    PAYLOAD_RECORD,
     PREVIOUS_ROUND,
     REBUILD,
     REBUILDING,
     RHO,
     SHARE_RECORD,
 )
-from flwr_admm.server.client_duals import STRATEGY, _check_unsupported
+from flwr_admm.server.client_duals import STRATEGY, _check_unsupported, _checked_uplink
 from flwr_admm.server.client_duals_replies import (
     ClientEntry,
     RoundStats,
@@ -45,7 +53,10 @@ from flwr_admm.server.client_duals_replies import (
 from flwr_admm.server.client_duals_sweep import RebuildSweep
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
+from flwr_admm.serverapp.payloads import decoded
 from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+from flwr_admm.uplink.channel import UplinkChannel
+from flwr_admm.uplink.compression import Compressor
 
 __all__ = ["FedADMMClientDuals"]
 
@@ -103,11 +114,16 @@ class FedADMMClientDuals(ConsensusStrategy):
     key_binding, max_client_age, max_clients :
         Identity and eviction as in `FedADMM`; an evicted key's share leaves S
         through the rebuild sweep.
+    uplink : Compressor, optional
+        Uplink compression of Delta_i with error feedback, as in the legacy class (each
+        node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i). The node sends the
+        payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
+        instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1), as in the legacy class.
 
-    Not supported here: ``uplink``, ``uplink_residual``, ``local_dp`` (ValueError; the
-    legacy `flwr_admm.FedADMMClientDuals` has uplink compression).
+    Not supported: ``uplink_residual`` and ``local_dp`` (ValueError), as in the legacy
+    class.
 
     """
 
@@ -139,6 +155,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
+        uplink: Compressor | None = None,
         key_binding: str = "node",
         max_client_age: int | None = None,
         max_clients: int | None = None,
@@ -180,6 +197,7 @@ class FedADMMClientDuals(ConsensusStrategy):
                 isinstance(value, int | float) and math.isfinite(value) and value >= 0
             ):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        self.channel = UplinkChannel(_checked_uplink(uplink))
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -206,7 +224,14 @@ class FedADMMClientDuals(ConsensusStrategy):
         self, sampled: list[int], arrays: ArrayRecord, user: dict[str, Any], server_round: int
     ) -> list[Message]:
         """Send z^k (one record for all), rho, and each node's ack round and rebuild flag."""
-        common = {**user, RHO: self.rho, MODE_KEY: MODE_CLIENT, MESSAGE_SERVER_ROUND: server_round}
+        common = {
+            **user,
+            **self.channel.config(),
+            RHO: self.rho,
+            MODE_KEY: MODE_CLIENT,
+            MESSAGE_SERVER_ROUND: server_round,
+        }
+        self.channel.sampled(len(sampled), len(sampled))  # resets the round's byte count
         messages = []
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
@@ -219,7 +244,16 @@ class FedADMMClientDuals(ConsensusStrategy):
         return messages
 
     def _read(self, message: Message) -> ReadReply:
+        """Read Delta_i (decoded from ``admm-payload`` when compressed) and sigma_i'."""
         assert self.layout is not None
+        try:
+            z = self.z
+            assert z is not None
+            message = decoded(message, self.layout, self.channel, lambda: z, self.arrayrecord_key)
+        except Exception as error:  # a malformed payload must not stop the server
+            node_id = int(message.metadata.src_node_id)
+            problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
+            return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
         return read_reply(
             message, self.layout, self.weighted_by_key, share_key=SHARE_RECORD, finite=True
         )
@@ -278,6 +312,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             RHO: self.rho,
             NUM_CLIENTS_CACHED: len(self.clients),
             REBUILDING: int(self.sweep.active),
+            **self.channel.round_metrics(aggregated=False),
         }
 
     def _finish_round(self, server_round: int) -> dict[str, Any]:
@@ -293,7 +328,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
-        return {**metrics, REBUILDING: int(self.sweep.active)}
+        uplink = self.channel.round_metrics(aggregated=True)
+        return {**metrics, REBUILDING: int(self.sweep.active), **uplink}
 
     # ------------------------------------------------------------------ state
     def _adopt(self, arrays: ArrayRecord) -> None:
@@ -324,6 +360,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
+            "uplink": None if self.channel.compressor is None else self.channel.compressor.config(),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:

@@ -32,7 +32,8 @@ def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> No
         if name in PLANNED:
             raise ValueError(
                 f"{name}: not supported by flwr_admm.serverapp.{strategy} yet (planned); "
-                f"use the legacy flwr_admm.{strategy} for uplink compression and local DP"
+                "the legacy flwr_admm.FedADMM has uplink compression, uplink_residual "
+                "and local DP"
             )
         raise TypeError(f"{strategy}() got an unexpected keyword argument {name!r}")
 

@@ -18,6 +18,7 @@ from message_apps import ZRecorder, zeros
 from message_duals import steps_app
 
 import flwr_admm
+from flwr_admm import StochasticQuantizer, TopK
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -81,3 +82,37 @@ def test_a_users_handler_with_admm_train_step_gives_the_same_z_sequence() -> Non
     _, z_legacy = legacy_run(CASES["partial participation"])
     _, z_steps = message_run(CASES["partial participation"], steps_app)
     np.testing.assert_array_equal(z_steps, z_legacy)
+
+
+@pytest.mark.parametrize(
+    "compressor", [StochasticQuantizer(bits=8), TopK(fraction=0.25)], ids=["8-bit", "top-25%"]
+)
+def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any) -> None:
+    case = CASES["partial participation"]
+    legacy, recorder, _ = run_seed(
+        flwr_admm.FedADMMClientDuals,
+        ROUNDS,
+        client_kwargs=CLIENT,
+        rho=0.1,
+        fraction_fit=case["fraction"],
+        min_fit_clients=case["minimum"],
+        min_available_clients=NUM_CLIENTS,
+        sampling_seed=case["seed"],
+        uplink=compressor,
+    )
+    recorder_message = ZRecorder()
+    message = FedADMMClientDuals(
+        rho=0.1,
+        fraction_train=case["fraction"],
+        min_train_nodes=case["minimum"],
+        min_available_nodes=NUM_CLIENTS,
+        fraction_evaluate=0.0,
+        sampling_seed=case["seed"],
+        uplink=compressor,
+    )
+    grid = InProcessGrid(make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS)
+    run_strategy(message, grid, zeros(), ROUNDS, evaluate_fn=recorder_message)
+    np.testing.assert_array_equal(recorder_message.matrix[1:], recorder.matrix)
+    sent = [h["uplink_bytes"] for h in message.history]
+    assert sent == [h["uplink_bytes"] for h in legacy.history]
+    assert all(b < 3 * 20 * 8 for b in sent)  # 3 nodes, well under float64's 20 x 8 bytes

@@ -16,6 +16,7 @@ from message_apps import ZRecorder, zeros
 from message_duals import FaultyGrid
 from seed_task import first_round_below, gaps
 
+from flwr_admm import StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMMClientDuals
@@ -87,3 +88,20 @@ def test_lost_state_under_partial_participation() -> None:
     rebuilding = [h["round"] for h in strategy.history if h["rebuilding"]]
     assert rebuilding == [10, 11, 12, 13]  # until every key was sampled once
     assert gaps(z)[-1] <= 1e-9
+
+
+def test_lost_state_under_8_bit_compression_keeps_s_the_sum_of_shares() -> None:
+    """S = sum_i (n_i c_i - e_i): the sweep's full shares follow the compressed changes."""
+    strategy, z, grid = run({6: {4: "wipe"}}, uplink=StochasticQuantizer(bits=8))
+    assert strategy.history[3]["num_resynced"] == 1
+    assert [h["rebuilding"] for h in strategy.history[2:6]] == [0, 1, 0, 0]
+    assert reached(z) == 17  # the legacy strategy's round with 8 bits and this wipe
+    assert quiet_after(strategy, 0)
+    expected = np.zeros(20)
+    for context in grid.contexts.values():
+        kept = load_states(context.state, [(20,)])
+        assert kept.pending is not None and kept.pending.residual is not None
+        expected += kept.pending.share[0]
+    assert strategy.contribution_sum is not None
+    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert all(h["uplink_bytes"] < 10 * 20 * 8 for h in strategy.history)

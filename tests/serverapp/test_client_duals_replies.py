@@ -10,6 +10,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 
+from flwr_admm import StochasticQuantizer
 from flwr_admm.serverapp import FedADMMClientDuals
 
 Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "b": np.array(0.0)}
@@ -118,7 +119,9 @@ def test_next_round_acknowledges_what_s_holds() -> None:
         ({"client_rho": "data_size"}, "client_rho"),
         ({"relaxation": 1.5}, "relaxation"),
         ({"eps_abs": -1.0}, "eps_abs"),
-        ({"uplink": None}, "uplink"),
+        ({"uplink": "8-bit"}, "uplink"),
+        ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "error_feedback"),
+        ({"uplink_residual": "dual"}, "uplink_residual"),
         ({"local_dp": None}, "local_dp"),
         ({"max_clients": 0}, "max_clients"),
         ({"key_binding": "trust"}, "key_binding"),
@@ -135,3 +138,30 @@ def test_a_checkpoint_before_the_first_round_is_refused(tmp_path: Path) -> None:
     strategy = FedADMMClientDuals(rho=0.5, checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="nothing to save"):
         strategy.save_checkpoint(tmp_path)
+
+
+def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
+    strategy = started(uplink=StochasticQuantizer(bits=8))
+    quantizer = StochasticQuantizer(bits=8)
+    good_payload = quantizer.encode(list(delta(0).values()), np.random.default_rng(0))
+    tensors = [np.frombuffer(t, dtype=np.uint8) for t in good_payload.tensors]
+    p = protocol(0)
+
+    def payload_reply(node: int, arrays: dict[str, np.ndarray]) -> Any:
+        return raw_reply(node, {"admm-payload": named(arrays), "m": MetricRecord(p)})
+
+    bad = [
+        payload_reply(31, {"w": tensors[0][:-3], "b": tensors[1]}),  # truncated
+        payload_reply(32, {"v": tensors[0], "b": tensors[1]}),  # other names
+        payload_reply(33, {"w": tensors[0].astype(np.float64), "b": tensors[1]}),  # not bytes
+    ]
+    z, metrics = strategy.aggregate_train(
+        1, [*bad, payload_reply(21, {"w": tensors[0], "b": tensors[1]})]
+    )
+    assert z is not None and metrics is not None
+    assert metrics["num_rejected"] == 3 and metrics["num_replies"] == 1
+    assert metrics["uplink_bytes"] > 0
+    decoded = quantizer.decode(good_payload, [(2, 3), ()])
+    assert strategy.contribution_sum is not None
+    for ours, theirs in zip(strategy.contribution_sum, decoded, strict=True):
+        np.testing.assert_array_equal(ours, theirs)

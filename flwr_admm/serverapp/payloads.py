@@ -1,0 +1,64 @@
+"""Compressed uplink payloads on the Message API (`FedADMMClientDuals` with ``uplink``).
+
+A node that compresses Delta_i (`flwr_admm.uplink`, error feedback) sends the payload
+under ``admm-payload``: one 1-d uint8 tensor of the compressor's bytes per model
+tensor, under the model's names, in place of the float64 Delta_i under ``arrays``.
+`decoded` turns such a reply back into the plain form (Delta_i = decode(payload),
+float64, under ``arrays``), so the usual reply checks apply to it, and counts the
+uplink bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.common import Parameters
+
+from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import PAYLOAD_RECORD
+from flwr_admm.serverapp.records import Layout
+from flwr_admm.uplink.channel import UplinkChannel
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
+
+__all__ = ["decoded"]
+
+
+def decoded(
+    message: Message,
+    layout: Layout,
+    channel: UplinkChannel,
+    like: Callable[[], Arrays],
+    arrayrecord_key: str,
+) -> Message:
+    """Return `message` with ``admm-payload`` decoded into Delta_i under `arrayrecord_key`.
+
+    A reply without a payload is returned as it is (its bytes counted when the
+    channel compresses). `like()` gives the model's shapes. Raises ValueError (or what
+    the compressor raises) for a payload with other names, a tensor that is not 1-d
+    uint8, or bytes the compressor cannot read.
+    """
+    content = message.content
+    payload = content.array_records.get(PAYLOAD_RECORD)
+    compressor = channel.compressor
+    if payload is None or compressor is None:
+        plain = content.array_records.get(arrayrecord_key)
+        if compressor is not None and plain is not None:  # counted in uplink_bytes
+            channel.decode(Parameters([a.data for a in plain.values()], NUMPY_TENSOR_TYPE), like)
+        return message
+    if list(payload.keys()) != list(layout.names):
+        raise ValueError(f"tensors {list(payload.keys())}, expected {list(layout.names)}")
+    tensors = [payload[name].numpy() for name in layout.names]
+    if any(t.dtype != np.uint8 or t.ndim != 1 for t in tensors):
+        raise ValueError("payload tensors must be 1-d uint8")
+    packed = Parameters([t.tobytes() for t in tensors], compressor.tensor_type)
+    change = channel.decode(packed, like, add_center=False)  # Delta_i = decode(payload)
+    records = {name: record for name, record in content.items() if name != PAYLOAD_RECORD}
+    records[arrayrecord_key] = ArrayRecord(
+        {
+            name: Array(np.asarray(t, dtype=np.float64))
+            for name, t in zip(layout.names, change, strict=True)
+        }
+    )
+    return Message(content=RecordDict(records), metadata=message.metadata)  # type: ignore[call-overload,no-any-return]
