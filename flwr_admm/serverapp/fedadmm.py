@@ -28,6 +28,7 @@ from flwr_admm.protocol import (
     MESSAGE_SERVER_ROUND,
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
+    NUM_RESYNCED,
     RHO,
 )
 from flwr_admm.server.report import report_metrics
@@ -118,6 +119,7 @@ class FedADMM(ConsensusStrategy):
     """
 
     label: ClassVar[str] = "FedADMM"
+    counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
 
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
@@ -184,6 +186,7 @@ class FedADMM(ConsensusStrategy):
             relaxation=relaxation,
         )
         self.admm: ConsensusADMM | None = None
+        self._sent_key: dict[str, str | None] = {}  # node id -> key whose center it got
         self._resume(resume)
 
     def summary(self) -> None:
@@ -204,6 +207,7 @@ class FedADMM(ConsensusStrategy):
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
+            self._sent_key[str(node_id)] = key if key in admm.records else None
             payload = arrays if center is admm.z else self._record(center)
             node_config = ConfigRecord(
                 {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
@@ -229,6 +233,14 @@ class FedADMM(ConsensusStrategy):
         """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
         assert self.admm is not None
         r = reply
+        if self.admm.rho > 0 and r.key in self.admm.records:
+            if self._sent_key.get(str(r.node_id)) != r.key:
+                # It trained around a center that was not its own (key_binding="reported",
+                # a new node id): keep its dual and cached share, send its center next round.
+                log(INFO, "FedADMM: %s re-identified under node %s; resynced", r.key, r.node_id)
+                self.binding.bind(r.key, str(r.node_id), self._clock)
+                counts[NUM_RESYNCED] += 1
+                return False
         try:
             self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
         except NonFiniteReplyError:  # found while folding it in; state rolled back
@@ -249,6 +261,8 @@ class FedADMM(ConsensusStrategy):
         return {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
 
     def _evict(self, keys: list[str]) -> int:
+        gone = set(keys)
+        self._sent_key = {n: None if k in gone else k for n, k in self._sent_key.items()}
         return 0 if self.admm is None else len(self.admm.evict(keys))
 
     # ------------------------------------------------------------------ state

@@ -190,13 +190,22 @@ def test_a_key_whose_node_left_starts_fresh_under_the_new_node() -> None:
 
 
 def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
+    """A key under a new node keeps its dual; the round it trained around z is resynced."""
     strategy = started(key_binding="reported")
     z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
     assert z1 is not None and strategy.admm is not None
-    configure(strategy, 2, z1, FakeGrid(NODES))
+    y_before = strategy.admm.records["partition-id:0"].y[0].copy()
+    configure(strategy, 2, z1, FakeGrid(NODES))  # NODES[3] is unknown: it gets z
     moved = reply(NODES[3], w_of(3), **{"num-examples": 5, "partition-id": 0})
-    _, metrics = strategy.aggregate_train(2, [moved, good(1)])
-    assert metrics is not None
-    assert metrics["num_key_conflicts"] == 0 and metrics["num_replies"] == 2
-    assert metrics["num_evicted"] == 0  # the key keeps its dual under the new node
+    z2, metrics = strategy.aggregate_train(2, [moved, good(1)])
+    assert metrics is not None and z2 is not None
+    assert metrics["num_key_conflicts"] == 0 and metrics["num_evicted"] == 0
+    assert metrics["num_resynced"] == 1 and metrics["num_replies"] == 1
+    np.testing.assert_array_equal(strategy.admm.records["partition-id:0"].y[0], y_before)
+    messages = configure(strategy, 3, z2, FakeGrid(NODES))
+    center = strategy.admm.center("partition-id:0")
+    sent = next(m for m in messages if m.metadata.dst_node_id == NODES[3])
+    np.testing.assert_allclose(sent.content["arrays"]["w"].numpy(), center[0], rtol=1e-6)
+    _, metrics = strategy.aggregate_train(3, [moved, good(1)])
+    assert metrics is not None and metrics["num_replies"] == 2 and metrics["num_resynced"] == 0
     assert strategy.admm.records["partition-id:0"].num_examples == 5
