@@ -37,6 +37,7 @@ from flwr_admm.protocol import (
     PROXIMAL_MU,
     SERVER_ROUND,
 )
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
 __all__ = ["legacy_config", "make_client_app"]
 
@@ -95,6 +96,11 @@ def make_client_app(
                 arrayrecord_key=arrayrecord_key,
                 payload=getattr(client, "uplink_payload", None),  # compressed Delta_i
             )
+        payload = getattr(client, "uplink_payload", None)
+        if payload is not None and payload.tensor_type != NUMPY_TENSOR_TYPE:  # compressed
+            reported = {**_numeric(metrics), NUM_EXAMPLES: int(num_examples)}
+            names = list(received)
+            return duals_reply(message, names, [], None, reported, payload=payload)
         return build_reply(
             message,
             arrays,

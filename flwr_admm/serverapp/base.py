@@ -107,6 +107,7 @@ class ConsensusStrategy(FedAvg):
         self._clock = 0  # rounds begun, continuing after a resume
         self._evicted = 0  # keys evicted since this round's configure_train
         self._restored = False  # a checkpoint was loaded and its z not yet sent
+        self.population = 0  # nodes connected at the last train sampling
 
     def _resume(self, resume: bool) -> None:
         """Load the checkpoint in `checkpoint_dir` if `resume` (last step of ``__init__``)."""
@@ -254,6 +255,7 @@ class ConsensusStrategy(FedAvg):
         size = max(int(len(node_ids) * fraction), minimum)
         if train:
             self.binding.connected(str(n) for n in node_ids)
+            self.population = len(node_ids)  # for a privacy ledger's sampling rate
         key_of = self.binding.key_of
         sampled = sample_ids(node_ids, size, server_round, self.sampling_seed, key_of)
         log(INFO, "%s: sampled %s nodes (out of %s)", self.label, len(sampled), len(node_ids))

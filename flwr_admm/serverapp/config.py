@@ -13,8 +13,9 @@ from flwr_admm.server.sampling import check_sampling_seed, check_sizes
 
 __all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
 
-# Keywords of the legacy strategies the Message-API ones do not support (yet).
-PLANNED = ("uplink", "uplink_residual", "local_dp")
+# Keywords of the legacy strategies a Message-API one does not support (client-held
+# duals: `FedADMMClientDuals` refuses them on both APIs).
+PLANNED = ("uplink_residual", "local_dp")
 
 
 def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> None:
@@ -31,9 +32,8 @@ def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> No
     for name in sorted(keywords):
         if name in PLANNED:
             raise ValueError(
-                f"{name}: not supported by flwr_admm.serverapp.{strategy} yet (planned); "
-                "the legacy flwr_admm.FedADMM has uplink compression, uplink_residual "
-                "and local DP"
+                f"{name}: not supported by flwr_admm.serverapp.{strategy} (client-held "
+                "duals); use flwr_admm.serverapp.FedADMM"
             )
         raise TypeError(f"{strategy}() got an unexpected keyword argument {name!r}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from logging import INFO
 from typing import Any, ClassVar
 
@@ -29,12 +30,16 @@ from flwr_admm.protocol import (
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
     NUM_RESYNCED,
+    PAYLOAD_RECORD,
     RHO,
 )
 from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
-from flwr_admm.serverapp.config import refuse_planned
+from flwr_admm.serverapp.payloads import decoded
 from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+from flwr_admm.uplink.channel import Residual, UplinkChannel
+from flwr_admm.uplink.compression import Compressor
+from flwr_admm.uplink.privacy import LocalDP
 
 __all__ = ["FedADMM"]
 
@@ -106,8 +111,12 @@ class FedADMM(ConsensusStrategy):
         `max_client_age` rounds, or the least recently heard beyond `max_clients`,
         are evicted (their w_i and dual leave the sums).
 
-    Not supported here (use the legacy `flwr_admm.FedADMM`): uplink compression
-    (``uplink``, ``uplink_residual``) and local DP (``local_dp``): ValueError.
+    uplink, uplink_residual, local_dp :
+        Uplink compression and local DP as in the legacy `flwr_admm.FedADMM`
+        (`flwr_admm.uplink`): nodes send the compressed w_i - v_i under
+        ``admm-payload`` (one uint8 tensor of bytes per model tensor) and the server
+        rebuilds w_i = v_i + decode(payload); ``uplink_bytes`` and, with noise,
+        ``dp_epsilon`` are reported every round.
 
     Attributes
     ----------
@@ -152,9 +161,13 @@ class FedADMM(ConsensusStrategy):
         key_binding: str = "node",
         max_client_age: int | None = None,
         max_clients: int | None = None,
-        **planned: Any,
+        uplink: Compressor | None = None,
+        uplink_residual: Residual = "update",
+        local_dp: LocalDP | None = None,
+        **unknown: Any,
     ) -> None:
-        refuse_planned(planned, type(self).__name__)
+        for name in sorted(unknown):
+            raise TypeError(f"FedADMM() got an unexpected keyword argument {name!r}")
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,
@@ -185,8 +198,10 @@ class FedADMM(ConsensusStrategy):
             eps_rel=eps_rel,
             relaxation=relaxation,
         )
+        self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # node id -> key whose center it got
+        self._sent_rho: dict[str, float] = {}  # node id -> the rho_i of that center
         self._resume(resume)
 
     def summary(self) -> None:
@@ -204,10 +219,13 @@ class FedADMM(ConsensusStrategy):
         """Send each sampled node its center v_i = z - y_i / rho_i and rho_i."""
         assert self.admm is not None
         admm, messages = self.admm, []
+        user = {**user, **self.channel.config()}
+        self.channel.sampled(len(sampled), self.population)
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
             self._sent_key[str(node_id)] = key if key in admm.records else None
+            self._sent_rho[str(node_id)] = rho_i
             payload = arrays if center is admm.z else self._record(center)
             node_config = ConfigRecord(
                 {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
@@ -222,8 +240,36 @@ class FedADMM(ConsensusStrategy):
         return messages
 
     def _read(self, message: Message) -> ReadReply:
+        """Read w_i (v_i + decode(payload) when compressed), n_i, f_i(w_i)."""
         assert self.layout is not None
+        node_id = int(message.metadata.src_node_id)
+        try:
+            sent = partial(self._sent, str(node_id))
+            message = decoded(
+                message, self.layout, self.channel, sent, self.arrayrecord_key, add_center=True
+            )
+        except Exception as error:  # a malformed payload must not stop the server
+            problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
+            return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
         return read_reply(message, self.layout, self.weighted_by_key)
+
+    def _sent(self, node: str) -> list[Any]:
+        """Return the center node `node` was sent this round, as it received it.
+
+        (z, its dual and the dtypes do not change between configure_train and
+        aggregate_train; rho_i is the one it was sent.)
+        """
+        assert self.admm is not None and self.layout is not None
+        admm, key = self.admm, self._sent_key.get(node)
+        record = admm.records.get(key) if key is not None else None
+        rho_i = self._sent_rho.get(node, admm.rho_for(key))
+        center = admm.z
+        if record is not None and rho_i != 0.0:  # v_i = z - y_i / rho_i, as sent
+            center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
+        return [
+            np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
+            for c, d in zip(center, self.layout.dtypes, strict=True)
+        ]
 
     def _open_round(self, keys: list[str]) -> None:
         assert self.admm is not None
@@ -253,12 +299,13 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         report = self.admm.finish(server_round)
         self.converged = report.converged
-        return report_metrics(report)
+        return {**report_metrics(report), **self.channel.round_metrics(aggregated=True)}
 
     def _discard_round(self) -> dict[str, Any]:
         assert self.admm is not None
         self.admm.cancel()
-        return {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
+        idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
+        return {**idle, **self.channel.round_metrics(aggregated=False)}
 
     def _evict(self, keys: list[str]) -> int:
         gone = set(keys)
@@ -291,16 +338,28 @@ class FedADMM(ConsensusStrategy):
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
-        return {"strategy": self.label, **self.admm_settings.describe()}
+        channel, dp = self.channel, self.channel.local_dp
+        return {
+            "strategy": self.label,
+            **self.admm_settings.describe(),
+            "uplink": None if channel.compressor is None else channel.compressor.config(),
+            "uplink_residual": channel.residual,
+            "local_dp": None
+            if dp is None
+            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+        }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho and the schedule state."""
         assert self.admm is not None
         arrays, meta = self.admm.state_dict()
-        return arrays, {"admm": meta}
+        ledger = self.channel.ledger
+        return arrays, {"admm": meta, "privacy": ledger.state_dict() if ledger is not None else {}}
 
     def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
         meta = manifest["admm"]
         admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
         admm.load_state_dict(arrays, meta)
+        if self.channel.ledger is not None:
+            self.channel.ledger.load_state_dict(manifest.get("privacy", {}))
         self.admm = admm

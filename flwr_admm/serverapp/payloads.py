@@ -1,11 +1,11 @@
-"""Compressed uplink payloads on the Message API (`FedADMMClientDuals` with ``uplink``).
+"""Compressed uplink payloads on the Message API (``uplink=`` of both strategies).
 
-A node that compresses Delta_i (`flwr_admm.uplink`, error feedback) sends the payload
-under ``admm-payload``: one 1-d uint8 tensor of the compressor's bytes per model
-tensor, under the model's names, in place of the float64 Delta_i under ``arrays``.
-`decoded` turns such a reply back into the plain form (Delta_i = decode(payload),
-float64, under ``arrays``), so the usual reply checks apply to it, and counts the
-uplink bytes.
+A node that compresses (`flwr_admm.uplink`) sends the payload under ``admm-payload``:
+one 1-d uint8 tensor of the compressor's bytes per model tensor, under the model's
+names, in place of ``arrays``. `decoded` turns such a reply back into the plain form
+under ``arrays`` (float64): Delta_i = decode(payload) for client-held duals, w_i =
+v_i + decode(payload) for server-held ones; so the usual reply checks apply to it.
+It also counts the uplink bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def decoded(
     channel: UplinkChannel,
     like: Callable[[], Arrays],
     arrayrecord_key: str,
+    *,
+    add_center: bool = False,
 ) -> Message:
     """Return `message` with ``admm-payload`` decoded into Delta_i under `arrayrecord_key`.
 
@@ -53,7 +55,7 @@ def decoded(
     if any(t.dtype != np.uint8 or t.ndim != 1 for t in tensors):
         raise ValueError("payload tensors must be 1-d uint8")
     packed = Parameters([t.tobytes() for t in tensors], compressor.tensor_type)
-    change = channel.decode(packed, like, add_center=False)  # Delta_i = decode(payload)
+    change = channel.decode(packed, like, add_center=add_center)
     records = {name: record for name, record in content.items() if name != PAYLOAD_RECORD}
     records[arrayrecord_key] = ArrayRecord(
         {

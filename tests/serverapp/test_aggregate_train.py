@@ -9,6 +9,7 @@ import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 
+from flwr_admm import StochasticQuantizer
 from flwr_admm.core import ConsensusADMM, Reply
 from flwr_admm.serverapp import FedADMM
 
@@ -209,3 +210,27 @@ def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
     _, metrics = strategy.aggregate_train(3, [moved, good(1)])
     assert metrics is not None and metrics["num_replies"] == 2 and metrics["num_resynced"] == 0
     assert strategy.admm.records["partition-id:0"].num_examples == 5
+
+
+def test_compressed_replies_are_rebuilt_around_the_nodes_center_and_bad_ones_rejected() -> None:
+    quantizer = StochasticQuantizer(bits=8)
+    strategy = started(uplink=quantizer)
+    offset = [np.full((2, 3), 0.5), np.array(0.25)]
+    payload = quantizer.encode(offset, np.random.default_rng(0))
+    tensors = [np.frombuffer(t, dtype=np.uint8) for t in payload.tensors]
+    n = MetricRecord({"num-examples": 10, "partition-id": 0})
+
+    def compressed(node: int, arrays: dict[str, np.ndarray]) -> Any:
+        return raw_reply(node, {"admm-payload": named(arrays), "m": n})
+
+    truncated = compressed(NODES[1], {"w": tensors[0][:-2], "step": tensors[1]})
+    z, metrics = strategy.aggregate_train(
+        1, [compressed(NODES[0], {"w": tensors[0], "step": tensors[1]}), truncated]
+    )
+    assert z is not None and metrics is not None
+    assert metrics["num_rejected"] == 1 and metrics["num_replies"] == 1
+    assert metrics["uplink_bytes"] == 2 * sum(len(t) for t in payload.tensors) - 2  # both
+    assert strategy.admm is not None  # w = v + decode(payload), v = z0 = 0 in round 1
+    w = strategy.admm.records["partition-id:0"].w
+    for ours, theirs in zip(w, quantizer.decode(payload, [(2, 3), ()]), strict=True):
+        np.testing.assert_array_equal(ours, theirs)

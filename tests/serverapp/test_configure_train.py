@@ -8,6 +8,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg, strategy_utils
 from message_replies import FakeGrid, configure, named, reply
 
+from flwr_admm import StochasticQuantizer
 from flwr_admm.core.types import natural_key
 from flwr_admm.serverapp import FedADMM, nodes
 from flwr_admm.serverapp.testing import flower_task_identity
@@ -112,10 +113,24 @@ def test_config_keys_the_strategy_sets_are_refused(key: str) -> None:
         configure(strategy, 1, named(Z0), FakeGrid([1, 2]), **{key: 1})
 
 
-@pytest.mark.parametrize("name", ["uplink", "uplink_residual", "local_dp"])
-def test_legacy_keywords_not_supported_yet_raise_a_clear_error(name: str) -> None:
-    with pytest.raises(ValueError, match=f"{name}: not supported .* \\(planned\\)"):
-        FedADMM(rho=0.1, **{name: None})
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"uplink": "8-bit"}, "uplink: must be a Compressor"),
+        ({"uplink_residual": "both"}, "uplink_residual: must be one of"),
+        ({"local_dp": 1.0}, "local_dp: must be a LocalDP"),
+    ],
+)
+def test_uplink_and_local_dp_keywords_are_checked(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FedADMM(rho=0.1, **kwargs)
+
+
+def test_uplink_entries_reach_the_config() -> None:
+    strategy = FedADMM(rho=0.1, uplink=StochasticQuantizer(bits=8))
+    messages = configure(strategy, 1, named(Z0), FakeGrid([1, 2]))
+    config = messages[0].content["config"]
+    assert config["uplink"] == "sq" and config["uplink-bits"] == 8
 
 
 def test_unknown_keyword_and_bad_values_are_refused() -> None:
