@@ -193,6 +193,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
             else make_schedule(settings.rho_schedule)
         )
         strategy = RecordingFedADMM(
+            key_binding=settings.key_binding,
             rho=settings.rho,
             rho_schedule=schedule,
             relaxation=settings.relaxation,
@@ -201,7 +202,10 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         )
     elif settings.strategy == "fedadmm-client-duals":
         strategy = RecordingFedADMMClientDuals(
-            rho=settings.rho, sampling_seed=settings.seed, **common
+            rho=settings.rho,
+            sampling_seed=settings.seed,
+            key_binding=settings.key_binding,
+            **common,
         )
     elif settings.strategy == "fedprox":
         strategy = RecordingFedProx(proximal_mu=settings.proximal_mu, **common)

@@ -292,11 +292,6 @@ def parse_run_config(
     if strategy == "fedadmm-client-duals":
         _check_client_duals(config)
     key_binding = _choice(config, "key-binding", KEY_BINDINGS)
-    if api == "message" and key_binding != "node":
-        raise ValueError(
-            "run config 'key-binding': flwr_admm.serverapp.FedADMM binds keys to nodes; "
-            f"must be 'node' with api=message, got {key_binding!r} (use api=legacy)"
-        )
     return RunSettings(
         strategy=strategy,
         task=task,

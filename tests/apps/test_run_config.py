@@ -12,6 +12,9 @@ import tomllib
 import pytest
 from flwr.common import Context, RecordDict
 
+from simulations.admm_app.evaluation import get_task
+from simulations.admm_app.message_server import build_message_strategy
+from simulations.admm_app.recorder import RunRecorder
 from simulations.admm_app.run_config import DEFAULTS, api_of, fit_config, parse_run_config
 from simulations.admm_app.server_app import server_fn
 from simulations.launcher import APP_DIR
@@ -38,7 +41,6 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"strategy": "sgd"}, ["'strategy'", "fedadmm", "fednova", "'sgd'"]),
         ({"api": "grpc"}, ["'api'", "'message'", "'legacy'", "'grpc'"]),
         ({"api": 1}, ["'api'", "'message'", "'legacy'"]),
-        ({"api": "message", "key-binding": "reported"}, ["'key-binding'", "'node'", "api=legacy"]),
         ({"api": "message", "strategy": "fednova"}, ["'fednova'", "legacy API", "api=legacy"]),
         ({"task": "nope"}, ["'task'", "seed-logreg"]),
         ({"num-server-rounds": 0}, ["'num-server-rounds'", ">= 1"]),
@@ -131,11 +133,22 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
     assert "server_round" not in inner.on_fit_config_fn(1)
 
 
+@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
+@pytest.mark.parametrize("key_binding", ["node", "reported"])
+def test_key_binding_reaches_the_message_api_strategies(strategy, key_binding, tmp_path):
+    settings = parse_run_config(
+        {"api": "message", "strategy": strategy, "key-binding": key_binding}
+    )
+    task = get_task(settings.task, settings.seed, settings.task_options())
+    recorder = RunRecorder(tmp_path, strategy, {}, 1)
+    assert build_message_strategy(settings, task, recorder).key_binding == key_binding
+
+
 @pytest.mark.parametrize("api", ["message", "legacy"])
 def test_api_is_parsed_for_every_strategy_it_serves(api):
-    strategies = ["fedadmm", "fedavg", "fedprox"]
+    strategies = ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox"]
     if api == "legacy":
-        strategies += ["fedadmm-client-duals", "fednova"]
+        strategies += ["fednova"]
     for strategy in strategies:
         assert parse_run_config({"api": api, "strategy": strategy}).api == api
     assert api_of({"api": api}) == api
