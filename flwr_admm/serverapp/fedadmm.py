@@ -164,10 +164,7 @@ class FedADMM(ConsensusStrategy):
         uplink: Compressor | None = None,
         uplink_residual: Residual = "update",
         local_dp: LocalDP | None = None,
-        **unknown: Any,
     ) -> None:
-        for name in sorted(unknown):
-            raise TypeError(f"FedADMM() got an unexpected keyword argument {name!r}")
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,
