@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, RecordDict, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
+from flwr_admm.testing import InProcessClientProxy, make_proxies
 
 
 def secure_sum(
@@ -57,9 +59,41 @@ class SecureSumEmulation:
         """Replace every result's parameters by the aggregate, then aggregate."""
         replies = [(parameters_to_ndarrays(res.parameters), res.num_examples) for _, res in results]
         self.individual.append([arrays for arrays, _ in replies])
-        if results:
+        if results:  # new FitRes objects: a replayed reply must keep its own arrays
             shared = ndarrays_to_parameters(secure_sum(replies, **self.settings))
-            for _, res in results:
-                res.parameters = shared
+            results = [
+                (proxy, FitRes(res.status, shared, res.num_examples, res.metrics))
+                for proxy, res in results
+            ]
         self.received.append([res for _, res in results])
         return self.strategy.aggregate_fit(server_round, results, failures)
+
+
+class FaultyProxy(InProcessClientProxy):
+    """A proxy whose scripted rounds misbehave: "lost" (the reply never arrives after
+    the client trained and saved its state), "replay" (the previous round's reply
+    arrives instead), "wipe" (the node's state is lost before the round)."""
+
+    faults: dict[int, str]
+    last: FitRes | None = None
+
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        fault = self.faults.get(int(ins.config["server_round"]))
+        if fault == "wipe":
+            self.context.state = RecordDict()
+        res = super().fit(ins, timeout, group_id)
+        previous, self.last = self.last, res
+        if fault == "lost":
+            raise TimeoutError("reply lost after the client trained")
+        return previous if fault == "replay" and previous is not None else res
+
+
+def faulty_proxies(
+    client_fn: Any, num_clients: int, faults: dict[int, dict[int, str]]
+) -> list[InProcessClientProxy]:
+    """`make_proxies` whose client i follows the script faults[i] = {round: fault}."""
+    proxies = make_proxies(client_fn, num_clients)
+    for i, proxy in enumerate(proxies):
+        proxy.__class__ = FaultyProxy
+        proxy.faults = faults.get(i, {})  # type: ignore[attr-defined]
+    return proxies
