@@ -66,7 +66,7 @@ def test_sum_stays_exact_up_to_the_residuals_and_converges_like_without_secagg()
         states = [load_states(p.context.state, [(20,)]).pending for p in proxies]
         residuals.append(max(float(np.abs(s.residual[0]).max()) for s in states))
 
-    strategy, recorder, result, _ = run_secure(40, on_round=check)
+    _strategy, recorder, result, _ = run_secure(40, on_round=check)
     # S = sum_i (n_i c_i - e_i) after every round, to float rounding of |S| ~ 5e3.
     assert len(errors) == 40 and max(errors) <= 1e-9
     # With the default scale s = max_weight / c = 125, nothing is clipped here: every
@@ -110,7 +110,7 @@ def test_a_small_scale_clips_but_loses_nothing() -> None:
 def test_a_replayed_reply_drops_the_whole_round_and_every_client_retrains() -> None:
     # Client 7 replays its round-4 reply in round 5: its vector is inside the sum, so
     # the server can drop only the whole aggregate; every client's ack stays at 4.
-    strategy, recorder, result, proxies = run_secure(40, faults={7: {5: "replay"}})
+    _strategy, recorder, result, _proxies = run_secure(40, faults={7: {5: "replay"}})
     dropped = [m.get("num_secure_dropped", 0) for m in result.fit_metrics]
     assert dropped[4] == 1 and sum(dropped) == 1
     assert result.fit_metrics[4]["num_state_mismatch"] == 1
@@ -124,7 +124,7 @@ def test_a_replayed_reply_drops_the_whole_round_and_every_client_retrains() -> N
 
 def test_a_lost_reply_leaves_the_aggregate_of_the_others() -> None:
     # SecAgg+ recovers a dropout's masks: the sum holds the others, the client's ack stays.
-    strategy, recorder, result, _ = run_secure(40, faults={3: {3: "lost", 4: "lost"}})
+    _strategy, recorder, result, _ = run_secure(40, faults={3: {3: "lost", 4: "lost"}})
     assert [m["num_failures"] for m in result.fit_metrics[2:4]] == [1, 1]
     assert [m["num_replies"] for m in result.fit_metrics[2:4]] == [9, 9]
     assert sum(m["num_secure_dropped"] for m in result.fit_metrics) == 0
@@ -141,7 +141,7 @@ def test_a_lost_state_resyncs_through_a_secure_sweep() -> None:
             shares = held_shares(strategy, proxies)
             errors.append(float(np.linalg.norm(strategy.contribution_sum[0] - shares)))
 
-    strategy, recorder, result, _ = run_secure(40, faults={4: {6: "wipe"}}, on_round=check)
+    _strategy, recorder, result, _ = run_secure(40, faults={4: {6: "wipe"}}, on_round=check)
     assert result.fit_metrics[5]["num_resynced"] == 1
     assert [m["rebuilding"] for m in result.fit_metrics[4:8]] == [0, 1, 0, 0]
     # After the sweep S is the sum of the current shares again (the stale one is gone).
