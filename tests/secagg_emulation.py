@@ -72,7 +72,8 @@ class SecureSumEmulation:
 class FaultyProxy(InProcessClientProxy):
     """A proxy whose scripted rounds misbehave: "lost" (the reply never arrives after
     the client trained and saved its state), "replay" (the previous round's reply
-    arrives instead), "wipe" (the node's state is lost before the round)."""
+    arrives instead), "wipe" (the node's state is lost before the round), "steal" (the
+    reply claims the next partition's key, which another node holds)."""
 
     faults: dict[int, str]
     last: FitRes | None = None
@@ -83,6 +84,8 @@ class FaultyProxy(InProcessClientProxy):
             self.context.state = RecordDict()
         res = super().fit(ins, timeout, group_id)
         previous, self.last = self.last, res
+        if fault == "steal":
+            res.metrics["partition-id"] = (int(res.metrics["partition-id"]) + 1) % 10
         if fault == "lost":
             raise TimeoutError("reply lost after the client trained")
         return previous if fault == "replay" and previous is not None else res

@@ -122,6 +122,22 @@ def test_a_replayed_reply_drops_the_whole_round_and_every_client_retrains() -> N
     assert gap[-1] <= 1e-13
 
 
+def test_a_claim_on_another_nodes_key_drops_the_round_and_spares_the_owner() -> None:
+    # Node of partition 5 reports partition-id 6 in round 3 (key_binding="node"): a
+    # conflict. Its vector is in the sum, so nothing of round 3 is used; key 6's record
+    # (and everybody's) stays at round 2, and round 4 goes on from there.
+    seen: dict[int, int] = {}
+
+    def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
+        seen[server_round] = strategy.clients["partition-id:6"].last_round
+
+    _, recorder, result, _ = run_secure(25, faults={5: {3: "steal"}}, on_round=check)
+    assert result.fit_metrics[2]["num_key_conflicts"] == 1
+    assert result.fit_metrics[2]["num_secure_dropped"] == 1
+    assert seen[3] == 2 and seen[4] == 4
+    assert first_round_below(gaps(recorder.matrix), 1e-6) == 18
+
+
 def test_a_lost_reply_leaves_the_aggregate_of_the_others() -> None:
     # SecAgg+ recovers a dropout's masks: the sum holds the others, the client's ack stays.
     _strategy, recorder, result, _ = run_secure(40, faults={3: {3: "lost", 4: "lost"}})
