@@ -228,3 +228,43 @@ def test_too_many_clients_for_the_modulus_is_an_error() -> None:
     )
     with pytest.raises(ValueError, match="quantization_range"):
         run_rounds(SecureSumEmulation(strategy), make_proxies(admm_client_fn(**CLIENT), 4), 1)
+
+
+class Spy:
+    """Wrap a strategy; keep the z it broadcast and the results it was handed per round."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy, self.z_sent, self.handed = strategy, [], []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.strategy, name)
+
+    def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+        self.z_sent.append(parameters_to_ndarrays(parameters)[0].copy())
+        return self.strategy.configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round: int, results: list[Any], failures: list[Any]) -> Any:
+        self.handed.append([parameters_to_ndarrays(r.parameters)[0] for _, r in results])
+        return self.strategy.aggregate_fit(server_round, results, failures)
+
+
+def test_without_secagg_the_server_reads_each_w_i_and_with_it_cannot() -> None:
+    # Delta_i = n_i (w_i' - z^k) when n_i is unchanged, so w_i' = z^k + Delta_i / n_i.
+    def models(strategy: Any, proxies: list[InProcessClientProxy]) -> list[np.ndarray]:
+        return [load_states(p.context.state, [(20,)]).pending.w[0] for p in proxies]
+
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    plain = Spy(FedADMMClientDuals(rho=0.1, initial_parameters=zeros_parameters()))
+    run_rounds(plain, proxies, 3)
+    rebuilt = [plain.z_sent[2] + delta / 500 for delta in plain.handed[2]]
+    for guess, w in zip(rebuilt, models(plain, proxies), strict=True):
+        np.testing.assert_allclose(guess, w, rtol=0, atol=1e-12)  # the server has every w_i
+
+    secure_proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    secure = Spy(FedADMMClientDualsSecAgg(rho=0.1, initial_parameters=zeros_parameters()))
+    run_rounds(SecureSumEmulation(secure), secure_proxies, 3)
+    handed = secure.handed[2]
+    assert all(np.array_equal(h, handed[0]) for h in handed)  # one aggregate for all
+    for w in models(secure, secure_proxies):
+        for scale in (125.0 / 500, 125.0 * NUM_CLIENTS / 500):  # mean or sum, read as Delta_i
+            assert np.linalg.norm(secure.z_sent[2] + scale * handed[0] - w) > 1e-3
