@@ -177,6 +177,8 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         self, results: Results, server_round: int, counts: dict[str, Scalar]
     ) -> Results:
         """Check every reply's metadata and the aggregate; fold all of them or none."""
+        if not results:
+            return []
         rejected = int(counts[NUM_REJECTED])
         keyed = keyed_replies(
             results, client_key_of, lambda key, why: self._reject(key, why, counts)
