@@ -39,7 +39,11 @@ def run_secure(grid: Grid, context: Context, components: ServerAppComponents) ->
             f"secure-aggregation: needs FedADMMClientDualsSecAgg and a ServerConfig, got {inner!r}"
         )
     timeout = components.config.round_timeout
-    log(INFO, "secure-aggregation: %r under SecAgg+ (legacy strategy API)", inner)
+    log(
+        INFO,
+        "secure-aggregation: %r under SecAgg+ (legacy strategy API: flwr 1.42 has no Message-API SecAgg+)",
+        inner,
+    )
     legacy = LegacyContext(
         context,
         config=components.config,

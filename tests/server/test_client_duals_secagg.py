@@ -9,6 +9,7 @@ The real engine (masks, key shares, dropouts) is tests/apps/test_secagg_engine.p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from seed_task import first_round_below, gaps
 
 from flwr_admm import FedADMMClientDuals, StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
+from flwr_admm.core.secure_sum import SecureGrid
+from flwr_admm.server.checkpoint import CheckpointError
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 
@@ -268,3 +271,50 @@ def test_without_secagg_the_server_reads_each_w_i_and_with_it_cannot() -> None:
     for w in models(secure, secure_proxies):
         for scale in (125.0 / 500, 125.0 * NUM_CLIENTS / 500):  # mean or sum, read as Delta_i
             assert np.linalg.norm(secure.z_sent[2] + scale * handed[0] - w) > 1e-3
+
+
+def test_without_the_residual_the_sum_drifts() -> None:
+    # The exactness test above can fail: a client that forgets its residual (e_i' = 0)
+    # leaves every rounding remainder in S for good.
+    errors: list[float] = []
+
+    def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
+        errors.append(
+            float(np.linalg.norm(strategy.contribution_sum[0] - held_shares(strategy, proxies)))
+        )
+
+    original = SecureGrid.quantize
+
+    def forgetful(self: SecureGrid, values: Any, residual: Any) -> Any:
+        sent, kept = original(self, values, None)
+        return sent, [np.zeros_like(k) for k in kept]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SecureGrid, "quantize", forgetful)
+        run_secure(10, on_round=check)
+    assert errors[-1] > 1e-6 and errors[-1] > errors[0]
+
+
+def test_resume_under_secagg_is_bit_identical_and_other_settings_are_refused(
+    tmp_path: Path,
+) -> None:
+    def run(path: Path, proxies: list[InProcessClientProxy], rounds: int) -> Recorder:
+        recorder = Recorder()
+        strategy = FedADMMClientDualsSecAgg(
+            rho=0.1,
+            initial_parameters=zeros_parameters(),
+            evaluate_fn=recorder,
+            checkpoint_dir=path,
+        )
+        run_rounds(SecureSumEmulation(strategy), proxies, rounds)
+        return recorder
+
+    expected = run(tmp_path / "straight", make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 8)
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    before = run(tmp_path / "ckpt", proxies, 5)
+    after = run(tmp_path / "ckpt", proxies, 3)  # the clients kept their state
+    np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)
+    with pytest.raises(CheckpointError, match="secagg"):
+        FedADMMClientDualsSecAgg(rho=0.1, secagg_scale=64.0, checkpoint_dir=tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="another configuration"):
+        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path / "ckpt")
