@@ -41,7 +41,7 @@ def run_secure(grid: Grid, context: Context, components: ServerAppComponents) ->
     timeout = components.config.round_timeout
     log(
         INFO,
-        "secure-aggregation: %r under SecAgg+ (legacy strategy API: flwr 1.42 has no Message-API SecAgg+)",
+        "secure-aggregation: %r under SecAgg+ (legacy API: flwr 1.42 has no Message-API SecAgg+)",
         inner,
     )
     legacy = LegacyContext(
