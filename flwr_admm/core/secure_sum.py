@@ -95,11 +95,18 @@ class SecureGrid:
         return -(-TOTAL_BITS // self.limb_bits)
 
     def quantize(self, values: Arrays, residual: Arrays | None) -> tuple[Arrays, Arrays]:
-        """Return (x, e'): x = k h, k = clip(round((v + e) / (s h)), +-T/2), e' = v + e - s h k."""
+        """Return (x, e'): x = k h, k = clip(round((v + e) / (s h)), +-T/2), e' = v + e - s h k.
+
+        ValueError if v + e is not finite: SecAgg+ would turn NaN into an arbitrary
+        integer inside the sum, where no server check can find it; the client must not
+        send it (its fit fails instead: a dropout, which SecAgg+ handles).
+        """
         unit = float(self.scale) * self.step
         sent, kept = [], []
         for i, value in enumerate(values):
             target = value if residual is None else value + residual[i]
+            if not np.isfinite(target).all():
+                raise ValueError("secure sum: the values to send must be finite")
             levels = np.clip(np.rint(target / unit), -self.max_level, self.max_level)
             sent.append(levels * self.step)
             kept.append(target - unit * levels)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,8 +10,10 @@ import pytest
 from flower_run import admm_client_fn
 from flwr.common import Context, RecordDict
 
+from flwr_admm.client import admm_client
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.client.secagg import NUM_STATS
+from flwr_admm.core.local_solver import penalized_local_solve
 from flwr_admm.core.secure_sum import SecureGrid, decode_stats
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
@@ -104,3 +107,23 @@ def test_missing_secure_setting_is_named() -> None:
     del cfg["admm-secagg-levels"]
     with pytest.raises(ValueError, match="admm-secagg-levels"):
         client.fit([np.zeros(20)], cfg)
+
+
+def test_a_diverged_client_fails_instead_of_sending_and_keeps_its_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, context = client_and_context()
+    z = [np.zeros(20)]
+    client.fit(z, config(1, 0))
+    kept = load_states(context.state, [(20,)])
+
+    def diverged(*args: Any, **kwargs: Any) -> Any:
+        result = penalized_local_solve(*args, **kwargs)
+        return dataclasses.replace(result, params=[np.full(20, np.nan)])
+
+    monkeypatch.setattr(admm_client, "penalized_local_solve", diverged)
+    with pytest.raises(ValueError, match="finite"):
+        client.fit(z, config(2, 1))
+    after = load_states(context.state, [(20,)])
+    np.testing.assert_array_equal(after.pending.w[0], kept.pending.w[0])
+    assert after.pending.server_round == 1

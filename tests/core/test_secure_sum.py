@@ -81,3 +81,11 @@ def test_statistics_refuse_negative_and_non_finite_values() -> None:
 def test_bad_grid_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SecureGrid(**kwargs)
+
+
+def test_non_finite_values_are_never_sent() -> None:
+    # In SecAgg+ a NaN becomes an arbitrary integer inside the sum: refuse it here.
+    with pytest.raises(ValueError, match="finite"):
+        SecureGrid().quantize([np.array([1.0, np.nan])], None)
+    with pytest.raises(ValueError, match="finite"):
+        SecureGrid().quantize([np.array([1.0])], [np.array([np.inf])])
