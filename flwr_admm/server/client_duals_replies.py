@@ -44,6 +44,7 @@ from flwr_admm.protocol import (
     PREVIOUS_ROUND,
     RESYNC,
     RHO,
+    SECAGG_EXAMPLES,
     U_SQ_NORM,
     W_SQ_NORM,
 )
@@ -80,17 +81,26 @@ def entries_from_arrays(
 
 
 def protocol_problem(
-    entry: ClientEntry | None, metrics: Mapping[str, Any], num_examples: object
+    entry: ClientEntry | None,
+    metrics: Mapping[str, Any],
+    num_examples: object,
+    *,
+    secure: bool = False,
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
     Framework-neutral: `metrics` and `num_examples` (n_i') of a legacy `FitRes` or of
     a Message-API reply. A reply with previous round 0 is a full contribution: a new
     key's, or (for a key S holds) a resync's; its change of n is then all of n_i'.
+    Under SecAgg+ (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is
+    SecAgg+'s weight) and the squared norms travel inside the masked sum, not as metrics.
     """
-    for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
+    names = (SECAGG_EXAMPLES,) if secure else (W_SQ_NORM, U_SQ_NORM)
+    for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, *names):
         if name not in metrics:
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
+    if secure:
+        num_examples = metrics[SECAGG_EXAMPLES]
     numbers = [metrics[n] for n in (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL) if n in metrics]
     if not all(_finite_nonnegative(v) for v in numbers):
         return "squared norms must be finite numbers >= 0", 0
@@ -119,7 +129,7 @@ def protocol_problem(
             "brings it back",
             1,
         )
-    if (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
+    if not secure and (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
         return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
     return None
 
