@@ -206,7 +206,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.total_examples = 0  # N = sum_i n_i
         self.clients: dict[str, ClientEntry] = {}
         self.sweep = RebuildSweep()  # takes stale shares out of S
-        self._sent: ArrayRecord | None = None  # what we returned last (z in the layout)
+        self._sent_record: ArrayRecord | None = None  # what we returned last (z in the layout)
         self._stats = RoundStats()  # of the round being folded in
         self._resume(resume)
 
@@ -334,7 +334,7 @@ class FedADMMClientDuals(ConsensusStrategy):
     # ------------------------------------------------------------------ state
     def _adopt(self, arrays: ArrayRecord) -> None:
         """Take the broadcast z as z^k (read unless it is what we returned)."""
-        if arrays is self._sent and self.z is not None:
+        if arrays is self._sent_record and self.z is not None:
             return
         if self.layout is None:
             self.layout = Layout.of(arrays)
@@ -345,8 +345,8 @@ class FedADMMClientDuals(ConsensusStrategy):
 
     def _broadcast(self) -> ArrayRecord:
         assert self.z is not None and self.layout is not None
-        self._sent = self.layout.record(self.z)
-        return self._sent
+        self._sent_record = self.layout.record(self.z)
+        return self._sent_record
 
     def _restored_record(self) -> ArrayRecord:
         return self._broadcast()
@@ -390,4 +390,4 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        self._sent = None
+        self._sent_record = None

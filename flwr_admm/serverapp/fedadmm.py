@@ -241,7 +241,7 @@ class FedADMM(ConsensusStrategy):
         assert self.layout is not None
         node_id = int(message.metadata.src_node_id)
         try:
-            sent = partial(self._sent, str(node_id))
+            sent = partial(self._center_sent_to, str(node_id))
             message = decoded(
                 message, self.layout, self.channel, sent, self.arrayrecord_key, add_center=True
             )
@@ -250,7 +250,7 @@ class FedADMM(ConsensusStrategy):
             return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
         return read_reply(message, self.layout, self.weighted_by_key)
 
-    def _sent(self, node: str) -> list[Any]:
+    def _center_sent_to(self, node: str) -> list[Any]:
         """Return the center node `node` was sent this round, as it received it.
 
         (z, its dual and the dtypes do not change between configure_train and
