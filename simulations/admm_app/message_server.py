@@ -1,12 +1,15 @@
 """The app's Message-API server side (``api = "message"``): Flower's ``Strategy.start``.
 
-`run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``) or Flower's
-Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) with the same sampling
-sizes, fit config, initial model and centralized evaluation as the legacy path, and
-records the same per-round JSON/CSV through `RunRecorder`: the strategy class is
-extended by `RecordingMixin` (bytes, time, results/failures, drift, fit metrics per
-round), and the evaluation goes through ``evaluate_fn`` (round 0 = initial model).
-Replies are sorted by partition-id before aggregation, as on the legacy path.
+`run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``), Flower's
+Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) or
+`flwr_admm.serverapp.fednova.FedNova` (``fednova``), all drawing their train nodes
+with `message_sampling.PartitionSampler` (the legacy path's clients, by partition-id,
+seeded), with the same sampling sizes, fit config, initial model and centralized
+evaluation as the legacy path, and records the same per-round JSON/CSV through
+`RunRecorder`: the strategy class is extended by `RecordingMixin` (bytes, time,
+results/failures, drift, fit metrics per round), and the evaluation goes through
+``evaluate_fn`` (round 0 = initial model). Replies are sorted by partition-id
+before aggregation, as on the legacy path.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from flwr_admm import Geometric, make_schedule
 from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM
 
 from .evaluation import Evaluator
+from .message_sampling import PartitionSampler, SeededFedAvg, SeededFedNova, SeededFedProx
 from .recorder import (
     FIT_FIELDS,
     STATUS_FAILED,
@@ -152,15 +156,33 @@ class RecordingMixin:
 
 
 class RecordingFedADMM(RecordingMixin, FedADMM):
-    """`flwr_admm.serverapp.FedADMM`, recorded."""
+    """`flwr_admm.serverapp.FedADMM`, recorded; train nodes drawn by `PartitionSampler`."""
+
+    sampler: PartitionSampler
+
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, train: bool = False
+    ) -> list[int]:
+        """Draw the train sample as the legacy path does (evaluation samples as FedADMM)."""
+        if not train:
+            return super()._sample(grid, server_round, fraction, minimum, train)
+        sampled = self.sampler.sample(
+            grid, server_round, fraction, minimum, self.min_available_nodes
+        )
+        self.binding.connected(str(n) for n in self.sampler.connected)
+        return sampled
 
 
-class RecordingFedAvg(RecordingMixin, FedAvg):
-    """Flower's Message-API `FedAvg`, recorded."""
+class RecordingFedAvg(RecordingMixin, SeededFedAvg):
+    """Flower's Message-API `FedAvg` (seeded sample), recorded."""
 
 
-class RecordingFedProx(RecordingMixin, FedProx):
-    """Flower's Message-API `FedProx`, recorded."""
+class RecordingFedProx(RecordingMixin, SeededFedProx):
+    """Flower's Message-API `FedProx` (seeded sample), recorded."""
+
+
+class RecordingFedNova(RecordingMixin, SeededFedNova):
+    """`flwr_admm.serverapp.fednova.FedNova` (seeded sample), recorded."""
 
 
 def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecorder) -> Strategy:
@@ -177,7 +199,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         "min_available_nodes": n,
         "train_metrics_aggr_fn": train_metrics,
     }
-    strategy: RecordingMixin
+    strategy: RecordingFedADMM | RecordingFedAvg | RecordingFedProx | RecordingFedNova
     if settings.strategy == "fedadmm":
         schedule = (
             Geometric(factor=settings.rho_factor)
@@ -195,12 +217,15 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         strategy = RecordingFedProx(proximal_mu=settings.proximal_mu, **common)
     elif settings.strategy == "fedavg":
         strategy = RecordingFedAvg(**common)
+    elif settings.strategy == "fednova":
+        strategy = RecordingFedNova(**common)
     else:
         raise ValueError(
             f"run config 'strategy': {settings.strategy!r} exists only on the legacy API; "
             "run it with api=legacy"
         )
     strategy.recorder = recorder
+    strategy.sampler = PartitionSampler(settings.seed, settings.client_wait_seconds)
     assert isinstance(strategy, Strategy)
     return strategy
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from flwr.app import ConfigRecord, Message, MessageType
 from flwr.clientapp import ClientApp
 from flwr.common import Context, RecordDict
+from message_replies import metadata
 
+from flwr_admm.serverapp.testing import flower_task_identity
 from simulations.admm_app import client_app
+from simulations.admm_app.message_sampling import PARTITION_QUERY, partition_of
 from simulations.admm_app.run_config import DEFAULTS
 from simulations.admm_app.server_app import main
 from simulations.launcher import APP_DIR, LocalFlower
@@ -67,7 +71,7 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
 
 
-@pytest.mark.parametrize("strategy", ["fednova", "fedadmm-client-duals"])
+@pytest.mark.parametrize("strategy", ["fedadmm-client-duals"])
 def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
     context = Context(
         run_id=0,
@@ -87,10 +91,24 @@ def test_the_client_app_dispatches_on_the_api(monkeypatch):
     monkeypatch.setattr(client_app, "message_app", lambda m, c: calls.append("message"))
     monkeypatch.setattr(client_app, "legacy_app", lambda m, c: calls.append("legacy"))
     assert isinstance(client_app.app, ClientApp)
+    train = Message(content=RecordDict(), metadata=metadata(1))
     for api in ("message", "legacy"):
         context = Context(
             run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"api": api}
         )
-        client_app.app(None, context)
-    client_app.app(None, Context(0, 0, {}, RecordDict(), {}))
-    assert calls == ["message", "legacy", DEFAULTS["api"]]
+        client_app.app(train, context)
+    client_app.app(train, Context(0, 0, {}, RecordDict(), {}))
+    assert calls == ["message", "legacy", DEFAULTS["api"]] and DEFAULTS["api"] == "message"
+
+
+def test_the_client_app_answers_the_partition_query_itself():
+    query = Message(
+        content=RecordDict({PARTITION_QUERY: ConfigRecord()}),
+        metadata=metadata(1, MessageType.QUERY),
+    )
+    with flower_task_identity():
+        answer = client_app.app(query, Context(0, 5, {"partition-id": 3}, RecordDict(), {}))
+    assert partition_of(answer) == 3
+    with flower_task_identity():
+        unknown = client_app.app(query, Context(0, 5, {}, RecordDict(), {}))
+    assert partition_of(unknown) is None

@@ -39,7 +39,6 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"api": "grpc"}, ["'api'", "'message'", "'legacy'", "'grpc'"]),
         ({"api": 1}, ["'api'", "'message'", "'legacy'"]),
         ({"api": "message", "key-binding": "reported"}, ["'key-binding'", "'node'", "api=legacy"]),
-        ({"api": "message", "strategy": "fednova"}, ["'fednova'", "legacy API", "api=legacy"]),
         (
             {"api": "message", "strategy": "fedadmm-client-duals"},
             ["'fedadmm-client-duals'", "api=legacy"],
@@ -52,11 +51,18 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"relaxation": 2.0}, ["'relaxation'", "(0, 2)"]),
         ({"round-timeout": -1.0}, ["'round-timeout'", "0 = no limit"]),
         (
-            {"strategy": "fedadmm-client-duals", "rho-schedule": "residual-balancing"},
+            {
+                "api": "legacy",
+                "strategy": "fedadmm-client-duals",
+                "rho-schedule": "residual-balancing",
+            },
             ["'rho-schedule'", "'constant'"],
         ),
-        ({"strategy": "fedadmm-client-duals", "relaxation": 1.6}, ["'relaxation'", "must be 1"]),
-        ({"strategy": "fedadmm-client-duals", "rho": 0.0}, ["'rho'", "> 0"]),
+        (
+            {"api": "legacy", "strategy": "fedadmm-client-duals", "relaxation": 1.6},
+            ["'relaxation'", "must be 1"],
+        ),
+        ({"api": "legacy", "strategy": "fedadmm-client-duals", "rho": 0.0}, ["'rho'", "> 0"]),
         ({"relaxation": 0.0}, ["'relaxation'", "(0, 2)"]),
         ({"local-init": "zero"}, ["'local-init'", "previous", "center"]),
         ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
@@ -127,7 +133,12 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
         node_id=0,
         node_config={},
         state=RecordDict(),
-        run_config={"strategy": strategy, "key-binding": key_binding, "num-server-rounds": 2},
+        run_config={
+            "api": "legacy",  # key-binding=reported exists on the legacy API only
+            "strategy": strategy,
+            "key-binding": key_binding,
+            "num-server-rounds": 2,
+        },
     )
     inner = server_fn(context).strategy.inner
     assert inner.key_binding == key_binding
@@ -137,10 +148,10 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
 def test_api_is_parsed_for_every_strategy_it_serves(api):
-    strategies = ["fedadmm", "fedavg", "fedprox"]
+    strategies = ["fedadmm", "fedavg", "fedprox", "fednova"]
     if api == "legacy":
-        strategies += ["fedadmm-client-duals", "fednova"]
+        strategies += ["fedadmm-client-duals"]
     for strategy in strategies:
         assert parse_run_config({"api": api, "strategy": strategy}).api == api
     assert api_of({"api": api}) == api
-    assert api_of({}) == DEFAULTS["api"] == parse_run_config({}).api
+    assert api_of({}) == DEFAULTS["api"] == parse_run_config({}).api == "message"
