@@ -42,6 +42,9 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
                     "local-steps": 20,
                     "learning-rate": 1.0,
                     "batch-size": 0,
+                    # 5 of 10 nodes a round: the same seeded draw by partition-id on both
+                    # APIs (the Message path asks each node with a query message)
+                    "fraction-fit": 0.5,
                     "output-dir": str(output_dir),
                     "run-tag": api,
                 },
@@ -67,6 +70,7 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
         if m["round"] > 0:
             for key in ("num_sampled", "num_results", "num_failures", "bytes_down", "bytes_up"):
                 assert m[key] == g[key], (m["round"], key)
+            assert m["num_sampled"] == 5
             assert m["rho"] == g["rho"] == 0.1
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
 
