@@ -24,11 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from flwr.app import Context, Message  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid, ServerApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
-from standins import image_standin  # noqa: E402
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+from standins import image_standin
 
 IMAGES = {"mnist": ((28, 28), "image"), "cifar10": ((32, 32, 3), "img")}
 NUM_CLIENTS = 4
@@ -49,7 +49,7 @@ def install_standin(task: str) -> None:
 
 
 def make_apps(run_config: dict[str, Any]) -> tuple[ServerApp, ClientApp]:
-    """The app's ServerApp and ClientApp, with `run_config` and the stand-in installed."""
+    """Return the app's ServerApp and ClientApp with `run_config` and the stand-in set."""
     server = ServerApp()
 
     @server.main()
@@ -72,6 +72,7 @@ def make_apps(run_config: dict[str, Any]) -> tuple[ServerApp, ClientApp]:
 
 
 def main() -> int:
+    """Run every (task, strategy) for `--rounds` rounds; 1 if any run is incomplete."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--api", default="message", choices=["message", "legacy"])
     parser.add_argument("--rounds", type=int, default=2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
 from flwr_admm import ADMMClient
@@ -18,7 +19,7 @@ from flwr_admm.protocol import PARTITION_ID
 
 from .evaluation import get_task
 from .message_sampling import PARTITION_QUERY
-from .run_config import api_of, parse_run_config
+from .run_config import api_of, parse_run_config, secure_aggregation_of
 
 
 class AppClient(ADMMClient):
@@ -69,6 +70,7 @@ def client_fn(context: Context) -> Client:
 
 
 legacy_app = ClientApp(client_fn=client_fn)
+secure_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])  # secure-aggregation
 message_app = make_client_app(numpy_client_fn)
 
 
@@ -94,6 +96,8 @@ class ApiClientApp(ClientApp):
         """Dispatch on the run config's ``api``; answer a partition-id query itself."""
         if is_partition_query(message):
             return partition_reply(message, context)
+        if secure_aggregation_of(context.run_config):
+            return secure_app(message, context)
         chosen = message_app if api_of(context.run_config) == "message" else legacy_app
         return chosen(message, context)
 
