@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # standins
+sys.path.insert(0, str(ROOT))  # simulations
 
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-from flwr.simulation import run_simulation
-from standins import image_standin
+from flwr.app import Context, Message  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+from flwr.simulation import run_simulation  # noqa: E402
+from standins import image_standin  # noqa: E402
 
 IMAGES = {"mnist": ((28, 28), "image"), "cifar10": ((32, 32, 3), "img")}
 NUM_CLIENTS = 4
@@ -80,6 +83,10 @@ def main() -> int:
     parser.add_argument("--strategies", default="fedadmm,fedavg,fedprox,fednova")
     parser.add_argument("--output-dir", default="outputs-standins")
     args = parser.parse_args()
+    # Ray workers import the app too: they inherit this process's environment
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     output_dir = Path(args.output_dir).resolve()
     failed = 0
     for task in args.tasks.split(","):
