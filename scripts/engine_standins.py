@@ -45,7 +45,8 @@ def install_standin(task: str) -> None:
         return
     shape, column = IMAGES[task]
     standin = image_standin(shape, column, n_train=200)
-    real = evaluation.load_task
+    real = getattr(evaluation, "_real_load_task", evaluation.load_task)
+    evaluation._real_load_task = real  # type: ignore[attr-defined]
     evaluation.load_task = lambda name, **options: real(name, dataset=standin, **options)
     evaluation._cached_task.cache_clear()
     evaluation._standin_task = task  # type: ignore[attr-defined]
@@ -68,8 +69,15 @@ def make_apps(run_config: dict[str, Any]) -> tuple[ServerApp, ClientApp]:
             from simulations.admm_app.client_app import app
 
             install_standin(run_config["task"])
-            context.run_config = dict(run_config)
-            return app(message, context)
+            # the engine forbids changing context.run_config: a copy sharing the state
+            with_config = Context(
+                run_id=context.run_id,
+                node_id=context.node_id,
+                node_config=context.node_config,
+                state=context.state,
+                run_config=dict(run_config),
+            )
+            return app(message, with_config)
 
     return server, StandinClientApp()
 
