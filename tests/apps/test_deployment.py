@@ -104,7 +104,7 @@ def test_deployed_message_api_run_matches_the_in_process_run(deployment, tmp_pat
     rounds = 2  # each deployed round costs ~10 s (3 s polls on both sides, fresh processes)
     config = {**CONFIG, "api": "message", "num-server-rounds": rounds}
     outcome = deployment.run(
-        {**config, "output-dir": str(tmp_path / "deployed")}, tmp_path / "run.log", timeout=120
+        {**config, "output-dir": str(tmp_path / "deployed")}, tmp_path / "run.log", timeout=300
     )
     log = outcome.log_path.read_text()[-3000:]
     assert outcome.returncode == 0, log
