@@ -122,9 +122,14 @@ def run_rounds(
     *,
     initial_parameters: Parameters | None = None,
     evaluate: bool = False,
+    client_manager: SimpleClientManager | None = None,
 ) -> RunResult:
-    """Run `num_rounds` of the legacy server loop; client exceptions become failures."""
-    manager = SimpleClientManager()
+    """Run `num_rounds` of the legacy server loop; client exceptions become failures.
+
+    `client_manager` (default: a new `SimpleClientManager`) is what the strategy
+    samples from, as a ``ServerAppComponents.client_manager`` is in Flower.
+    """
+    manager = SimpleClientManager() if client_manager is None else client_manager
     for proxy in proxies:
         manager.register(proxy)
     parameters = strategy.initialize_parameters(manager)

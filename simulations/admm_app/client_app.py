@@ -8,14 +8,17 @@
 
 from __future__ import annotations
 
+from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
 from flwr_admm import ADMMClient
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.protocol import PARTITION_ID
 
 from .evaluation import get_task
+from .message_sampling import PARTITION_QUERY
 from .run_config import api_of, parse_run_config, secure_aggregation_of
 
 
@@ -71,11 +74,28 @@ secure_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])  # secure-agg
 message_app = make_client_app(numpy_client_fn)
 
 
+def partition_reply(message: Message, context: Context) -> Message:
+    """Answer the server's partition-id query: ``{"partition-id": i}`` (or ``{}``)."""
+    value = context.node_config.get(PARTITION_ID)
+    known = {PARTITION_ID: int(value)} if isinstance(value, int | str) else {}
+    return Message(RecordDict({PARTITION_QUERY: ConfigRecord(known)}), reply_to=message)
+
+
+def is_partition_query(message: Message) -> bool:
+    """Return whether `message` is the Message-API server's partition-id query."""
+    return (
+        message.metadata.message_type == MessageType.QUERY
+        and PARTITION_QUERY in message.content.config_records
+    )
+
+
 class ApiClientApp(ClientApp):
     """A ClientApp that hands each message to the legacy or the Message-API app."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Dispatch on the run config's ``api``."""
+        """Dispatch on the run config's ``api``; answer a partition-id query itself."""
+        if is_partition_query(message):
+            return partition_reply(message, context)
         if secure_aggregation_of(context.run_config):
             return secure_app(message, context)
         chosen = message_app if api_of(context.run_config) == "message" else legacy_app

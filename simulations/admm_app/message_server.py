@@ -1,13 +1,16 @@
 """The app's Message-API server side (``api = "message"``): Flower's ``Strategy.start``.
 
 `run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``),
-`flwr_admm.serverapp.FedADMMClientDuals` (``fedadmm-client-duals``) or Flower's
-Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) with the same sampling
-sizes, fit config, initial model and centralized evaluation as the legacy path, and
-records the same per-round JSON/CSV through `RunRecorder`: the strategy class is
-extended by `RecordingMixin` (bytes, time, results/failures, drift, fit metrics per
-round), and the evaluation goes through ``evaluate_fn`` (round 0 = initial model).
-Replies are sorted by partition-id before aggregation, as on the legacy path.
+`flwr_admm.serverapp.FedADMMClientDuals` (``fedadmm-client-duals``), Flower's
+Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) or
+`flwr_admm.serverapp.fednova.FedNova` (``fednova``), all drawing their train nodes
+with `message_sampling.PartitionSampler` (the legacy path's clients, by partition-id,
+seeded), with the same sampling sizes, fit config, initial model and centralized
+evaluation as the legacy path, and records the same per-round JSON/CSV through
+`RunRecorder`: the strategy class is extended by `RecordingMixin` (bytes, time,
+results/failures, drift, fit metrics per round), and the evaluation goes through
+``evaluate_fn`` (round 0 = initial model). Replies are sorted by partition-id
+before aggregation, as on the legacy path.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from flwr_admm import Geometric, make_schedule
 from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 
 from .evaluation import Evaluator
+from .message_sampling import PartitionSampler, SeededFedAvg, SeededFedNova, SeededFedProx
 from .recorder import (
     FIT_FIELDS,
     STATUS_FAILED,
@@ -155,20 +159,47 @@ class RecordingMixin:
         return arrays, metrics
 
 
-class RecordingFedADMM(RecordingMixin, FedADMM):
-    """`flwr_admm.serverapp.FedADMM`, recorded."""
+class PartitionSampled(RecordingMixin):
+    """ADMM strategies (serverapp `base`) drawing train nodes with `PartitionSampler`."""
+
+    sampler: PartitionSampler
+
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, train: bool = False
+    ) -> list[int]:
+        """Draw the train sample as the legacy path does (evaluation samples as FedADMM)."""
+        if not train:
+            return super()._sample(grid, server_round, fraction, minimum, train)  # type: ignore[misc]
+        sampled = self.sampler.sample(
+            grid,
+            server_round,
+            fraction,
+            minimum,
+            self.min_available_nodes,  # type: ignore[attr-defined]
+        )
+        self.binding.connected(str(n) for n in self.sampler.connected)  # type: ignore[attr-defined]
+        self.population = len(self.sampler.connected)
+        return sampled
 
 
-class RecordingFedADMMClientDuals(RecordingMixin, FedADMMClientDuals):
-    """`flwr_admm.serverapp.FedADMMClientDuals`, recorded."""
+class RecordingFedADMM(PartitionSampled, FedADMM):
+    """`flwr_admm.serverapp.FedADMM`, recorded; train nodes drawn by `PartitionSampler`."""
 
 
-class RecordingFedAvg(RecordingMixin, FedAvg):
-    """Flower's Message-API `FedAvg`, recorded."""
+class RecordingFedADMMClientDuals(PartitionSampled, FedADMMClientDuals):
+    """`flwr_admm.serverapp.FedADMMClientDuals`, recorded; sampled as `RecordingFedADMM`."""
 
 
-class RecordingFedProx(RecordingMixin, FedProx):
-    """Flower's Message-API `FedProx`, recorded."""
+class RecordingFedAvg(RecordingMixin, SeededFedAvg):
+    """Flower's Message-API `FedAvg` (seeded sample), recorded."""
+
+
+class RecordingFedProx(RecordingMixin, SeededFedProx):
+    """Flower's Message-API `FedProx` (seeded sample), recorded."""
+
+
+class RecordingFedNova(RecordingMixin, SeededFedNova):
+    """`flwr_admm.serverapp.fednova.FedNova` (seeded sample), recorded."""
 
 
 def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecorder) -> Strategy:
@@ -185,7 +216,13 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         "min_available_nodes": n,
         "train_metrics_aggr_fn": train_metrics,
     }
-    strategy: RecordingMixin
+    strategy: (
+        RecordingFedADMM
+        | RecordingFedADMMClientDuals
+        | RecordingFedAvg
+        | RecordingFedProx
+        | RecordingFedNova
+    )
     if settings.strategy == "fedadmm":
         schedule = (
             Geometric(factor=settings.rho_factor)
@@ -211,12 +248,15 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         strategy = RecordingFedProx(proximal_mu=settings.proximal_mu, **common)
     elif settings.strategy == "fedavg":
         strategy = RecordingFedAvg(**common)
+    elif settings.strategy == "fednova":
+        strategy = RecordingFedNova(**common)
     else:
         raise ValueError(
             f"run config 'strategy': {settings.strategy!r} exists only on the legacy API; "
             "run it with api=legacy"
         )
     strategy.recorder = recorder
+    strategy.sampler = PartitionSampler(settings.seed, settings.client_wait_seconds)
     assert isinstance(strategy, Strategy)
     return strategy
 

@@ -26,11 +26,11 @@ from flwr_admm.server.identity import KEY_BINDINGS
 
 STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 APIS = ("message", "legacy")
-LEGACY_ONLY_STRATEGIES = ("fednova",)
+LEGACY_ONLY_STRATEGIES: tuple[str, ...] = ()
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 
 DEFAULTS: dict[str, Any] = {
-    "api": "legacy",
+    "api": "message",
     "strategy": "fedadmm",
     "task": "seed-logreg",
     "num-server-rounds": 50,
@@ -120,7 +120,7 @@ class RunSettings:
     client_wait_seconds: float
     round_timeout: float | None = None
     key_binding: str = "node"
-    api: str = "legacy"
+    api: str = "message"
     secure_aggregation: bool = False
 
     @property

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_runs import run_legacy
 from flwr.common import (
     Code,
     Context,
@@ -25,7 +26,6 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from flwr_admm.testing import make_proxies, run_rounds
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
 from simulations.launcher import APP_DIR, LocalFlower, process_table
@@ -35,20 +35,8 @@ from simulations.report import check_result
 
 
 def _run_in_process(run_config, num_clients=10, fail=False):
-    context = Context(
-        run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
-    )
-    components = server_fn(context)
-
-    def node_client_fn(node_context):
-        if fail:
-            raise RuntimeError("client exploded")
-        node_context.run_config = run_config
-        return client_fn(node_context)
-
-    return run_rounds(
-        components.strategy, make_proxies(node_client_fn, num_clients), components.config.num_rounds
-    )
+    """The legacy path in process (api=legacy set explicitly: these tests are about it)."""
+    return run_legacy(run_config, num_clients, fail=fail)
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_runs import run_message
 from flwr.common import Context, RecordDict
 
-from flwr_admm.testing import make_proxies, run_rounds
+from flwr_admm.testing import make_proxies
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
 from simulations.deployment import LoopbackDeployment
@@ -31,6 +32,8 @@ pytestmark = pytest.mark.deployment
 NUM_NODES = 3
 KILLED = 2  # partition-id of the SuperNode the fault test kills
 CONFIG = {
+    # the fault test replays the legacy path in process; the match test runs api=message
+    "api": "legacy",
     "strategy": "fedadmm",
     "task": "seed-logreg",
     "num-clients": NUM_NODES,
@@ -96,11 +99,12 @@ def _assert_same_rounds(deployed, in_process, rounds):
             )
 
 
-def test_deployed_run_matches_the_in_process_run(deployment, tmp_path):
+def test_deployed_message_api_run_matches_the_in_process_run(deployment, tmp_path):
+    """The Message-API app deployed (the default api) equals it on an in-process grid."""
     rounds = 2  # each deployed round costs ~10 s (3 s polls on both sides, fresh processes)
-    config = {**CONFIG, "num-server-rounds": rounds}
+    config = {**CONFIG, "api": "message", "num-server-rounds": rounds}
     outcome = deployment.run(
-        {**config, "output-dir": str(tmp_path / "deployed")}, tmp_path / "run.log", timeout=120
+        {**config, "output-dir": str(tmp_path / "deployed")}, tmp_path / "run.log", timeout=300
     )
     log = outcome.log_path.read_text()[-3000:]
     assert outcome.returncode == 0, log
@@ -108,10 +112,7 @@ def test_deployed_run_matches_the_in_process_run(deployment, tmp_path):
     assert problems == [], log
     assert document["num_clients"] == NUM_NODES
 
-    in_process = {**config, "output-dir": str(tmp_path / "in-process")}
-    components = server_fn(_context(in_process))
-    proxies = make_proxies(_node_client_fn(in_process), NUM_NODES)
-    run_rounds(components.strategy, proxies, rounds)
+    run_message({**config, "output-dir": str(tmp_path / "in-process")}, NUM_NODES)
 
     deployed = _rounds(tmp_path / "deployed" / "seed-logreg")
     expected = _rounds(tmp_path / "in-process" / "seed-logreg")

@@ -8,13 +8,15 @@ on disk (JSON, CSV and the per-run PNG plots).
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from flwr.app import ConfigRecord, Message, MessageType
 from flwr.clientapp import ClientApp
 from flwr.common import Context, RecordDict
+from message_replies import metadata
 
+from flwr_admm.serverapp.testing import flower_task_identity
 from simulations.admm_app import client_app
+from simulations.admm_app.message_sampling import PARTITION_QUERY, partition_of
 from simulations.admm_app.run_config import DEFAULTS
 from simulations.admm_app.server_app import main
 from simulations.launcher import APP_DIR, LocalFlower
@@ -38,6 +40,9 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
                     "local-steps": 20,
                     "learning-rate": 1.0,
                     "batch-size": 0,
+                    # 5 of 10 nodes a round: the same seeded draw by partition-id on both
+                    # APIs (the Message path asks each node with a query message)
+                    "fraction-fit": 0.5,
                     "output-dir": str(output_dir),
                     "run-tag": api,
                 },
@@ -63,23 +68,9 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
         if m["round"] > 0:
             for key in ("num_sampled", "num_results", "num_failures", "bytes_down", "bytes_up"):
                 assert m[key] == g[key], (m["round"], key)
+            assert m["num_sampled"] == 5
             assert m["rho"] == g["rho"] == 0.1
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
-
-
-@pytest.mark.parametrize("strategy", ["fednova"])
-def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
-    context = Context(
-        run_id=0,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config={"api": "message", "strategy": strategy, "output-dir": str(tmp_path)},
-    )
-    with pytest.raises(ValueError, match="api=legacy"):
-        main(None, context)  # fails before it touches the grid
-    marker = json.loads((tmp_path / "seed-logreg" / f"{strategy}.error.json").read_text())
-    assert strategy in marker["message"] and "api=legacy" in marker["message"]
 
 
 def test_the_client_app_dispatches_on_the_api(monkeypatch):
@@ -87,19 +78,20 @@ def test_the_client_app_dispatches_on_the_api(monkeypatch):
     monkeypatch.setattr(client_app, "message_app", lambda m, c: calls.append("message"))
     monkeypatch.setattr(client_app, "legacy_app", lambda m, c: calls.append("legacy"))
     assert isinstance(client_app.app, ClientApp)
+    train = Message(content=RecordDict(), metadata=metadata(1))
     for api in ("message", "legacy"):
         context = Context(
             run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"api": api}
         )
-        client_app.app(None, context)
-    client_app.app(None, Context(0, 0, {}, RecordDict(), {}))
-    assert calls == ["message", "legacy", DEFAULTS["api"]]
+        client_app.app(train, context)
+    client_app.app(train, Context(0, 0, {}, RecordDict(), {}))
+    assert calls == ["message", "legacy", DEFAULTS["api"]] and DEFAULTS["api"] == "message"
 
 
 @pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
 def test_the_admm_strategies_on_the_message_api_in_process(tmp_path, strategy):
     """The app's Message-API path (recorded strategies), on the in-process grid."""
-    from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
+    from flwr_admm.serverapp.testing import InProcessGrid
 
     run_config = {
         **DEFAULTS,
@@ -128,3 +120,16 @@ def test_the_admm_strategies_on_the_message_api_in_process(tmp_path, strategy):
     else:
         assert last["primal_residual"] > 0 and last["client_drift"] > 0
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"] > 0
+
+
+def test_the_client_app_answers_the_partition_query_itself():
+    query = Message(
+        content=RecordDict({PARTITION_QUERY: ConfigRecord()}),
+        metadata=metadata(1, MessageType.QUERY),
+    )
+    with flower_task_identity():
+        answer = client_app.app(query, Context(0, 5, {"partition-id": 3}, RecordDict(), {}))
+    assert partition_of(answer) == 3
+    with flower_task_identity():
+        unknown = client_app.app(query, Context(0, 5, {}, RecordDict(), {}))
+    assert partition_of(unknown) is None

@@ -31,7 +31,7 @@ def test_secure_aggregation_picks_the_secure_strategy_on_the_legacy_path():
     )
     strategy = build_strategy(settings, task, evaluator=None)  # type: ignore[arg-type]
     assert isinstance(strategy, FedADMMClientDualsSecAgg)
-    plain = parse_run_config({"strategy": "fedadmm-client-duals"}, task.defaults)
+    plain = parse_run_config({"strategy": "fedadmm-client-duals", "api": "legacy"}, task.defaults)
     assert not plain.secure_aggregation
     assert type(build_strategy(plain, task, evaluator=None)) is FedADMMClientDuals  # type: ignore[arg-type]
 

@@ -1,0 +1,131 @@
+"""Seeded node sampling by partition-id for the app's Message-API strategies.
+
+Node ids are random per run, so Flower's Message-API `FedAvg` / `FedProx`
+(``random.sample`` of the node ids) do not draw reproducible clients under partial
+participation, and not the clients the legacy path draws. `PartitionSampler` draws
+exactly as the legacy path's `PartitionClientManager`: wait for the nodes, size the
+sample from those connected (after waiting: Flower's FedAvg sizes it before), and,
+for a strict subset, order the nodes by partition-id (then node id) and pick
+``np.sort(default_rng([seed, k]).choice(len(nodes), size, replace=False))`` in
+round k (`flwr_admm.server.sampling.sample_ids`). A node's partition-id is asked
+once with a ``query`` message (`PARTITION_QUERY`), as the legacy manager asks once
+with ``get_properties``; full participation asks nothing.
+
+`SeededFedAvg` / `SeededFedProx` are Flower's strategies with only the node sample
+replaced (same messages, same aggregation code); `SeededFedNova` is
+`flwr_admm.serverapp.fednova.FedNova` with this sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, FedProx
+
+from flwr_admm.protocol import MESSAGE_SERVER_ROUND, PARTITION_ID
+from flwr_admm.server.sampling import sample_ids
+from flwr_admm.serverapp.fednova import FedNova
+
+__all__ = [
+    "PARTITION_QUERY",
+    "PartitionSampler",
+    "SeededFedAvg",
+    "SeededFedNova",
+    "SeededFedProx",
+]
+
+PARTITION_QUERY = "partition-query"  # the ConfigRecord of the query message
+QUERY_TIMEOUT = 120.0  # seconds the partition-id query waits for replies
+WAIT_INTERVAL = 0.5
+
+
+def partition_of(message: Message) -> int | None:
+    """Return the ``partition-id`` a query reply carries (any record), or None."""
+    if message.has_error():
+        return None
+    for records in (message.content.config_records, message.content.metric_records):
+        for record in records.values():
+            value = record.get(PARTITION_ID)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+class PartitionSampler:
+    """Draws the legacy path's clients: by partition-id, seeded by (seed, round)."""
+
+    def __init__(self, seed: int, wait_seconds: float = 120.0) -> None:
+        self.seed = seed
+        self.wait_seconds = wait_seconds
+        self.partitions: dict[int, int | None] = {}  # node id -> partition-id (None: unknown)
+        self.connected: list[int] = []
+        self.queries = 0
+
+    def sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, available: int
+    ) -> list[int]:
+        """Return the node ids of round `server_round`: max(int(N * fraction), minimum) of N."""
+        node_ids = self._wait(grid, max(available, minimum))
+        size = max(int(len(node_ids) * fraction), minimum)
+        if size >= len(node_ids):
+            return sorted(node_ids)
+        self._learn(grid, [n for n in node_ids if n not in self.partitions])
+        key_of = {str(n): str(p) for n in node_ids if (p := self.partitions.get(n)) is not None}
+        sampled = sample_ids(node_ids, size, server_round, self.seed, key_of)
+        log(INFO, "sampled %s of %s nodes (round %s)", len(sampled), len(node_ids), server_round)
+        return sampled
+
+    def _wait(self, grid: Grid, minimum: int) -> list[int]:
+        deadline = time.monotonic() + self.wait_seconds
+        while len(node_ids := [int(n) for n in grid.get_node_ids()]) < minimum:
+            if time.monotonic() > deadline:
+                break  # go on with those present, as the legacy client manager does
+            time.sleep(WAIT_INTERVAL)
+        self.connected = node_ids
+        return node_ids
+
+    def _learn(self, grid: Grid, node_ids: list[int]) -> None:
+        """Ask each of `node_ids` once for its partition-id (no reply: unknown)."""
+        if not node_ids:
+            return
+        self.queries += 1
+        content = RecordDict({PARTITION_QUERY: ConfigRecord()})
+        messages = [
+            Message(content, dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids
+        ]
+        replies = grid.send_and_receive(messages, timeout=QUERY_TIMEOUT)
+        self.partitions.update(dict.fromkeys(node_ids))
+        for reply in replies:
+            self.partitions[int(reply.metadata.src_node_id)] = partition_of(reply)
+
+
+class SeededFedAvg(FedAvg):
+    """Flower's Message-API `FedAvg` whose node sample is `PartitionSampler`'s."""
+
+    sampler: PartitionSampler
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send `arrays` and `config` (with ``server-round``) to the seeded sample."""
+        if self.fraction_train == 0.0:
+            return []
+        node_ids = self.sampler.sample(
+            grid, server_round, self.fraction_train, self.min_train_nodes, self.min_available_nodes
+        )
+        config[MESSAGE_SERVER_ROUND] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return list(self._construct_messages(record, node_ids, MessageType.TRAIN))
+
+
+class SeededFedProx(FedProx, SeededFedAvg):
+    """Flower's Message-API `FedProx` (adds ``proximal-mu``) with the seeded sample."""
+
+
+class SeededFedNova(FedNova, SeededFedAvg):
+    """`flwr_admm.serverapp.fednova.FedNova` with the seeded sample."""
