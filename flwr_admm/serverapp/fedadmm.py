@@ -216,8 +216,13 @@ class FedADMM(FedAvg):
                 self.arrayrecord_key: payload,
                 self.configrecord_key: node_config,
             }
-            messages.append(
-                Message(RecordDict(records), dst_node_id=node_id, message_type=MessageType.TRAIN)
+            messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
+                Message(
+                    RecordDict(records),
+                    dst_node_id=node_id,
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                )
             )
         return messages
 
@@ -297,7 +302,12 @@ class FedADMM(FedAvg):
         node_config = ConfigRecord({**copy_config(config), MESSAGE_SERVER_ROUND: server_round})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
         return [
-            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            Message(
+                content=content,
+                dst_node_id=n,
+                message_type=MessageType.EVALUATE,
+                group_id=str(server_round),
+            )
             for n in sampled
         ]
 
