@@ -116,6 +116,8 @@ def run_config_of(args: argparse.Namespace) -> dict[str, Any]:
         "num-server-rounds": args.rounds,
         "output-dir": str(Path(args.output_dir).expanduser().resolve()),
     }
+    if args.auth and "key-binding" not in config and config.get("api", "legacy") == "legacy":
+        config["key-binding"] = "authenticated"  # node ids are fixed by registered keys
     settings = parse_run_config(config)
     if "num-clients" not in config and accepted_options(args.task, {"num_clients": 1}):
         config["num-clients"] = args.supernodes
