@@ -37,6 +37,7 @@ CONFIG = {
     "seed": 42,
     "num-server-rounds": 2,
     "client-wait-seconds": 30.0,
+    "key-binding": "authenticated",  # node ids are fixed by the registered keys
 }
 
 
