@@ -3,13 +3,16 @@
 `SuperNode` is one ``flower-supernode`` process (a restart is a new record);
 `SubmittedRun` is a ``flwr run --stream`` in progress that can be waited for or
 cancelled on the SuperLink; `wait_for_log` polls a log file for a pattern and fails
-as soon as the process that should write it has exited.
+as soon as the process that should write it has exited; `ProcessGroups` ends the
+processes a deployment started, by PID (a group at a time, then any stray carrying
+the deployment's token), SIGTERM first and SIGKILL after a grace period.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .launcher import RunOutcome
+from .launcher import RunOutcome, _signal, owned_processes, process_table
 
 if TYPE_CHECKING:
     from .federation import LoopbackDeployment
@@ -129,3 +132,69 @@ def read_log(path: Path) -> str:
 def tail(path: Path, chars: int = 3000) -> str:
     """Return the last `chars` characters of the log at `path`."""
     return read_log(path)[-chars:] or "(empty log)"
+
+
+class ProcessGroups:
+    """Mixin: processes started in their own groups, tagged with `token`, ended by PID.
+
+    The subclass sets `token` (the value of the environment marker every process it
+    starts carries) and appends every process it starts to `started`.
+    """
+
+    token: str
+    started: list[subprocess.Popen[bytes]]
+
+    def end_group(
+        self, process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 15.0
+    ) -> None:
+        """Signal the process group `process` leads, once; SIGKILL what is left of it
+        after `grace` seconds (a second SIGTERM would cut Flower's graceful exit short)."""
+        if process.poll() is None:
+            signal_group(process.pid, sig)
+        deadline = time.monotonic() + grace
+        while self._members(process) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in self._members(process):
+            _signal(pid, signal.SIGKILL)
+        process.wait()
+
+    def _members(self, process: subprocess.Popen[bytes]) -> list[int]:
+        """Return our live processes in the group `process` leads (or led)."""
+        process.poll()  # reap the leader once it has exited
+        return [
+            pid
+            for pid, (_, pgid, token) in process_table().items()
+            if pgid == process.pid and token == self.token
+        ]
+
+    def owned_pids(self) -> set[int]:
+        """Return the live processes we started: our groups' leaders, their
+        descendants, and anything carrying our token (those that outlived their parent)."""
+        roots = {p.pid for p in self.started if p.poll() is None}  # unreaped: still ours
+        return owned_processes(roots, self.token, groups=True)
+
+    def _stop_processes(self, grace: float) -> None:
+        """End every process started: one SIGTERM per group, `grace` s, SIGKILL."""
+        groups = set()
+        for process in reversed(self.started):  # flwr run, SuperNodes, then SuperLink
+            if process.poll() is None:
+                groups.add(process.pid)
+                signal_group(process.pid, signal.SIGTERM)
+        table = process_table()
+        for pid in self.owned_pids():  # strays that left our groups
+            if pid in table and table[pid][1] not in groups:
+                _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.owned_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(3):
+            for pid in self.owned_pids():
+                _signal(pid, signal.SIGKILL)
+            for process in self.started:
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        leftover = self.owned_pids()
+        if leftover:
+            raise RuntimeError(f"processes still alive after stop: {sorted(leftover)}")

@@ -46,10 +46,10 @@ from .credentials import NodeKey, TlsFiles, make_node_key, make_tls
 from .deploy_process import (
     CONNECTION,
     NODE_ID,
+    ProcessGroups,
     SubmittedRun,
     SuperNode,
     received_round,
-    signal_group,
     tail,
     wait_for_log,
 )
@@ -58,10 +58,7 @@ from .launcher import (
     TOKEN_VAR,
     RunOutcome,
     StopOnExit,
-    _signal,
     free_port,
-    owned_processes,
-    process_table,
     toml_value,
 )
 
@@ -73,7 +70,7 @@ HEALTH_PROBE = (
 )
 
 
-class LoopbackDeployment(StopOnExit):
+class LoopbackDeployment(ProcessGroups, StopOnExit):
     """SuperLink + N SuperNodes under a private FLWR_HOME (TLS, auth, netns optional)."""
 
     def __init__(
@@ -365,35 +362,6 @@ class LoopbackDeployment(StopOnExit):
         return self.supernodes[partition_id]
 
     # ------------------------------------------------------------------- stop
-    def end_group(
-        self, process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 15.0
-    ) -> None:
-        """Signal the process group `process` leads, once; SIGKILL what is left of it
-        after `grace` seconds (a second SIGTERM would cut Flower's graceful exit short)."""
-        if process.poll() is None:
-            signal_group(process.pid, sig)
-        deadline = time.monotonic() + grace
-        while self._members(process) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in self._members(process):
-            _signal(pid, signal.SIGKILL)
-        process.wait()
-
-    def _members(self, process: subprocess.Popen[bytes]) -> list[int]:
-        """Return our live processes in the group `process` leads (or led)."""
-        process.poll()  # reap the leader once it has exited
-        return [
-            pid
-            for pid, (_, pgid, token) in process_table().items()
-            if pgid == process.pid and token == self.token
-        ]
-
-    def owned_pids(self) -> set[int]:
-        """Return the live processes we started: our groups' leaders, their
-        descendants, and anything carrying our token (those that outlived their parent)."""
-        roots = {p.pid for p in self.started if p.poll() is None}  # unreaped: still ours
-        return owned_processes(roots, self.token, groups=True)
-
     def stop(self, grace: float = 15.0) -> None:
         """Stop everything started here, by PID, and remove the namespaces; raise if
         anything survives.
@@ -408,28 +376,3 @@ class LoopbackDeployment(StopOnExit):
             raise RuntimeError(f"network namespaces left after stop: {failed}")
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
-
-    def _stop_processes(self, grace: float) -> None:
-        groups = set()
-        for process in reversed(self.started):  # flwr run, SuperNodes, then SuperLink
-            if process.poll() is None:
-                groups.add(process.pid)
-                signal_group(process.pid, signal.SIGTERM)
-        table = process_table()
-        for pid in self.owned_pids():  # strays that left our groups
-            if pid in table and table[pid][1] not in groups:
-                _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while self.owned_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for _ in range(3):
-            for pid in self.owned_pids():
-                _signal(pid, signal.SIGKILL)
-            for process in self.started:
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-        leftover = self.owned_pids()
-        if leftover:
-            raise RuntimeError(f"processes still alive after stop: {sorted(leftover)}")
