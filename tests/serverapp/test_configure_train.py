@@ -65,6 +65,14 @@ def test_each_node_gets_its_own_center_with_the_models_names_dtypes_and_shapes()
     assert not np.array_equal(weights[0], weights[1])  # the duals differ per node
 
 
+def test_messages_carry_the_round_as_group_id() -> None:
+    """SuperNodes log "[RUN r, ROUND k]" from group_id (the deployment runner's kill
+    waits for that line), as with the legacy API."""
+    first, second = two_rounds(FedADMM(rho=0.5, fraction_evaluate=0.0))
+    assert {m.metadata.group_id for m in first} == {"1"}
+    assert {m.metadata.group_id for m in second} == {"2"}
+
+
 def test_config_is_a_copy_plus_rho_proximal_mu_and_server_round() -> None:
     strategy = FedADMM(rho=0.25, fraction_evaluate=0.0)
     given = ConfigRecord({"lr": 0.1, "layers": [1, 2]})
