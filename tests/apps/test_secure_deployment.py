@@ -75,7 +75,7 @@ def test_network_is_the_expected_one(secure):
 @pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
 def test_tls_auth_run_completes_with_the_registered_nodes(secure, strategy, tmp_path):
     config = {**CONFIG, "strategy": strategy, "output-dir": str(tmp_path)}
-    outcome = secure.run(config, tmp_path / "run.log", timeout=150)
+    outcome = secure.run(config, tmp_path / "run.log", timeout=400)  # ~60 s idle
     log = outcome.log_path.read_text()[-3000:]
     assert outcome.returncode == 0, log
     document, problems = check_result(tmp_path / "seed-logreg", strategy, 2)
