@@ -78,12 +78,16 @@ class ConsensusStrategy(FedAvg):
     is evicted and the key starts fresh under its new node. So an insecure SuperNode
     that restarts (new node id) rejoins as a new client, an authenticated one (same
     node id) keeps its state, and nobody receives a connected node's center or
-    writes its state. ``"reported"``: reported keys are trusted (a returning key
+    writes its state. ``"authenticated"``: as ``"node"`` but a key is never rebound
+    (for SuperNode authentication, where a node id is fixed by its registered key and
+    survives restarts): no node takes over an absent node's key; the key is freed only
+    by eviction. ``"reported"``: reported keys are trusted (a returning key
     keeps its state under any node id): only where every client is trusted.
 
     Duplicate keys: replies of one round that share a key are all rejected, except
-    that under ``"node"`` a single reply from the key's own node is kept (the others
-    are conflicts); no two replies ever touch one client's state in a round.
+    that under ``"node"``/``"authenticated"`` a single reply from the key's own node
+    is kept (the others are conflicts); no two replies ever touch one client's state
+    in a round.
 
     Eviction: at ``configure_fit``, keys whose last accepted reply is more than
     ``max_client_age`` rounds old are evicted, then the least recently heard beyond

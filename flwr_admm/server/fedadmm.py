@@ -107,11 +107,13 @@ class FedADMM(ConsensusStrategy):
     local_dp : LocalDP, optional
         Clients clip w_i - v_i to norm C and add N(0, (sigma C)^2); ``dp_epsilon`` is
         reported every round (`flwr_admm.uplink.privacy`).
-    key_binding : {"node", "reported"}
+    key_binding : {"node", "authenticated", "reported"}
         "node" (default): a client key is accepted only from the node it was first
         accepted from; a conflicting claim is rejected (``num_key_conflicts``) and the
         owner's dual untouched; a key whose node left the federation restarts fresh
-        under its new node. "reported": trust reported keys (a returning key keeps its
+        under its new node. "authenticated" (SuperNode authentication on: node ids are
+        fixed by registered keys): never rebound, so no node can take over an absent
+        node's key. "reported": trust reported keys (a returning key keeps its
         dual under any node id, ``num_resynced``); only for trusted deployments. See
         `ConsensusStrategy`.
     max_client_age : int or None

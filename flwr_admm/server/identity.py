@@ -9,7 +9,11 @@ wrong type or size is an error for that reply only, never for the round.
 speaks for one key; a reply claiming another node's key, or a node's second key, is a
 conflict (rejected, the owner untouched), unless the owner has left the federation
 (it was not among the connected nodes at this round's ``configure_fit``): then the key
-is freed, its state evicted, and it starts fresh under the new node. With ``"reported"``
+is freed, its state evicted, and it starts fresh under the new node. With
+``"authenticated"`` (for deployments with SuperNode authentication, where a node id
+is fixed by the node's registered key and survives restarts) a key is never handed to
+another node, not even when its owner has left: an authenticated node cannot take over
+another node's key while it is offline. With ``"reported"``
 the reported key is trusted as it is (trusted deployments only). The binding also
 remembers when each key was last heard, for the eviction policies `stale` applies.
 """
@@ -32,8 +36,8 @@ __all__ = [
     "optional_count",
 ]
 
-KeyBindingPolicy = Literal["node", "reported"]
-KEY_BINDINGS = ("node", "reported")
+KeyBindingPolicy = Literal["node", "authenticated", "reported"]
+KEY_BINDINGS = ("node", "authenticated", "reported")
 Claim = Literal["ok", "conflict", "rebind"]
 Reject = Callable[[str, str, bool], None]  # (key, problem, is a key conflict)
 MAX_CLIENT_KEY_LENGTH = 256
@@ -119,9 +123,10 @@ class KeyBinding:
 
     Parameters
     ----------
-    policy : {"node", "reported"}
+    policy : {"node", "authenticated", "reported"}
         ``"node"``: a key belongs to the node it was first accepted from until that
-        node leaves the federation; ``"reported"``: reported keys are trusted.
+        node leaves the federation; ``"authenticated"``: for good (until evicted as
+        stale), for SuperNode authentication; ``"reported"``: reported keys are trusted.
 
     Attributes
     ----------
@@ -139,7 +144,13 @@ class KeyBinding:
     def __init__(self, policy: str = "node") -> None:
         if policy not in KEY_BINDINGS:
             raise ValueError(f"key_binding: must be one of {list(KEY_BINDINGS)}, got {policy!r}")
-        self.policy: KeyBindingPolicy = "node" if policy == "node" else "reported"
+        self.policy: KeyBindingPolicy = (
+            "node"
+            if policy == "node"
+            else "authenticated"
+            if policy == "authenticated"
+            else "reported"
+        )
         self.node_of: dict[str, str] = {}
         self.key_of: dict[str, str] = {}
         self.last_seen: dict[str, int] = {}
@@ -163,8 +174,8 @@ class KeyBinding:
         owner = self.node_of.get(key)
         if owner is None or owner == cid:
             return "ok"
-        if self.present is not None and owner not in self.present:
-            return "rebind"
+        if self.policy == "node" and self.present is not None and owner not in self.present:
+            return "rebind"  # under "authenticated" the owner keeps its key while away
         return "conflict"
 
     def admit(self, keyed: Sequence[KeyedT], reject: Reject) -> tuple[list[KeyedT], list[str]]:
@@ -202,17 +213,17 @@ class KeyBinding:
 
     def _conflict(self, key: str, cid: str) -> str:
         return (
-            f"node {cid} may not speak for it (key_binding='node': the key is bound to "
+            f"node {cid} may not speak for it (key_binding={self.policy!r}: the key is bound to "
             f"node {self.node_of.get(key)}, node {cid} to {self.key_of.get(cid)})"
         )
 
     def owner(self, key: str) -> str | None:
-        """Return the cid `key` is bound to under the ``"node"`` policy, else None."""
-        return self.node_of.get(key) if self.policy == "node" else None
+        """Return the cid `key` is bound to (policies "node", "authenticated"), else None."""
+        return self.node_of.get(key) if self.policy != "reported" else None
 
     def bind(self, key: str, cid: str, server_round: int) -> None:
         """Bind `key` to node `cid` after an accepted reply, heard in `server_round`."""
-        if self.node_of.get(key) not in (None, cid) and self.policy == "node":
+        if self.node_of.get(key) not in (None, cid) and self.policy != "reported":
             self.key_of.pop(self.node_of[key], None)
         self.node_of[key] = cid
         self.key_of[cid] = key

@@ -225,7 +225,12 @@ class ConsensusStrategy(FedAvg):
         node_config = ConfigRecord({**copy_config(config), MESSAGE_SERVER_ROUND: server_round})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
         return [
-            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            Message(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
+                content=content,
+                dst_node_id=n,
+                message_type=MessageType.EVALUATE,
+                group_id=str(server_round),
+            )
             for n in sampled
         ]
 

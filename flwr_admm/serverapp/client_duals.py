@@ -240,7 +240,14 @@ class FedADMMClientDuals(ConsensusStrategy):
             rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
             config = ConfigRecord({**common, ACK_ROUND: ack, REBUILD: int(rebuild)})
             content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-            messages.append(Message(content, dst_node_id=node_id, message_type=MessageType.TRAIN))
+            messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
+                Message(
+                    content,
+                    dst_node_id=node_id,
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                )
+            )
         return messages
 
     def _read(self, message: Message) -> ReadReply:

@@ -231,8 +231,13 @@ class FedADMM(ConsensusStrategy):
                 self.arrayrecord_key: payload,
                 self.configrecord_key: node_config,
             }
-            messages.append(
-                Message(RecordDict(records), dst_node_id=node_id, message_type=MessageType.TRAIN)
+            messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
+                Message(
+                    RecordDict(records),
+                    dst_node_id=node_id,
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                )
             )
         return messages
 

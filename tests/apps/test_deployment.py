@@ -216,3 +216,44 @@ def test_a_failed_start_stops_what_was_started(tmp_path):
     assert not os.path.exists(f"/proc/{deployment.superlink.pid}")
     assert deployment.owned_pids() == set()
     assert not any(token == deployment.token for _, _, token in process_table().values())
+
+
+def test_message_api_killed_supernode_fails_one_round_and_rejoins(deployment, tmp_path):
+    """api=message, FedADMM (server-held duals): the SuperNode killed (SIGTERM) in round
+    2 is one failed reply (the SuperLink's NODE_UNAVAILABLE error reply), restarted it
+    rejoins as a new client in round 3 (its key's old state evicted), the run completes,
+    and every round equals the legacy strategy's in-process replay of the same fault."""
+    rounds, kill_round = 4, 2
+    config = {**CONFIG, "num-server-rounds": rounds}
+    old = deployment.supernodes[KILLED]
+    output_dir = str(tmp_path / "deployed")
+    run = deployment.submit(
+        {**config, "api": "message", "output-dir": output_dir}, tmp_path / "run.log"
+    )
+    try:
+        killed_pid = deployment.kill_during_round(KILLED, run, kill_round, timeout=300)
+        assert killed_pid == old.process.pid and old.process.returncode is not None
+        new = deployment.restart_supernode(KILLED)
+        assert new.process.pid != killed_pid and new.node_id != old.node_id
+        outcome = run.wait(timeout=400)  # ~70 s idle, 173 s seen under load
+    finally:
+        run.cancel()
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    task_dir = tmp_path / "deployed" / "seed-logreg"
+    _, problems = check_result(task_dir, "fedadmm", rounds, allow_failures=True)
+    assert problems == [], log
+    deployed = _rounds(task_dir)
+    pattern = [
+        (
+            deployed[r]["num_results"],
+            deployed[r]["num_failures"],
+            deployed[r]["fit_metrics"]["num_evicted"],
+            deployed[r]["fit_metrics"]["num_key_conflicts"],
+        )
+        for r in range(1, rounds + 1)
+    ]
+    assert pattern == [(3, 0, 0, 0), (2, 1, 0, 0), (3, 0, 1, 0), (3, 0, 0, 0)], log
+    _replay_with_restart({**config, "output-dir": str(tmp_path / "replay")}, rounds, kill_round)
+    replayed = _rounds(tmp_path / "replay" / "seed-logreg")
+    _assert_same_rounds(deployed, replayed, range(1, rounds + 1))

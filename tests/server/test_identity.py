@@ -121,6 +121,22 @@ def test_client_keys_of_refused_values_name_the_field(metrics: dict[str, Any]) -
         client_key_of("9", metrics)
 
 
+def test_authenticated_binding_never_hands_a_key_to_another_node() -> None:
+    binding = KeyBinding("authenticated")
+    binding.connected(["1", "2"])
+    binding.bind("partition-id:0", "1", 1)
+    assert binding.claim("partition-id:0", "2") == "conflict"
+    binding.connected(["2", "3"])  # node 1 is away (under auth it returns as node 1)
+    assert binding.claim("partition-id:0", "3") == "conflict"
+    binding.connected(["1", "2", "3"])
+    assert binding.claim("partition-id:0", "1") == "ok"
+    assert binding.owner("partition-id:0") == "1"
+    binding.forget(["partition-id:0"])  # evicted as stale: the key is free again
+    assert binding.claim("partition-id:0", "3") == "ok"
+    with pytest.raises(ValueError, match="key_binding"):
+        KeyBinding("auth")
+
+
 # ------------------------------------------------------ both strategies, one base
 @pytest.mark.parametrize("strategy_class", [FedADMM, FedADMMClientDuals])
 def test_a_conflicting_claim_is_rejected_in_both_strategies(strategy_class: Any) -> None:
@@ -317,3 +333,31 @@ def test_replies_are_decoded_against_the_center_sent_after_a_mid_round_eviction(
     for proxy in proxies[:2]:
         expected = parameters_to_ndarrays(sent[proxy].parameters)[0]
         np.testing.assert_array_equal(strategy._sent(proxy.cid)[0], expected)
+
+
+@pytest.mark.parametrize("strategy_class", [FedADMM, FedADMMClientDuals])
+@pytest.mark.parametrize(("key_binding", "taken_over"), [("authenticated", False), ("node", True)])
+def test_an_absent_owners_key_is_not_taken_over_under_authenticated(
+    strategy_class: Any, key_binding: str, taken_over: bool
+) -> None:
+    """Node 1 owns partition 0 and leaves; node 2 claims partition 0. Under "node" the
+    key is freed and rebound (right for insecure restarts, which get new node ids);
+    under "authenticated" (node ids fixed by registered keys) it is a conflict and
+    node 1's state stays, so an authenticated node cannot report another node's key."""
+    strategy = configured(
+        strategy_class(rho=0.1, initial_parameters=zeros_parameters(), key_binding=key_binding),
+        ["1", "2"],
+    )
+    owner = first_reply(strategy_class, 0.5, 10, {"partition-id": 0})
+    strategy.aggregate_fit(1, [(Proxy("1"), owner)], [])
+    configured(strategy, ["2", "3"])  # node 1 is not connected now
+    claim = first_reply(strategy_class, 3.0, 500, {"partition-id": 0})
+    _, metrics = strategy.aggregate_fit(2, [(Proxy("2"), claim)], [])
+    if taken_over:
+        assert (metrics["num_evicted"], metrics["num_key_conflicts"]) == (1, 0)
+        assert strategy.binding.node_of == {"partition-id:0": "2"}
+    else:
+        assert (metrics["num_key_conflicts"], metrics["num_rejected"]) == (1, 1)
+        assert metrics["num_evicted"] == 0
+        assert strategy.binding.node_of == {"partition-id:0": "1"}
+        assert client_keys(strategy) == ["partition-id:0"]

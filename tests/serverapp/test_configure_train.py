@@ -10,7 +10,7 @@ from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm import StochasticQuantizer
 from flwr_admm.core.types import natural_key
-from flwr_admm.serverapp import FedADMM, nodes
+from flwr_admm.serverapp import FedADMM, FedADMMClientDuals, nodes
 from flwr_admm.serverapp.testing import flower_task_identity
 
 Z0 = {
@@ -64,6 +64,23 @@ def test_each_node_gets_its_own_center_with_the_models_names_dtypes_and_shapes()
             np.testing.assert_array_equal(sent, np.asarray(v, dtype=expected.dtype))
     weights = [m.content["arrays"]["layer.weight"].numpy() for m in second]
     assert not np.array_equal(weights[0], weights[1])  # the duals differ per node
+
+
+def test_messages_carry_the_round_as_group_id() -> None:
+    """SuperNodes log "[RUN r, ROUND k]" from group_id (the deployment runner's kill
+    waits for that line), as with the legacy API."""
+    first, second = two_rounds(FedADMM(rho=0.5, fraction_evaluate=0.0))
+    assert {m.metadata.group_id for m in first} == {"1"}
+    assert {m.metadata.group_id for m in second} == {"2"}
+
+
+def test_client_duals_and_evaluate_messages_carry_the_round_as_group_id() -> None:
+    train = configure(FedADMMClientDuals(rho=0.5), 3, named(Z0), FakeGrid([11, 12]), lr=0.5)
+    assert {m.metadata.group_id for m in train} == {"3"}
+    strategy = FedADMM(rho=0.5, fraction_evaluate=1.0)
+    with flower_task_identity():
+        evaluate = strategy.configure_evaluate(4, named(Z0), ConfigRecord(), FakeGrid([11, 12]))
+    assert len(evaluate) == 2 and {m.metadata.group_id for m in evaluate} == {"4"}
 
 
 def test_config_is_a_copy_plus_rho_proximal_mu_and_server_round() -> None:

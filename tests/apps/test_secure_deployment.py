@@ -1,0 +1,103 @@
+"""A TLS + SuperNode-authentication deployment, in network namespaces where possible.
+
+One deployment (2 registered SuperNodes + 1 SuperNode whose key was never registered,
+TLS with a CA made for the run, ``--enable-supernode-auth``) serves a FedADMM run and a
+FedADMMClientDuals run of 2 rounds each (legacy API). Both must complete with exactly
+the registered nodes' replies; the unregistered SuperNode must be refused (its log and
+exit status, the SuperLink's answer, the node list, the results). Where the test runs
+as root the SuperLink and each SuperNode have their own network namespace (traffic
+crosses veth interfaces); elsewhere loopback. Everything is stopped by PID and the
+namespaces removed, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from simulations import netns
+from simulations.deploy_process import CONNECTION, read_log
+from simulations.federation import LoopbackDeployment
+from simulations.launcher import process_table
+from simulations.report import check_result
+
+pytestmark = pytest.mark.deployment
+
+NUM_NODES = 2
+CONFIG = {
+    "task": "seed-logreg",
+    "num-clients": NUM_NODES,
+    "rho": 0.1,
+    "local-steps": 20,
+    "learning-rate": 1.0,
+    "batch-size": 0,
+    "seed": 42,
+    "num-server-rounds": 2,
+    "client-wait-seconds": 30.0,
+    "key-binding": "authenticated",  # node ids are fixed by the registered keys
+}
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    home = tmp_path_factory.mktemp("secure") / "flwr-home"
+    deployment = LoopbackDeployment(
+        NUM_NODES, home=home, tls=True, auth=True, unregistered=1, network="auto"
+    )
+    with deployment as running:
+        yield running
+    leftover = [pid for pid, (_, _, token) in process_table().items() if token == running.token]
+    assert leftover == [], f"still running after stop: {leftover}"
+    if running.namespaces is not None:
+        assert running.namespaces.existing() == []
+
+
+def test_network_is_the_expected_one(secure):
+    can, _ = netns.available()
+    assert secure.network_used == ("netns" if can else "loopback"), secure.network_note
+    if secure.network_used == "netns":
+        assert secure.host == netns.LINK_ADDRESS
+        # each SuperNode has its own stack: its address is on eth0 in its namespace
+        for node in secure.supernodes.values():
+            name = secure.namespaces.nodes[node.slot]
+            shown = subprocess.run(
+                ["ip", "-n", name, "-4", "addr", "show", "eth0"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert secure.namespaces.node_address(node.slot) in shown
+
+
+@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
+def test_tls_auth_run_completes_with_the_registered_nodes(secure, strategy, tmp_path):
+    config = {**CONFIG, "strategy": strategy, "output-dir": str(tmp_path)}
+    outcome = secure.run(config, tmp_path / "run.log", timeout=400)  # ~60 s idle
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    document, problems = check_result(tmp_path / "seed-logreg", strategy, 2)
+    assert problems == [], log
+    rounds = document["rounds"][1:]
+    assert [(r["num_results"], r["num_failures"]) for r in rounds] == [(2, 0), (2, 0)], log
+    assert rounds[-1]["relative_gap"] < rounds[0]["relative_gap"]
+    # the deployment was secured: no --insecure anywhere, the CLI trusted our CA
+    assert "insecure" not in (secure.home / "config.toml").read_text()
+    for node in secure.supernodes.values():
+        assert re.search(r"\[RUN \d+, ROUND 2\]", read_log(node.log_path))
+
+
+def test_unregistered_supernode_is_refused(secure):
+    (intruder,) = secure.intruders
+    assert intruder.process.wait(timeout=120) != 0  # gave up: it could not activate
+    assert "Failed to activate SuperNode" in read_log(intruder.log_path)
+    superlink_log = read_log(secure.home / "superlink.log")
+    assert re.search(r'"POST /v1/fleet/activate-node HTTP/1.1" 412', superlink_log)
+    # the registered nodes are exactly the ones the SuperLink lists, all online
+    listed = secure.flwr("supernode", "list", CONNECTION, "--format", "json")
+    nodes = json.loads(listed.stdout[listed.stdout.index("{") :])["nodes"]
+    assert {int(n["node-id"]) for n in nodes} == set(secure.registered_ids.values())
+    assert {n.node_id for n in secure.supernodes.values()} == set(secure.registered_ids.values())
+    assert all(n["status"] == "online" for n in nodes), nodes
