@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from logging import INFO, WARNING
 from typing import Any
@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -108,6 +109,11 @@ class FedADMM(FedAvg):
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
         Seed of the node sample (None: Python's `random`, as Flower).
+    tensor_policy : mapping, optional
+        ``{name pattern: role}`` over the ArrayRecord's tensor names, roles
+        ``"consensus"`` (ADMM), ``"average"`` (FedAvg, no dual) or ``"keep"`` (never
+        changed); unmatched tensors: integer dtypes keep, ``*running_mean`` /
+        ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
 
     Not yet supported here (planned; use the legacy `flwr_admm.FedADMM`): checkpoints
     (``checkpoint_dir``, ``checkpoint_every``, ``resume``), uplink compression
@@ -148,9 +154,12 @@ class FedADMM(FedAvg):
         eps_rel: float = 1e-4,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
+        tensor_policy: Mapping[str, str] | None = None,
         **planned: Any,
     ) -> None:
         refuse_planned(planned)
+        self.tensor_rules = check_rules(tensor_policy)
+        self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -208,7 +217,7 @@ class FedADMM(FedAvg):
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
-            payload = arrays if center is admm.z else self._record(center)
+            payload = arrays if center is admm.z else self._record(self._merge(center))
             node_config = ConfigRecord(
                 {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
             )
@@ -247,25 +256,33 @@ class FedADMM(FedAvg):
         if not accepted:
             log(WARNING, "FedADMM round %s: no usable reply; state unchanged", server_round)
             self.admm.cancel()
+            self._split().begin()
             idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
             return None, plain_metrics({**counts, **idle})
         contents = [r.content for r in accepted if r.content is not None]
         ours = {**self._finish(server_round), **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
-        return self._record(self.admm.z), metrics
+        return self._record(self._merge(self.admm.z)), metrics
 
     def _fold(self, admitted: list[ReadReply], counts: dict[str, int]) -> list[ReadReply]:
         """Absorb w_i, n_i, f_i(w_i) of each admitted reply (natural key order)."""
         assert self.admm is not None
+        split = self._split()
         self.admm.begin([r.key for r in admitted])
+        split.begin()
         accepted = []
         for r in admitted:
+            if not split.finite(r.arrays):  # the core checks the consensus tensors only
+                self._reject(r.key, NON_FINITE, counts)
+                continue
+            arrays, sq_norm = split.consensus(r.arrays), r.sq_norm if split.trivial else None
             try:
-                self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
+                self.admm.absorb(Reply(r.key, arrays, r.num_examples, r.loss, sq_norm))
             except NonFiniteReplyError:  # found while folding it in; state rolled back
                 self._reject(r.key, NON_FINITE, counts)
                 continue
+            split.absorb(r.arrays, r.num_examples)  # FedAvg of the averaged tensors
             self.binding.bind(r.key, str(r.node_id), self._clock)
             accepted.append(r)
         return accepted
@@ -274,6 +291,7 @@ class FedADMM(FedAvg):
         """Take the z-step and the dual step; return the residuals and the next rho."""
         assert self.admm is not None
         report = self.admm.finish(server_round)
+        self._split().finish()
         self.converged = report.converged
         return report_metrics(report)
 
@@ -339,11 +357,22 @@ class FedADMM(FedAvg):
         if self.layout is None:
             self.layout = Layout.of(arrays)
         z = self.layout.read(arrays)
-        if self.admm is None:
-            self.admm = self.admm_settings.new_admm(z)
+        if self.admm is None or self.tensors is None:
+            roles = roles_of(self.tensor_rules, self.layout.names, self.layout.dtypes)
+            self.tensors = TensorSplit(roles, z)
+            self.admm = self.admm_settings.new_admm(self.tensors.consensus(z))
         else:
-            self.admm.adopt_consensus(z)
+            self.tensors.adopt(z)
+            self.admm.adopt_consensus(self.tensors.consensus(z))
         return self.admm
+
+    def _split(self) -> TensorSplit:
+        assert self.tensors is not None
+        return self.tensors
+
+    def _merge(self, consensus: list[Any]) -> list[Any]:
+        """Return the full tensor list: the core's consensus tensors and the held ones."""
+        return self._split().merge(consensus)
 
     def _record(self, arrays: list[Any]) -> ArrayRecord:
         assert self.layout is not None
