@@ -15,7 +15,7 @@ from flwr_admm import ADMMClient
 from flwr_admm.clientapp import make_client_app
 
 from .evaluation import get_task
-from .run_config import api_of, parse_run_config
+from .run_config import api_of, framework_of, parse_run_config
 
 
 class AppClient(ADMMClient):
@@ -73,8 +73,14 @@ class ApiClientApp(ClientApp):
     """A ClientApp that hands each message to the legacy or the Message-API app."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Dispatch on the run config's ``api``."""
-        chosen = message_app if api_of(context.run_config) == "message" else legacy_app
+        """Dispatch on the run config's ``api`` and ``framework``."""
+        message_api = api_of(context.run_config) == "message"
+        if framework_of(context.run_config) == "torch":
+            from .torch_client import torch_legacy_app, torch_message_app  # imports torch
+
+            chosen = torch_message_app if message_api else torch_legacy_app
+        else:
+            chosen = message_app if message_api else legacy_app
         return chosen(message, context)
 
 
