@@ -61,7 +61,11 @@ def numpy_client_fn(context: Context) -> AppClient:
 
 
 def client_fn(context: Context) -> Client:
-    """Build the legacy client of this node's partition from the run config."""
+    """Build the legacy client of this node's partition (numpy or torch) from the run config."""
+    if framework_of(context.run_config) == "torch":
+        from .torch_client import torch_client  # imports torch
+
+        return torch_client(context).to_client()
     return numpy_client_fn(context).to_client()
 
 
@@ -76,9 +80,9 @@ class ApiClientApp(ClientApp):
         """Dispatch on the run config's ``api`` and ``framework``."""
         message_api = api_of(context.run_config) == "message"
         if framework_of(context.run_config) == "torch":
-            from .torch_client import torch_legacy_app, torch_message_app  # imports torch
+            from .torch_client import torch_message_app  # imports torch
 
-            chosen = torch_message_app if message_api else torch_legacy_app
+            chosen = torch_message_app if message_api else legacy_app
         else:
             chosen = message_app if message_api else legacy_app
         return chosen(message, context)

@@ -129,7 +129,6 @@ def torch_client(context: Context) -> TorchAppClient:
     return TorchAppClient(settings, torch_task(task, settings.model, settings.seed), context)
 
 
-torch_legacy_app = ClientApp(client_fn=lambda context: torch_client(context).to_client())
 torch_message_app = ClientApp()
 
 
