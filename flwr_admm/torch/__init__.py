@@ -6,6 +6,14 @@ named numpy arrays; `buffer_policy` names its buffers for a strategy's
 ``tensor_policy``. Nothing else in `flwr_admm` imports torch.
 """
 
+try:
+    import torch  # noqa: F401
+except ImportError as error:  # pragma: no cover - the base install has no torch
+    raise ImportError(
+        'flwr_admm.torch needs PyTorch: pip install "flwr-admm[torch]" (CPU build: '
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+    ) from error
+
 from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
 from flwr_admm.torch.state import buffer_policy, load_arrays, state_arrays, trainable_names
 from flwr_admm.torch.step import PENALTIES, Penalty, TorchADMM

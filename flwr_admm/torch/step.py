@@ -112,6 +112,10 @@ class TorchADMM:
     train_step: ADMMTrainStep | None = None
     duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
     _center: dict[int, torch.Tensor] = field(default_factory=dict)
+    _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
+        default_factory=dict
+    )
+    _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
     _begin: dual_math.DualStart | None = None
     _base: dual_math.Acknowledged | None = None
 
@@ -233,7 +237,7 @@ class TorchADMM:
                 values[name] = self.previous[name]
         load_arrays(self.model, values)
         named = dict(self.model.named_parameters())
-        self._center = {}
+        self._center, self._groups = {}, {}
         if self.rho > 0:
             for name in trainable_names(self.model):
                 p = named[name]
@@ -242,9 +246,9 @@ class TorchADMM:
 
     def penalty_term(self) -> torch.Tensor:
         """Return rho/2 sum_k ||w_k - v_k||^2 in "loss" mode (0 in "prox" mode or rho = 0)."""
-        total = torch.zeros(())
         if self.penalty != "loss" or not self._center:
-            return total
+            return self._zero
+        total = torch.zeros(())
         for p in self.model.parameters():
             v = self._center.get(id(p))
             if v is not None:
@@ -255,14 +259,20 @@ class TorchADMM:
         """Take w <- (w + eta rho v) / (1 + eta rho) per group of lr eta ("prox" mode)."""
         if self.penalty != "prox" or not self._center:
             return
-        with torch.no_grad():
+        groups = self._groups.get(id(optimizer))
+        if groups is None:  # the penalized tensors of each group, found once per optimizer
+            groups = []
             for group in optimizer.param_groups:
-                eta = float(group["lr"])
+                params = [p for p in group["params"] if id(p) in self._center]
+                if params:
+                    groups.append((group, params, [self._center[id(p)] for p in params]))
+            self._groups[id(optimizer)] = groups
+        with torch.no_grad():
+            for group, params, centers in groups:
+                eta = float(group["lr"])  # read every step: a scheduler may change it
                 keep = 1.0 / (1.0 + eta * self.rho)
-                for p in group["params"]:
-                    v = self._center.get(id(p))
-                    if v is not None:
-                        p.mul_(keep).add_(v, alpha=eta * self.rho * keep)
+                torch._foreach_mul_(params, keep)  # one fused call per group, not per tensor
+                torch._foreach_add_(params, centers, alpha=eta * self.rho * keep)
 
     # ----------------------------------------------------------------- replies
     def reply(self, num_examples: int, metrics: Mapping[str, Any] | None = None) -> Message:
