@@ -4,9 +4,8 @@ On the same model, data, minibatches and optimizer (SGD), three loops run
 interleaved, each for `steps` steps:
 
 - bare: ``zero_grad; loss(model(x), y).backward(); optimizer.step()`` (a FedAvg client);
-- prox: the same plus ``+ admm.penalty_term()`` (0 in this mode) and
-  ``admm.after_step(optimizer)``, the decoupled proximal step of
-  `flwr_admm.torch.TorchADMM` (``penalty="prox"``, what the simulations app runs);
+- prox: the same plus ``admm.after_step(optimizer)``, the decoupled proximal step of
+  `flwr_admm.torch.TorchADMM` (``penalty="prox"``: the simulations app's loop);
 - loss: ``penalty="loss"``, rho/2 ||w - v||^2 added to the loss.
 
 rho = 0.1 around a center v != w. Times are CPU times of the process with one torch
@@ -94,7 +93,10 @@ def make_loop(case: Case, penalty: str | None, steps: int) -> Callable[[], objec
         for k in range(steps):
             index = batches[k % len(batches)]
             optimizer.zero_grad()
-            (loss_of(X[index], y[index]) + admm.penalty_term()).backward()
+            loss = loss_of(X[index], y[index])
+            if admm.penalty == "loss":  # the app's loop: prox mode adds nothing to the loss
+                loss = loss + admm.penalty_term()
+            loss.backward()
             optimizer.step()
             admm.after_step(optimizer)
 

@@ -269,10 +269,9 @@ class TorchADMM:
             self._groups[id(optimizer)] = groups
         with torch.no_grad():
             for group, params, centers in groups:
-                eta = float(group["lr"])  # read every step: a scheduler may change it
-                keep = 1.0 / (1.0 + eta * self.rho)
-                torch._foreach_mul_(params, keep)  # one fused call per group, not per tensor
-                torch._foreach_add_(params, centers, alpha=eta * self.rho * keep)
+                eta_rho = float(group["lr"]) * self.rho  # lr read every step (schedulers)
+                # w + t (v - w) with t = eta rho / (1 + eta rho): one fused call per group
+                torch._foreach_lerp_(params, centers, eta_rho / (1.0 + eta_rho))
 
     # ----------------------------------------------------------------- replies
     def reply(self, num_examples: int, metrics: Mapping[str, Any] | None = None) -> Message:

@@ -84,7 +84,10 @@ class TorchAppClient(NumPyClient):
             ):
                 continue  # BatchNorm cannot train on a batch of one
             optimizer.zero_grad()
-            (module.loss(xb, yb) + admm.penalty_term()).backward()  # type: ignore[operator]
+            loss = module.loss(xb, yb)  # type: ignore[operator]
+            if admm.penalty == "loss":  # else the prox step below applies the penalty
+                loss = loss + admm.penalty_term()
+            loss.backward()
             optimizer.step()
             admm.after_step(optimizer)
             steps += 1

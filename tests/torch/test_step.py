@@ -248,3 +248,22 @@ def test_torch_client_follows_the_numpy_client_through_a_strategy(duals: str) ->
     for a, b in zip(*zs, strict=True):
         assert np.allclose(a, b, rtol=1e-10, atol=1e-12)
     assert np.abs(zs[0][0]).max() > 0.01  # it moved
+
+
+def test_adam_with_the_loss_term_reaches_the_penalized_minimizer_and_prox_stays_stable() -> None:
+    a, c, v = np.array([1.0, 4.0, 0.5]), np.array([2.0, -1.0, 0.0]), np.array([0.0, 1.0, 5.0])
+    for penalty, rho in (("loss", 2.0), ("prox", 1e6)):
+        model = Quadratic(a, c)
+        admm = TorchADMM.from_parameters(model, [v], {"rho": rho}, penalty=penalty)  # type: ignore[arg-type]
+        admm.start()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        for _ in range(3000):
+            optimizer.zero_grad()
+            (model.loss() + admm.penalty_term()).backward()
+            optimizer.step()
+            admm.after_step(optimizer)
+        w = state_arrays(model)["w"]
+        if penalty == "loss":  # the exact objective, whatever the optimizer
+            np.testing.assert_allclose(w, (a * c + rho * v) / (a + rho), atol=1e-4)
+        else:  # eta rho = 1e4: the prox step pins w to v, no blow-up
+            np.testing.assert_allclose(w, v, atol=1e-3)
