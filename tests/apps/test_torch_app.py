@@ -103,3 +103,33 @@ def test_cnn_sends_batchnorm_statistics_averaged_and_counters_kept(tmp_path) -> 
 def test_cnn_needs_framework_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="framework='torch'"):
         server_fn(server_context(config(tmp_path, "x", task="digits", model="cnn")))
+
+
+@pytest.mark.ray
+def test_flwr_run_message_api_cnn(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from simulations.launcher import APP_DIR, LocalFlower
+
+    output_dir = tmp_path / "outputs"
+    with LocalFlower(home=tmp_path / "flwr-home") as flower:
+        outcome = flower.run(
+            APP_DIR,
+            {
+                "api": "message",
+                "framework": "torch",
+                "task": "digits",
+                "model": "cnn",
+                "num-server-rounds": 2,
+                "output-dir": str(output_dir),
+            },
+            num_supernodes=10,
+            log_path=tmp_path / "run.log",
+            timeout=300,
+        )
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    document, problems = check_result(output_dir / "digits", "fedadmm", 2)
+    assert problems == [], log
+    assert document["settings"]["framework"] == "torch" and document["settings"]["api"] == "message"
+    rounds = document["rounds"]
+    assert rounds[-1]["num_results"] == 10 and rounds[-1]["num_rejected"] == 0
+    assert rounds[-1]["objective"] < rounds[0]["objective"]
