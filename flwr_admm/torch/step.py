@@ -111,13 +111,14 @@ class TorchADMM:
     message: Message | None = None
     train_step: ADMMTrainStep | None = None
     duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
-    _center: dict[int, torch.Tensor] = field(default_factory=dict)
+    # set by `start` and the client-held-dual setup, not by the caller
+    _center: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
-        default_factory=dict
+        default_factory=dict, init=False, repr=False
     )
-    _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
-    _begin: dual_math.DualStart | None = None
-    _base: dual_math.Acknowledged | None = None
+    _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()), init=False, repr=False)
+    _begin: dual_math.DualStart | None = field(default=None, init=False, repr=False)
+    _base: dual_math.Acknowledged | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.penalty not in PENALTIES:
