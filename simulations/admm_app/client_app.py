@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
 from flwr_admm import ADMMClient
 from flwr_admm.clientapp import make_client_app
 
 from .evaluation import get_task
-from .run_config import api_of, framework_of, parse_run_config
+from .run_config import api_of, framework_of, parse_run_config, secure_aggregation_of
 
 
 class AppClient(ADMMClient):
@@ -70,6 +71,7 @@ def client_fn(context: Context) -> Client:
 
 
 legacy_app = ClientApp(client_fn=client_fn)
+secure_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])  # secure-aggregation
 message_app = make_client_app(numpy_client_fn)
 
 
@@ -77,7 +79,9 @@ class ApiClientApp(ClientApp):
     """A ClientApp that hands each message to the legacy or the Message-API app."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Dispatch on the run config's ``api`` and ``framework``."""
+        """Dispatch on the run config's ``secure-aggregation``, ``api`` and ``framework``."""
+        if secure_aggregation_of(context.run_config):
+            return secure_app(message, context)
         message_api = api_of(context.run_config) == "message"
         if framework_of(context.run_config) == "torch":
             from .torch_client import torch_message_app  # imports torch

@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "round-timeout": 0.0,
     "key-binding": "node",
     "framework": "numpy",
+    "secure-aggregation": False,
 }
 
 HELP: dict[str, str] = {
@@ -89,6 +90,7 @@ HELP: dict[str, str] = {
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
     "framework": f"client framework, one of {list(FRAMEWORKS)} (torch: pip install torch)",
+    "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
 }
 
 
@@ -124,6 +126,7 @@ class RunSettings:
     key_binding: str = "node"
     api: str = "legacy"
     framework: str = "numpy"
+    secure_aggregation: bool = False
 
     @property
     def task_dir(self) -> Path:
@@ -287,7 +290,13 @@ def parse_run_config(
     if not isinstance(model, str):
         raise _fail("model", model)
     strategy = _choice(config, "strategy", STRATEGIES)
-    api = _choice(config, "api", APIS)
+    secure = secure_aggregation_of(config)
+    if secure and strategy != "fedadmm-client-duals":
+        raise ValueError(
+            "run config 'secure-aggregation': true needs strategy=fedadmm-client-duals "
+            f"(the only strategy that needs just the sum of the replies), got {strategy!r}"
+        )
+    api = "legacy" if secure else _choice(config, "api", APIS)  # SecAgg+ is legacy-only
     if api == "message" and strategy in LEGACY_ONLY_STRATEGIES:
         raise ValueError(
             f"run config 'strategy': {strategy!r} exists only on the legacy API; "
@@ -330,15 +339,21 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
-        framework=_framework(config, model),
+        framework=_framework(config, model, secure),
+        secure_aggregation=secure,
     )
 
 
-def _framework(config: Mapping[str, Any], model: str) -> str:
+def _framework(config: Mapping[str, Any], model: str, secure: bool) -> str:
     framework = _choice(config, "framework", FRAMEWORKS)
     if model in TORCH_MODELS and framework != "torch":
         raise ValueError(
             f"run config 'model': {model!r} needs framework='torch', got {framework!r}"
+        )
+    if secure and framework != "numpy":
+        raise ValueError(
+            "run config 'framework': secure-aggregation runs the numpy clients; "
+            f"must be 'numpy' with secure-aggregation=true, got {framework!r}"
         )
     return framework
 
@@ -351,6 +366,19 @@ def framework_of(run_config: Mapping[str, Any]) -> str:
 def api_of(run_config: Mapping[str, Any]) -> str:
     """Return the validated ``api`` of `run_config` (the default when absent)."""
     return _choice({**DEFAULTS, **run_config}, "api", APIS)
+
+
+def secure_aggregation_of(run_config: Mapping[str, Any]) -> bool:
+    """Return the validated ``secure-aggregation`` of `run_config` (default false).
+
+    True runs the legacy strategy under Flower's ``SecAggPlusWorkflow`` and the
+    clients under ``secaggplus_mod`` whatever ``api`` says: Flower 1.42 has SecAgg+
+    for legacy strategies only (`simulations.admm_app.secure_server`).
+    """
+    value = {**DEFAULTS, **run_config}["secure-aggregation"]
+    if not isinstance(value, bool):
+        raise _fail("secure-aggregation", value)
+    return value
 
 
 def fit_config(settings: RunSettings) -> dict[str, Any]:
