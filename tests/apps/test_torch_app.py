@@ -100,9 +100,12 @@ def test_cnn_sends_batchnorm_statistics_averaged_and_counters_kept(tmp_path) -> 
     assert objectives(tmp_path, "digits", "fedadmm-cnn-again") == first
 
 
-def test_cnn_needs_framework_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cnn_needs_framework_torch_and_secagg_numpy(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="framework='torch'"):
         server_fn(server_context(config(tmp_path, "x", task="digits", model="cnn")))
+    secure = config(tmp_path, "y", framework="torch", strategy="fedadmm-client-duals")
+    with pytest.raises(ValueError, match="'framework': secure-aggregation runs the numpy"):
+        server_fn(server_context({**secure, "secure-aggregation": True}))
 
 
 @pytest.mark.ray
