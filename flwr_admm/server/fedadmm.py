@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from functools import partial
 from logging import INFO
 from typing import Any, ClassVar
@@ -43,6 +44,7 @@ from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
 from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
@@ -122,6 +124,14 @@ class FedADMM(ConsensusStrategy):
     max_clients : int or None
         Keep at most this many client keys, evicting the least recently heard (ties in
         key order) before each round. None (default): no limit.
+    tensor_policy : mapping, optional
+        ``{name pattern: role}`` with roles ``"consensus"`` (ADMM), ``"average"``
+        (FedAvg, no dual) or ``"keep"`` (never changed); unmatched tensors: integer
+        dtypes keep, ``*running_mean`` / ``*running_var`` average, the rest consensus
+        (`flwr_admm.core.tensor_policy`).
+    tensor_names : sequence of str, optional
+        The names the patterns match (e.g. ``list(model.state_dict())``); default
+        ``"0"``, ``"1"``, ... (legacy parameters carry no names).
 
     """
 
@@ -151,8 +161,13 @@ class FedADMM(ConsensusStrategy):
         key_binding: str = "node",
         max_client_age: int | None = None,
         max_clients: int | None = None,
+        tensor_policy: Mapping[str, str] | None = None,
+        tensor_names: Sequence[str] | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
+        self.tensor_rules = check_rules(tensor_policy)
+        self.tensor_names = None if tensor_names is None else [str(n) for n in tensor_names]
+        self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
         super().__init__(
             channel=UplinkChannel(uplink, local_dp, uplink_residual),
             stop_on_convergence=stop_on_convergence,
@@ -197,7 +212,7 @@ class FedADMM(ConsensusStrategy):
             key = self._key_of_cid.get(client.cid)
             center = admm.center(key)
             rho_i = admm.rho_for(key)
-            payload = parameters if center is admm.z else self._to_parameters(center)
+            payload = parameters if center is admm.z else self._to_parameters(self._merge(center))
             self._sent_key[client.cid] = key if key in admm.records else None
             self._sent_rho[client.cid] = rho_i
             fit_config = {**config, RHO: rho_i, PROXIMAL_MU: rho_i}
@@ -205,15 +220,18 @@ class FedADMM(ConsensusStrategy):
         return instructions
 
     def _open_round(self, keys: list[str]) -> None:
-        assert self.admm is not None
+        assert self.admm is not None and self.tensors is not None
         self.admm.begin(keys)
+        self.tensors.begin()
 
     def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Absorb w_i, n_i (and f_i(w_i)) of one checked reply into the open round."""
         key, proxy, res = keyed
         admm = self.admm
         assert admm is not None
-        checked = self._checked(key, proxy, res, [t.shape for t in admm.z], counts)
+        split = self.tensors
+        assert split is not None
+        checked = self._checked(key, proxy, res, split.shapes, counts)
         if checked is None:
             return False
         if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
@@ -228,11 +246,19 @@ class FedADMM(ConsensusStrategy):
         finite = isinstance(loss, int | float) and math.isfinite(loss)
         objective = float(loss) if finite and isinstance(loss, int | float) else None
         arrays, sq_norm = checked
+        if not split.trivial:  # only the consensus tensors go to the core
+            if not split.finite(arrays):
+                self._reject(key, NON_FINITE, counts)
+                return False
+            sq_norm = None
         try:
-            admm.absorb(Reply(key, arrays, int(res.num_examples), objective, sq_norm))
+            admm.absorb(
+                Reply(key, split.consensus(arrays), int(res.num_examples), objective, sq_norm)
+            )
         except NonFiniteReplyError:  # found while folding it in; state rolled back
             self._reject(key, NON_FINITE, counts)
             return False
+        split.absorb(arrays, int(res.num_examples))  # FedAvg of the averaged tensors
         return True
 
     def _checked(
@@ -276,7 +302,7 @@ class FedADMM(ConsensusStrategy):
             center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
         return [
             np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
-            for c, d in zip(center, self._dtypes, strict=True)
+            for c, d in zip(self._merge(center), self._dtypes, strict=True)
         ]
 
     def _evict(self, keys: list[str]) -> None:
@@ -289,32 +315,50 @@ class FedADMM(ConsensusStrategy):
                 self._sent_key[cid] = None
 
     def _discard_round(self) -> dict[str, Scalar]:
-        assert self.admm is not None
+        assert self.admm is not None and self.tensors is not None
         self.admm.cancel()
+        self.tensors.begin()
         return {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
 
     def _finish_round(self, server_round: int) -> dict[str, Scalar]:
         """Take z = prox(sum_i p_i (w_i + u_i)), u_i += w_i - z; return residuals, next rho."""
-        assert self.admm is not None
+        assert self.admm is not None and self.tensors is not None
         report = self.admm.finish(server_round)
+        self.tensors.finish()
         self.converged = report.converged
         return report_metrics(report)
 
     # ----------------------------------------------------------------- state
     def _consensus(self) -> Arrays | None:
-        return None if self.admm is None else self.admm.z
+        return None if self.admm is None else self._merge(self.admm.z)
 
     def _serialized_consensus(self) -> Parameters:
         assert self.admm is not None
-        return self._to_parameters(self.admm.z)
+        return self._to_parameters(self._merge(self.admm.z))
 
     def _adopt(self, parameters: Parameters) -> None:
         z = parameters_to_ndarrays(parameters)
-        if self.admm is None:
+        if self.admm is None or self.tensors is None:
             self._dtypes = [np.asarray(t).dtype for t in z]
-            self.admm = self.admm_settings.new_admm(z)
+            self.tensors = self._split(z)
+            self.admm = self.admm_settings.new_admm(self.tensors.consensus(z))
         else:
-            self.admm.adopt_consensus(z)
+            self.tensors.adopt(z)
+            self.admm.adopt_consensus(self.tensors.consensus(z))
+
+    def _split(self, z: NDArrays) -> TensorSplit:
+        """Return the `TensorSplit` of z's tensors under `tensor_policy`."""
+        names = (
+            self.tensor_names if self.tensor_names is not None else [str(i) for i in range(len(z))]
+        )
+        if len(names) != len(z):
+            raise ValueError(f"tensor_names: expected {len(z)} names, got {len(names)}")
+        roles = roles_of(self.tensor_rules, names, [np.asarray(t).dtype for t in z])
+        return TensorSplit(roles, z)
+
+    def _merge(self, consensus: Arrays) -> Arrays:
+        """Return the full tensor list: the core's consensus tensors and the held ones."""
+        return consensus if self.tensors is None else self.tensors.merge(consensus)
 
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
         return ndarrays_to_parameters(
@@ -327,14 +371,21 @@ class FedADMM(ConsensusStrategy):
 
         `ConsensusStrategy.settings` adds sampling, identity, uplink and local DP.
         """
-        return {"strategy": self.label, **self.admm_settings.describe()}
+        described = {"strategy": self.label, **self.admm_settings.describe()}
+        if self.tensor_rules or self.tensor_names is not None:  # absent: old checkpoints load
+            described["tensor_policy"] = [list(rule) for rule in self.tensor_rules]
+            described["tensor_names"] = self.tensor_names
+        return described
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho, schedule and privacy ledger."""
         assert self.admm is not None
         arrays, meta = self.admm.state_dict()
         ledger = self.channel.ledger
+        assert self.tensors is not None
+        arrays.update({f"tensors.{i}": t for i, t in self.tensors.held.items()})
         manifest = {
+            "tensor_roles": list(self.tensors.roles),
             "admm": meta,
             "sent_key": self._sent_key,
             "privacy": ledger.state_dict() if ledger is not None else {},
@@ -347,7 +398,12 @@ class FedADMM(ConsensusStrategy):
         meta = manifest["admm"]
         admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
         admm.load_state_dict(arrays, meta)
-        self.admm = admm
+        roles = manifest.get("tensor_roles") or ["consensus"] * len(admm.z)
+        held = iter(admm.z)
+        z = [
+            arrays[f"tensors.{i}"] if r != "consensus" else next(held) for i, r in enumerate(roles)
+        ]
+        self.admm, self.tensors = admm, TensorSplit(roles, z)
         self._sent_key = dict(manifest.get("sent_key", {}))
         if self.channel.ledger is not None:
             self.channel.ledger.load_state_dict(manifest.get("privacy", {}))

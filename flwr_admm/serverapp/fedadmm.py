@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from logging import INFO
 from typing import Any, ClassVar
@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -117,6 +118,12 @@ class FedADMM(ConsensusStrategy):
         ``admm-payload`` (one uint8 tensor of bytes per model tensor) and the server
         rebuilds w_i = v_i + decode(payload); ``uplink_bytes`` and, with noise,
         ``dp_epsilon`` are reported every round.
+    tensor_policy : mapping, optional
+        ``{name pattern: role}`` over the ArrayRecord's tensor names, roles
+        ``"consensus"`` (ADMM), ``"average"`` (FedAvg, no dual) or ``"keep"`` (never
+        changed); unmatched tensors: integer dtypes keep, ``*running_mean`` /
+        ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
+        The held (non-consensus) tensors are in the checkpoints too.
 
     Attributes
     ----------
@@ -164,7 +171,10 @@ class FedADMM(ConsensusStrategy):
         uplink: Compressor | None = None,
         uplink_residual: Residual = "update",
         local_dp: LocalDP | None = None,
+        tensor_policy: Mapping[str, str] | None = None,
     ) -> None:
+        self.tensor_rules = check_rules(tensor_policy)
+        self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,
@@ -223,7 +233,7 @@ class FedADMM(ConsensusStrategy):
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
             self._sent_key[str(node_id)] = key if key in admm.records else None
             self._sent_rho[str(node_id)] = rho_i
-            payload = arrays if center is admm.z else self._record(center)
+            payload = arrays if center is admm.z else self._record(self._merge(center))
             node_config = ConfigRecord(
                 {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
             )
@@ -270,12 +280,13 @@ class FedADMM(ConsensusStrategy):
             center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
         return [
             np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
-            for c, d in zip(center, self.layout.dtypes, strict=True)
+            for c, d in zip(self._merge(center), self.layout.dtypes, strict=True)
         ]
 
     def _open_round(self, keys: list[str]) -> None:
         assert self.admm is not None
         self.admm.begin(keys)
+        self._split().begin()
 
     def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
         """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
@@ -289,23 +300,31 @@ class FedADMM(ConsensusStrategy):
                 self.binding.bind(r.key, str(r.node_id), self._clock)
                 counts[NUM_RESYNCED] += 1
                 return False
+        split = self._split()
+        if not split.finite(r.arrays):  # the core checks the consensus tensors only
+            self._reject(r.key, NON_FINITE, counts)
+            return False
+        arrays, sq_norm = split.consensus(r.arrays), r.sq_norm if split.trivial else None
         try:
-            self.admm.absorb(Reply(r.key, r.arrays, r.num_examples, r.loss, r.sq_norm))
+            self.admm.absorb(Reply(r.key, arrays, r.num_examples, r.loss, sq_norm))
         except NonFiniteReplyError:  # found while folding it in; state rolled back
             self._reject(r.key, NON_FINITE, counts)
             return False
+        split.absorb(r.arrays, r.num_examples)  # FedAvg of the averaged tensors
         return True
 
     def _finish_round(self, server_round: int) -> dict[str, Any]:
         """Take the z-step and the dual step; return the residuals and the next rho."""
         assert self.admm is not None
         report = self.admm.finish(server_round)
+        self._split().finish()
         self.converged = report.converged
         return {**report_metrics(report), **self.channel.round_metrics(aggregated=True)}
 
     def _discard_round(self) -> dict[str, Any]:
         assert self.admm is not None
         self.admm.cancel()
+        self._split().begin()
         idle = {RHO: self.admm.rho, NUM_CLIENTS_CACHED: len(self.admm.records)}
         return {**idle, **self.channel.round_metrics(aggregated=False)}
 
@@ -320,18 +339,29 @@ class FedADMM(ConsensusStrategy):
         if self.layout is None:
             self.layout = Layout.of(arrays)
         z = self.layout.read(arrays)
-        if self.admm is None:
-            self.admm = self.admm_settings.new_admm(z)
+        if self.admm is None or self.tensors is None:
+            roles = roles_of(self.tensor_rules, self.layout.names, self.layout.dtypes)
+            self.tensors = TensorSplit(roles, z)
+            self.admm = self.admm_settings.new_admm(self.tensors.consensus(z))
         else:
-            self.admm.adopt_consensus(z)
+            self.tensors.adopt(z)
+            self.admm.adopt_consensus(self.tensors.consensus(z))
+
+    def _split(self) -> TensorSplit:
+        assert self.tensors is not None
+        return self.tensors
+
+    def _merge(self, consensus: list[Any]) -> list[Any]:
+        """Return the full tensor list: the core's consensus tensors and the held ones."""
+        return self._split().merge(consensus)
 
     def _restored_record(self) -> ArrayRecord:
         assert self.admm is not None
-        return self._record(self.admm.z)
+        return self._record(self._merge(self.admm.z))
 
     def _broadcast(self) -> ArrayRecord:
         assert self.admm is not None
-        return self._record(self.admm.z)
+        return self._record(self._merge(self.admm.z))
 
     def _record(self, arrays: list[Any]) -> ArrayRecord:
         assert self.layout is not None
@@ -341,7 +371,11 @@ class FedADMM(ConsensusStrategy):
     def configuration(self) -> dict[str, Any]:
         """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
         channel, dp = self.channel, self.channel.local_dp
+        policy = (
+            {"tensor_policy": [list(r) for r in self.tensor_rules]} if self.tensor_rules else {}
+        )
         return {
+            **policy,
             "strategy": self.label,
             **self.admm_settings.describe(),
             "uplink": None if channel.compressor is None else channel.compressor.config(),
@@ -356,12 +390,23 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         arrays, meta = self.admm.state_dict()
         ledger = self.channel.ledger
-        return arrays, {"admm": meta, "privacy": ledger.state_dict() if ledger is not None else {}}
+        tensors = self._split()
+        arrays.update({f"tensors.{i}": t for i, t in tensors.held.items()})
+        return arrays, {
+            "tensor_roles": list(tensors.roles),
+            "admm": meta,
+            "privacy": ledger.state_dict() if ledger is not None else {},
+        }
 
     def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
         meta = manifest["admm"]
         admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
         admm.load_state_dict(arrays, meta)
+        roles = manifest.get("tensor_roles") or ["consensus"] * len(admm.z)
+        held = iter(admm.z)
+        z = [
+            arrays[f"tensors.{i}"] if r != "consensus" else next(held) for i, r in enumerate(roles)
+        ]
         if self.channel.ledger is not None:
             self.channel.ledger.load_state_dict(manifest.get("privacy", {}))
-        self.admm = admm
+        self.admm, self.tensors = admm, TensorSplit(roles, z)

@@ -19,7 +19,7 @@ from flwr_admm.protocol import PARTITION_ID
 
 from .evaluation import get_task
 from .message_sampling import PARTITION_QUERY
-from .run_config import api_of, parse_run_config, secure_aggregation_of
+from .run_config import api_of, framework_of, parse_run_config, secure_aggregation_of
 
 
 class AppClient(ADMMClient):
@@ -65,7 +65,11 @@ def numpy_client_fn(context: Context) -> AppClient:
 
 
 def client_fn(context: Context) -> Client:
-    """Build the legacy client of this node's partition from the run config."""
+    """Build the legacy client of this node's partition (numpy or torch) from the run config."""
+    if framework_of(context.run_config) == "torch":
+        from .torch_client import torch_client  # imports torch
+
+        return torch_client(context).to_client()
     return numpy_client_fn(context).to_client()
 
 
@@ -93,12 +97,18 @@ class ApiClientApp(ClientApp):
     """A ClientApp that hands each message to the legacy or the Message-API app."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Dispatch on the run config's ``api``; answer a partition-id query itself."""
+        """Answer a partition-id query; else dispatch on secure-aggregation, api, framework."""
         if is_partition_query(message):
             return partition_reply(message, context)
         if secure_aggregation_of(context.run_config):
             return secure_app(message, context)
-        chosen = message_app if api_of(context.run_config) == "message" else legacy_app
+        message_api = api_of(context.run_config) == "message"
+        if framework_of(context.run_config) == "torch":
+            from .torch_client import torch_message_app  # imports torch
+
+            chosen = torch_message_app if message_api else legacy_app
+        else:
+            chosen = message_app if message_api else legacy_app
         return chosen(message, context)
 
 

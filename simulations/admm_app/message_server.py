@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -300,12 +300,16 @@ def run_message_api(
 ) -> None:
     """Run `settings.num_server_rounds` rounds with ``Strategy.start``; fail loudly."""
     strategy = build_message_strategy(settings, task, recorder)
-    initial = [np.asarray(a) for a in task.make_model().init_params(settings.seed)]
+    model = task.make_model()
+    initial = [np.asarray(a) for a in model.init_params(settings.seed)]
+    names = getattr(model, "tensor_names", None)  # framework=torch: the state_dict's names
     try:
         wait_for_nodes(grid, task.data.num_clients, settings.client_wait_seconds)
         strategy.start(
             grid=grid,
-            initial_arrays=ArrayRecord(initial),
+            initial_arrays=ArrayRecord(initial)
+            if names is None
+            else ArrayRecord({n: Array(a) for n, a in zip(names, initial, strict=True)}),
             num_rounds=settings.num_server_rounds,
             timeout=settings.round_timeout or NO_LIMIT,
             train_config=ConfigRecord(fit_config(settings)),

@@ -28,6 +28,8 @@ STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
 APIS = ("message", "legacy")
 LEGACY_ONLY_STRATEGIES: tuple[str, ...] = ()
 PARTITIONERS = ("iid", "dirichlet", "pathological")
+FRAMEWORKS = ("numpy", "torch")
+TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
 
 DEFAULTS: dict[str, Any] = {
     "api": "message",
@@ -56,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "client-wait-seconds": 120.0,
     "round-timeout": 0.0,
     "key-binding": "node",
+    "framework": "numpy",
     "secure-aggregation": False,
 }
 
@@ -86,6 +89,7 @@ HELP: dict[str, str] = {
     "client-wait-seconds": "number > 0",
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
+    "framework": f"client framework, one of {list(FRAMEWORKS)} (torch: pip install torch)",
     "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
 }
 
@@ -121,6 +125,7 @@ class RunSettings:
     round_timeout: float | None = None
     key_binding: str = "node"
     api: str = "message"
+    framework: str = "numpy"
     secure_aggregation: bool = False
 
     @property
@@ -141,7 +146,7 @@ class RunSettings:
         }
         explicit = {
             "num_clients": ("num-clients", self.num_clients),
-            "model": ("model", self.model),
+            "model": ("model", "" if self.model in TORCH_MODELS else self.model),
         }
         for option, (key, value) in explicit.items():
             if not value:
@@ -329,8 +334,28 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
+        framework=_framework(config, model, secure),
         secure_aggregation=secure,
     )
+
+
+def _framework(config: Mapping[str, Any], model: str, secure: bool) -> str:
+    framework = _choice(config, "framework", FRAMEWORKS)
+    if model in TORCH_MODELS and framework != "torch":
+        raise ValueError(
+            f"run config 'model': {model!r} needs framework='torch', got {framework!r}"
+        )
+    if secure and framework != "numpy":
+        raise ValueError(
+            "run config 'framework': secure-aggregation runs the numpy clients; "
+            f"must be 'numpy' with secure-aggregation=true, got {framework!r}"
+        )
+    return framework
+
+
+def framework_of(run_config: Mapping[str, Any]) -> str:
+    """Return the validated ``framework`` of `run_config` (the default when absent)."""
+    return _choice({**DEFAULTS, **run_config}, "framework", FRAMEWORKS)
 
 
 def api_of(run_config: Mapping[str, Any]) -> str:

@@ -162,6 +162,7 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             rho_schedule=schedule,
             relaxation=settings.relaxation,
             sampling_seed=None,
+            tensor_names=getattr(model, "tensor_names", None),  # framework=torch: state_dict
             **admm_common,
         )
     if settings.strategy == "fedadmm-client-duals" and settings.secure_aggregation:
@@ -239,6 +240,10 @@ def setup(context: Context) -> tuple[RunSettings, Task, Evaluator, RunRecorder]:
     settings = parse_run_config(context.run_config)
     task = get_task(settings.task, settings.seed, settings.task_options())
     settings = parse_run_config(context.run_config, task.defaults)
+    if settings.framework == "torch":
+        from .torch_task import torch_task  # imports torch
+
+        task = torch_task(task, settings.model, settings.seed)
     evaluator = Evaluator.build(task, cache_dir=settings.task_dir)
     recorder = RunRecorder(
         settings.task_dir,

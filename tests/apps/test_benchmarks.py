@@ -152,3 +152,18 @@ def test_engine_quick_reports_seconds_per_round(tmp_path: Path) -> None:
     for run in document["runs"]:
         assert len(run["round_seconds"]) == document["rounds"]
         assert all(positive(t) for t in run["round_seconds"])
+
+
+def test_torch_step_quick_reports_its_ratios(tmp_path: Path) -> None:
+    out_file = tmp_path / "torch_step.json"
+    out = run_module("benchmarks.torch_step", "--quick", "--output", str(out_file))
+    assert "prox / bare" in out
+    document = load(out_file)
+    assert [row["case"].split(",")[0] for row in document["results"]] == [
+        "logistic",
+        "softmax",
+        "cnn (BatchNorm)",
+    ]
+    for row in document["results"]:
+        for key in ("bare_us_per_step", "prox_us_per_step", "prox_ratio", "loss_ratio"):
+            assert positive(row[key]), (key, row)

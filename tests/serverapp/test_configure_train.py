@@ -44,7 +44,9 @@ def two_rounds(strategy: FedADMM) -> tuple[list, list]:
 
 
 def test_each_node_gets_its_own_center_with_the_models_names_dtypes_and_shapes() -> None:
-    strategy = FedADMM(rho=0.5, fraction_evaluate=0.0)
+    # the 0-d int64 tensor as a consensus variable (by default an integer tensor is kept)
+    policy = {"bn.num_batches_tracked": "consensus"}
+    strategy = FedADMM(rho=0.5, fraction_evaluate=0.0, tensor_policy=policy)
     first, second = two_rounds(strategy)
     assert isinstance(first, list) and isinstance(second, list)
     assert [m.metadata.dst_node_id for m in first] == [11, 12, 13, 14]

@@ -1,0 +1,32 @@
+"""PyTorch clients for FedADMM (optional: ``pip install "flwr-admm[torch]"``).
+
+`TorchADMM` runs one node's ADMM w-step inside a user's own training loop, in both
+Flower APIs; `state_arrays` / `load_arrays` move a module's ``state_dict`` to and from
+named numpy arrays; `buffer_policy` names its buffers for a strategy's
+``tensor_policy``. Nothing else in `flwr_admm` imports torch.
+"""
+
+try:
+    import torch  # noqa: F401
+except ImportError as error:  # pragma: no cover - the base install has no torch
+    raise ImportError(
+        'flwr_admm.torch needs PyTorch: pip install "flwr-admm[torch]" (CPU build: '
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+    ) from error
+
+from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
+from flwr_admm.torch.state import buffer_policy, load_arrays, state_arrays, trainable_names
+from flwr_admm.torch.step import PENALTIES, Penalty, TorchADMM
+
+__all__ = [
+    "PENALTIES",
+    "Penalty",
+    "SmallCNN",
+    "TorchADMM",
+    "TorchLogistic",
+    "TorchSoftmax",
+    "buffer_policy",
+    "load_arrays",
+    "state_arrays",
+    "trainable_names",
+]

@@ -1,0 +1,341 @@
+"""`TorchADMM`: one node's inexact ADMM w-step for a `torch.nn.Module`, both Flower APIs.
+
+The node approximately solves, over its trainable parameters w,
+
+    min_w  f_i(w) + rho/2 ||w - v||^2
+
+with v its center: v_i = z - u_i sent by `FedADMM` (server-held duals), v = z^k - u_i
+computed here from the dual kept in ``context.state`` under `FedADMMClientDuals`
+(``admm-duals = "client"``, legacy API), the received model under FedProx, and no
+penalty under FedAvg. Inside the user's own loop::
+
+    admm = TorchADMM.from_message(model, msg, context)      # or .from_parameters(...)
+    admm.start()                       # load the center / the warm start into `model`
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y) + admm.penalty_term()   # 0 in "prox" mode
+        loss.backward()
+        optimizer.step()
+        admm.after_step(optimizer)     # the decoupled proximal step ("prox" mode)
+    return admm.reply(num_examples=n, metrics={"loss": ...})  # .fit_result(...) legacy
+
+``penalty="prox"`` (default): after each optimizer step, per parameter group of
+learning rate eta, w <- (w + eta rho v) / (1 + eta rho): the exact proximal step of
+the penalty, stable for any rho (the numpy client's ``prox_step="exact"``). With plain
+SGD the loop's fixed points are exactly those of f_i + rho/2 ||w - v||^2. With an
+adaptive or momentum optimizer the penalty is decoupled from its preconditioner (as
+AdamW decouples weight decay): a fixed point balances the optimizer's direction, not
+the raw gradient, against rho (w - v), so it minimizes a preconditioned variant.
+``penalty="loss"``: `penalty_term` returns rho/2 sum ||w - v||^2 (squared, over every
+trainable tensor, recomputed per call) for the loss, so any optimizer minimizes the
+exact objective; `after_step` does nothing.
+
+Tensors: the trainable parameters carry the penalty and start from the node's
+previous w_i (warm start) under FedADMM with rho > 0; every other tensor (BatchNorm
+statistics, ``num_batches_tracked``) is loaded from the received model: the server's
+``tensor_policy`` decides what it holds (`flwr_admm.core.tensor_policy`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
+from flwr_admm.client import client_duals
+from flwr_admm.client.admm_client import _ack_round, _flag
+from flwr_admm.clientapp.step import ADMMTrainStep
+from flwr_admm.core import client_duals as dual_math
+from flwr_admm.protocol import (
+    DP_CLIP,
+    DP_NOISE,
+    META_FITS,
+    META_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
+    PARTITION_ID,
+    PROXIMAL_MU,
+    REBUILD,
+    RHO,
+    SERVER_ROUND,
+    STATE_META,
+    STATE_W,
+    UPLINK,
+)
+from flwr_admm.torch.state import load_arrays, state_arrays, trainable_names
+
+__all__ = ["PENALTIES", "Penalty", "TorchADMM"]
+
+Penalty = Literal["prox", "loss"]
+PENALTIES = ("prox", "loss")
+Named = dict[str, np.ndarray[Any, Any]]
+
+
+@dataclass
+class TorchADMM:
+    """What one round of a node needs: the received model, v, rho, the warm start.
+
+    Build it with `from_message` (Message API) or `from_parameters` (legacy API).
+
+    Attributes
+    ----------
+    model : torch.nn.Module
+        The node's model (changed in place by `start` and the user's loop).
+    received : dict
+        The received tensors by name, float64 (z, or v_i under server-held duals).
+    rho : float
+        rho_i (``rho``, else the FedProx mu, else 0).
+    admm : bool
+        The server is an ADMM strategy (``rho`` in the config): warm-start.
+    penalty : {"prox", "loss"}
+        How the penalty is applied (module docstring).
+    previous : dict or None
+        The node's last w_i (all tensors, float64), if its names and shapes match.
+
+    """
+
+    model: torch.nn.Module
+    received: Named
+    rho: float
+    admm: bool
+    penalty: Penalty = "prox"
+    previous: Named | None = None
+    server_round: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    context: Context | None = None
+    message: Message | None = None
+    train_step: ADMMTrainStep | None = None
+    duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
+    # set by `start` and the client-held-dual setup, not by the caller
+    _center: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()), init=False, repr=False)
+    _begin: dual_math.DualStart | None = field(default=None, init=False, repr=False)
+    _base: dual_math.Acknowledged | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"penalty: must be one of {list(PENALTIES)}, got {self.penalty!r}")
+        names = list(self.model.state_dict())
+        if list(self.received) != names:
+            raise ValueError(f"arrays: expected tensors {names}, got {list(self.received)}")
+
+    # ---------------------------------------------------------------- builders
+    @classmethod
+    def from_message(
+        cls,
+        model: torch.nn.Module,
+        message: Message,
+        context: Context,
+        *,
+        penalty: Penalty = "prox",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+    ) -> TorchADMM:
+        """Read the center, rho and the warm start of a Message-API train message."""
+        step = ADMMTrainStep.from_message(
+            message, context, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key
+        )
+        return cls(
+            model,
+            step.center,
+            step.rho,
+            step.admm,
+            penalty,
+            step.previous,
+            step.server_round,
+            step.config,
+            context,
+            message,
+            step,
+        )
+
+    @classmethod
+    def from_parameters(
+        cls,
+        model: torch.nn.Module,
+        parameters: Sequence[np.ndarray[Any, Any]],
+        config: Mapping[str, Any],
+        context: Context | None = None,
+        *,
+        penalty: Penalty = "prox",
+    ) -> TorchADMM:
+        """Read a legacy ``NumPyClient.fit`` call: parameters in ``state_dict()`` order."""
+        for key in config:
+            if key.startswith(UPLINK) or key in (DP_CLIP, DP_NOISE):
+                raise ValueError(f"{key}: uplink compression and local DP are not supported here")
+        names = list(model.state_dict())
+        if len(parameters) != len(names):
+            raise ValueError(
+                f"parameters: expected {len(names)} tensors {names}, got {len(parameters)}"
+            )
+        received = {
+            n: np.asarray(p, dtype=np.float64) for n, p in zip(names, parameters, strict=True)
+        }
+        client_mode = config.get(MODE_KEY) == MODE_CLIENT
+        value = config.get(RHO, config.get(PROXIMAL_MU, 0.0))
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (math.isfinite(value) and value >= 0)
+        ):
+            raise ValueError(f"rho: must be a finite number >= 0, got {value!r}")
+        server_round = config.get(SERVER_ROUND)
+        admm = cls(
+            model,
+            received,
+            float(value),
+            RHO in config,
+            penalty,
+            None if client_mode else _legacy_previous(context, received),
+            server_round if isinstance(server_round, int) else None,
+            dict(config),
+            context,
+        )
+        if client_mode:
+            admm._open_client_duals()
+        return admm
+
+    def _open_client_duals(self) -> None:
+        """Client-held duals: pick the acknowledged state, u_i += w_i - z, v = z - u_i."""
+        if self.rho <= 0:
+            raise ValueError(f"rho: must be > 0 with client-held duals, got {self.rho!r}")
+        others = sorted(set(self.received) - set(trainable_names(self.model)))
+        if others:
+            raise ValueError(
+                f"model: client-held duals (admm-duals='client') need every state_dict tensor "
+                f"to be a trainable parameter; buffers {others} found (use FedADMM)"
+            )
+        if self.context is None:
+            raise ValueError("context: client-held duals keep the dual in context.state")
+        z = list(self.received.values())
+        kept = client_duals.load_states(self.context.state, [t.shape for t in z])
+        self.duals = kept
+        self._base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(self.config))
+        self._begin = dual_math.start_round(self._base.state, z)
+        state = self._base.state
+        self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
+        self.received = dict(zip(self.received, self._begin.center, strict=True))
+        self.admm = True
+
+    # --------------------------------------------------------------- the loop
+    def start(self, *, warm: bool = True) -> None:
+        """Load the starting point into the model: v (or z) and, warm, the previous w_i.
+
+        Warm start (FedADMM, rho > 0, a previous w_i): the trainable parameters start
+        at w_i; everything else, and every tensor otherwise, at the received values.
+        """
+        values = dict(self.received)
+        if warm and self.admm and self.rho > 0 and self.previous is not None:
+            for name in trainable_names(self.model):
+                values[name] = self.previous[name]
+        load_arrays(self.model, values)
+        named = dict(self.model.named_parameters())
+        self._center, self._groups = {}, {}
+        if self.rho > 0:
+            for name in trainable_names(self.model):
+                p = named[name]
+                center = torch.as_tensor(self.received[name]).to(dtype=p.dtype, device=p.device)
+                self._center[id(p)] = center
+
+    def penalty_term(self) -> torch.Tensor:
+        """Return rho/2 sum_k ||w_k - v_k||^2 in "loss" mode (0 in "prox" mode or rho = 0)."""
+        if self.penalty != "loss" or not self._center:
+            return self._zero
+        total = torch.zeros(())
+        for p in self.model.parameters():
+            v = self._center.get(id(p))
+            if v is not None:
+                total = total + torch.sum((p - v) ** 2)
+        return 0.5 * self.rho * total
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Take w <- (w + eta rho v) / (1 + eta rho) per group of lr eta ("prox" mode)."""
+        if self.penalty != "prox" or not self._center:
+            return
+        groups = self._groups.get(id(optimizer))
+        if groups is None:  # the penalized tensors of each group, found once per optimizer
+            groups = []
+            for group in optimizer.param_groups:
+                params = [p for p in group["params"] if id(p) in self._center]
+                if params:
+                    groups.append((group, params, [self._center[id(p)] for p in params]))
+            self._groups[id(optimizer)] = groups
+        with torch.no_grad():
+            for group, params, centers in groups:
+                eta_rho = float(group["lr"]) * self.rho  # lr read every step (schedulers)
+                # w + t (v - w) with t = eta rho / (1 + eta rho): one fused call per group
+                torch._foreach_lerp_(params, centers, eta_rho / (1.0 + eta_rho))
+
+    # ----------------------------------------------------------------- replies
+    def reply(self, num_examples: int, metrics: Mapping[str, Any] | None = None) -> Message:
+        """Return the Message-API reply (w_i under the received names) and keep w_i."""
+        if self.train_step is None:
+            raise ValueError("reply: built by from_parameters; use fit_result (legacy API)")
+        return self.train_step.reply(state_arrays(self.model), num_examples, metrics, self.context)
+
+    def fit_result(
+        self, num_examples: int, metrics: Mapping[str, Any] | None = None
+    ) -> tuple[list[np.ndarray[Any, Any]], int, dict[str, Any]]:
+        """Return the legacy ``NumPyClient.fit`` triple; keep w_i (or the duals) in the state."""
+        if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+            raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
+        reported = dict(metrics or {})
+        node_config = self.context.node_config if self.context is not None else {}
+        if isinstance(node_config.get(PARTITION_ID), int):
+            reported.setdefault(PARTITION_ID, int(node_config[PARTITION_ID]))
+        arrays = state_arrays(self.model)
+        if self._begin is not None:
+            return self._client_duals_result(arrays, num_examples, reported)
+        if self.admm and self.context is not None:
+            _keep_legacy(self.context, arrays, self.server_round)
+        return list(arrays.values()), num_examples, reported
+
+    def _client_duals_result(
+        self, arrays: Named, n: int, reported: dict[str, Any]
+    ) -> tuple[list[np.ndarray[Any, Any]], int, dict[str, Any]]:
+        """Reply with Delta_i = n_i' (w_i' + u_i) - n_i c_i; keep C and the new pending P."""
+        assert self._begin is not None and self._base is not None and self.context is not None
+        w = [np.asarray(t, dtype=np.float64) for t in arrays.values()]
+        state = self._base.state
+        change = dual_math.contribution_change(state, w, self._begin.dual, n)
+        residual = None if state is None else state.residual
+        sent = client_duals.uplink_change(change, residual, None, np.random.default_rng(0))
+        server_round = self.server_round if self.server_round is not None else 0
+        pending = dual_math.DualState(w, self._begin.dual, n, server_round, sent.residual)
+        if _flag(self.config, REBUILD):
+            sent = client_duals.with_share(sent, pending.share)
+        reported.update(client_duals.reply_metrics(state, self._begin, w, n, self._base.resync))
+        client_duals.save_states(self.context.state, client_duals.KeptDuals(state, pending))
+        return list(sent.arrays), n, reported
+
+
+def _legacy_previous(context: Context | None, received: Named) -> Named | None:
+    """Return the w_i kept by `fit_result` under ``flwr_admm.w``, if the shapes match."""
+    if context is None or STATE_W not in context.state.array_records:
+        return None
+    kept = context.state.array_records[STATE_W].to_numpy_ndarrays()
+    if [t.shape for t in kept] != [t.shape for t in received.values()]:
+        return None
+    return {n: np.asarray(t, dtype=np.float64) for n, t in zip(received, kept, strict=True)}
+
+
+def _keep_legacy(context: Context, arrays: Named, server_round: int | None) -> None:
+    """Save w_i (float64) and its round, if finite (the numpy client's records)."""
+    w = [np.asarray(t, dtype=np.float64) for t in arrays.values()]
+    if not all(np.all(np.isfinite(t)) for t in w):
+        return  # a NaN warm start would poison every later round
+    context.state.array_records[STATE_W] = ArrayRecord(w)
+    meta = context.state.config_records.get(STATE_META, ConfigRecord({META_FITS: 0}))
+    previous = meta.get(META_FITS, 0)
+    fits = (previous if isinstance(previous, int) else 0) + 1
+    context.state.config_records[STATE_META] = ConfigRecord(
+        {META_ROUND: int(server_round or fits), META_FITS: fits}
+    )

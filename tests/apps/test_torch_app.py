@@ -1,0 +1,138 @@
+"""The simulations app with ``framework = "torch"``, in process (both APIs, no Ray).
+
+References: the numpy client's run of the same configuration (the torch twins compute
+the same objective, so F(z^k) agrees to float32 precision), the legacy path's torch
+run (the Message-API handler runs the same loop), a second run (bit-identical), and
+the messages the nodes received (BatchNorm statistics averaged, num_batches_tracked
+kept, 0-d shapes kept).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.common import Context, RecordDict
+
+from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
+from flwr_admm.testing import make_proxies, run_rounds
+from simulations.admm_app import client_app
+from simulations.admm_app.client_app import client_fn
+from simulations.admm_app.server_app import main, server_fn
+from simulations.report import check_result
+
+ROUNDS = 3
+
+
+def server_context(run_config: dict) -> Context:
+    return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+
+
+def run_legacy(run_config: dict, num_clients: int = 10) -> None:
+    components = server_fn(server_context(run_config))
+
+    def node_client_fn(node_context: Context):  # type: ignore[no-untyped-def]
+        node_context.run_config = run_config
+        return client_fn(node_context)
+
+    run_rounds(components.strategy, make_proxies(node_client_fn, num_clients), ROUNDS)
+
+
+def run_message(run_config: dict, num_clients: int = 10) -> InProcessGrid:
+    run_config = {**run_config, "api": "message"}
+    grid = InProcessGrid(client_app.app, num_clients)
+    for context in grid.contexts.values():
+        context.run_config = run_config
+    with flower_task_identity():
+        main(grid, server_context(run_config))  # type: ignore[arg-type]
+    return grid
+
+
+def objectives(tmp_path, task: str, stem: str) -> list[float]:  # type: ignore[no-untyped-def]
+    document, problems = check_result(tmp_path / task, stem, ROUNDS)
+    assert problems == []
+    return [r["objective"] for r in document["rounds"]]
+
+
+def config(tmp_path, tag: str, **extra: object) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "strategy": "fedadmm",
+        "num-server-rounds": ROUNDS,
+        "local-steps": 5,
+        "output-dir": str(tmp_path),
+        "run-tag": tag,
+        **extra,
+    }
+
+
+def test_torch_clients_reach_the_numpy_clients_objectives(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_legacy(config(tmp_path, "numpy"))
+    run_legacy(config(tmp_path, "torch", framework="torch"))
+    run_message(config(tmp_path, "torch-message", framework="torch"))
+    numpy_f = objectives(tmp_path, "seed-logreg", "fedadmm-numpy")
+    torch_f = objectives(tmp_path, "seed-logreg", "fedadmm-torch")
+    message_f = objectives(tmp_path, "seed-logreg", "fedadmm-torch-message")
+    assert numpy_f[-1] < numpy_f[0]
+    assert torch_f == pytest.approx(numpy_f, rel=1e-5)  # float32 clients, float64 server
+    # the same loop on both APIs (the in-process legacy driver evaluates no round 0)
+    assert message_f[1:] == pytest.approx(torch_f, rel=1e-12)
+
+
+def test_cnn_sends_batchnorm_statistics_averaged_and_counters_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_config = config(tmp_path, "cnn", framework="torch", task="digits", model="cnn")
+    del run_config["local-steps"]  # the task's default: one epoch of batches of 16
+    grid = run_message(run_config)
+    first = objectives(tmp_path, "digits", "fedadmm-cnn")
+    last_round = [
+        m for m in grid.sent if m.content.config_records["config"].get("server-round") == ROUNDS
+    ]
+    train = [m for m in last_round if "rho" in m.content.config_records["config"]]
+    assert len(train) == 10
+    arrays = [m.content.array_records["arrays"] for m in train]
+    counter = arrays[0]["features.1.num_batches_tracked"].numpy()
+    assert counter.shape == () and counter.dtype == np.int64 and counter == 0  # kept
+    means = [a["features.1.running_mean"].numpy() for a in arrays]
+    assert np.abs(means[0]).max() > 0  # averaged from the clients' statistics
+    assert all(np.array_equal(means[0], m) for m in means)  # the same average for all
+    weights = [a["head.weight"].numpy() for a in arrays]
+    assert not np.array_equal(weights[0], weights[1])  # v_i = z - u_i differs per node
+    # deterministic: a rerun gives the same objectives bit for bit
+    run_message({**run_config, "run-tag": "cnn-again"})
+    assert objectives(tmp_path, "digits", "fedadmm-cnn-again") == first
+
+
+def test_cnn_needs_framework_torch_and_secagg_numpy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="framework='torch'"):
+        server_fn(server_context(config(tmp_path, "x", task="digits", model="cnn")))
+    secure = config(tmp_path, "y", framework="torch", strategy="fedadmm-client-duals")
+    with pytest.raises(ValueError, match="'framework': secure-aggregation runs the numpy"):
+        server_fn(server_context({**secure, "secure-aggregation": True}))
+
+
+@pytest.mark.ray
+def test_flwr_run_message_api_cnn(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from simulations.launcher import APP_DIR, LocalFlower
+
+    output_dir = tmp_path / "outputs"
+    with LocalFlower(home=tmp_path / "flwr-home") as flower:
+        outcome = flower.run(
+            APP_DIR,
+            {
+                "api": "message",
+                "framework": "torch",
+                "task": "digits",
+                "model": "cnn",
+                "num-server-rounds": 2,
+                "output-dir": str(output_dir),
+            },
+            num_supernodes=10,
+            log_path=tmp_path / "run.log",
+            timeout=300,
+        )
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    document, problems = check_result(output_dir / "digits", "fedadmm", 2)
+    assert problems == [], log
+    assert document["settings"]["framework"] == "torch" and document["settings"]["api"] == "message"
+    rounds = document["rounds"]
+    assert rounds[-1]["num_results"] == 10 and rounds[-1]["num_rejected"] == 0
+    assert rounds[-1]["objective"] < rounds[0]["objective"]
