@@ -3,6 +3,7 @@
 `FedADMM` (strategy, server-held duals), `FedADMMClientDuals` (client-held duals:
 the server keeps z and one running sum) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
+The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run with the same client.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
 (`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
 """
@@ -26,7 +27,7 @@ from flwr_admm.core import (
     make_schedule,
     penalized_local_solve,
 )
-from flwr_admm.server import FedADMM, FedADMMClientDuals, FedNova
+from flwr_admm.server import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.uplink import (
     Compressor,
     LocalDP,
@@ -39,12 +40,14 @@ from flwr_admm.uplink import (
 __all__ = [
     "L1",
     "L2",
+    "SCAFFOLD",
     "ADMMClient",
     "Compressor",
     "ConsensusADMM",
     "Constant",
     "FedADMM",
     "FedADMMClientDuals",
+    "FedDyn",
     "FedNova",
     "Geometric",
     "LocalDP",

@@ -120,3 +120,13 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
     SERVER_ROUND,
     MODE_KEY,
 )
+
+# ------------------------------------------ peer baselines: SCAFFOLD and FedDyn (issue 15)
+PEER = "peer-algorithm"  # fit config: "scaffold" or "feddyn" switches ADMMClient to it
+PEER_SCAFFOLD = "scaffold"  # parameters: x then c; reply: y_i then c_i+ - c_i
+PEER_FEDDYN = "feddyn"  # parameters: x; reply: w_i; alpha under FEDDYN_ALPHA
+FEDDYN_ALPHA = "feddyn-alpha"  # fit config: FedDyn's alpha > 0
+SCAFFOLD_STATE_C = "flwr_admm.scaffold.c"  # ADMMClient: SCAFFOLD's control variate c_i
+FEDDYN_STATE_GRAD = "flwr_admm.feddyn.grad"  # ADMMClient: FedDyn's linear term grad_i
+PEER_STATE_META = "flwr_admm.peer.meta"  # ADMMClient: round of the state above (META_ROUND)
+SERVER_STEP = "server_step"  # round metric: SCAFFOLD's eta_g

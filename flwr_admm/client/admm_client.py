@@ -11,6 +11,7 @@ The client reads the server's fit config:
   z - u_i and replies with the change of its contribution n_i (w_i + u_i)
   (`flwr_admm.server.client_duals`), compressed with error feedback when the config holds
   ``uplink*`` entries (local DP is refused there).
+- ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -28,7 +29,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.client import client_duals
+from flwr_admm.client import client_duals, peers
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
@@ -48,6 +49,7 @@ from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
     PARTITION_ID,
+    PEER,
     PROXIMAL_MU,
     REBUILD,
     RHO,
@@ -153,6 +155,7 @@ class ADMMClient(NumPyClient):
         self._w: Params | None = None  # used only without a context
         self._residual: Params | None = None  # used only without a context
         self._duals = client_duals.KeptDuals(None, None)  # used only without a context
+        self._peers = peers.PeerState(context, {})  # SCAFFOLD's c_i / FedDyn's grad_i
         self._fits = 0
         self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
 
@@ -174,10 +177,16 @@ class ADMMClient(NumPyClient):
         compression, if the config asks for them).
         """
         received = [np.asarray(p, dtype=np.float64) for p in parameters]
-        self.model.check_params(received, field="parameters")
         plan = self._plan(config)
         uplink = ClientUplink.from_config(config)
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
+        if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
+            stream = [self.seed, int(self.partition_id or 0), server_round]
+            data = peers.LocalData(self.model, self.X, self.y, plan, np.random.default_rng(stream))
+            compressed = uplink.compressor is not None or uplink.local_dp is not None
+            sent = peers.fit_peer(data, received, config, self._peers, server_round, compressed)
+            return sent[0], int(self.X.shape[0]), {**sent[1], **self._key_metrics()}
+        self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:
             if uplink.local_dp is not None:
                 raise ValueError(
