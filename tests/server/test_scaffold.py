@@ -73,7 +73,7 @@ def test_three_rounds_match_the_papers_loop(prox_step):
     reference = scaffold_reference(data, rounds=3, steps=4, lr=0.1, eta_g=0.7)
     strategy = SCAFFOLD(server_learning_rate=0.7, **common_kwargs(3, min_clients=3))
     proxies = make_proxies(client_fn_for(data, 4, 0.1, prox_step), 3)
-    for k, (x_ref, c_ref) in enumerate(reference, start=1):
+    for x_ref, c_ref in reference:
         result = next_round(strategy, proxies)
         np.testing.assert_allclose(parameters_to_ndarrays(result)[0], x_ref, rtol=1e-12)
         np.testing.assert_allclose(strategy.control()[0], c_ref, rtol=1e-12, atol=1e-15)
