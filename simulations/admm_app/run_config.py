@@ -24,9 +24,17 @@ from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
 from flwr_admm.server.identity import KEY_BINDINGS
 
-STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
+STRATEGIES = (
+    "fedadmm",
+    "fedadmm-client-duals",
+    "fedavg",
+    "fedprox",
+    "fednova",
+    "scaffold",
+    "feddyn",
+)
 APIS = ("message", "legacy")
-LEGACY_ONLY_STRATEGIES = ("fedadmm-client-duals", "fednova")
+LEGACY_ONLY_STRATEGIES = ("fedadmm-client-duals", "fednova", "scaffold", "feddyn")
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 
 DEFAULTS: dict[str, Any] = {
@@ -56,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     "client-wait-seconds": 120.0,
     "round-timeout": 0.0,
     "key-binding": "node",
+    "server-learning-rate": 1.0,
+    "feddyn-alpha": 0.1,
 }
 
 HELP: dict[str, str] = {
@@ -85,6 +95,8 @@ HELP: dict[str, str] = {
     "client-wait-seconds": "number > 0",
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
+    "server-learning-rate": "SCAFFOLD's server step eta_g, number > 0",
+    "feddyn-alpha": "FedDyn's alpha, number > 0",
 }
 
 
@@ -118,6 +130,8 @@ class RunSettings:
     client_wait_seconds: float
     round_timeout: float | None = None
     key_binding: str = "node"
+    server_learning_rate: float = 1.0
+    feddyn_alpha: float = 0.1
     api: str = "legacy"
 
     @property
@@ -325,6 +339,8 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
+        server_learning_rate=_number(config, "server-learning-rate", 0.0, strict=True),
+        feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
     )
 
 

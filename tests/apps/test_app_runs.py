@@ -52,7 +52,8 @@ def _run_in_process(run_config, num_clients=10, fail=False):
 
 
 @pytest.mark.parametrize(
-    "strategy", ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova"]
+    "strategy",
+    ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova", "scaffold", "feddyn"],
 )
 def test_every_strategy_records_complete_results(tmp_path, strategy):
     config = {
@@ -70,11 +71,13 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
         assert np.isfinite(last[key])
     if strategy == "fedadmm-client-duals":  # its replies are contribution changes
         assert last["client_drift"] is None
-    else:
-        assert np.isfinite(last["client_drift"])
+    else:  # SCAFFOLD's replies carry y_i first: its drift is measured on them
+        assert np.isfinite(last["client_drift"]) and last["client_drift"] > 0
     assert len(last["client_auc"]) == 10
-    # 10 clients x one float64 (20,) array in .npy format, both ways
-    assert last["bytes_up"] == last["bytes_down"] == 10 * (20 * 8 + 128)
+    # 10 clients x one float64 (20,) array in .npy format, both ways; SCAFFOLD sends
+    # its control variate with the model, both ways: twice the bytes
+    blocks = 2 if strategy == "scaffold" else 1
+    assert last["bytes_up"] == last["bytes_down"] == blocks * 10 * (20 * 8 + 128)
     assert last["num_results"] == 10 and last["num_failures"] == 0
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"] > 0
     if strategy == "fedadmm":

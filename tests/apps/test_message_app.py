@@ -67,7 +67,7 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
 
 
-@pytest.mark.parametrize("strategy", ["fednova", "fedadmm-client-duals"])
+@pytest.mark.parametrize("strategy", ["fednova", "fedadmm-client-duals", "scaffold", "feddyn"])
 def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
     context = Context(
         run_id=0,

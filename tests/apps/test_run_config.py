@@ -40,6 +40,10 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"api": 1}, ["'api'", "'message'", "'legacy'"]),
         ({"api": "message", "key-binding": "reported"}, ["'key-binding'", "'node'", "api=legacy"]),
         ({"api": "message", "strategy": "fednova"}, ["'fednova'", "legacy API", "api=legacy"]),
+        ({"api": "message", "strategy": "scaffold"}, ["'scaffold'", "legacy API", "api=legacy"]),
+        ({"api": "message", "strategy": "feddyn"}, ["'feddyn'", "legacy API", "api=legacy"]),
+        ({"server-learning-rate": 0.0}, ["'server-learning-rate'", "> 0"]),
+        ({"feddyn-alpha": -1.0}, ["'feddyn-alpha'", "> 0"]),
         (
             {"api": "message", "strategy": "fedadmm-client-duals"},
             ["'fedadmm-client-duals'", "api=legacy"],
@@ -139,7 +143,7 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
 def test_api_is_parsed_for_every_strategy_it_serves(api):
     strategies = ["fedadmm", "fedavg", "fedprox"]
     if api == "legacy":
-        strategies += ["fedadmm-client-duals", "fednova"]
+        strategies += ["fedadmm-client-duals", "fednova", "scaffold", "feddyn"]
     for strategy in strategies:
         assert parse_run_config({"api": api, "strategy": strategy}).api == api
     assert api_of({"api": api}) == api
