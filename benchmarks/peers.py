@@ -109,7 +109,12 @@ def _config(run: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def peers_rows(result: dict[str, Any], steps_key: str) -> tuple[list[str], list[list[object]]]:
-    """Headers and rows of the peers table: rounds and bytes to the tightest target."""
+    """Headers and rows of the peers table: rounds and bytes to the tightest target.
+
+    The last columns give, for an algorithm that missed the target, the best metric
+    value any of its configurations reached ("-" for the others: their runs stopped
+    at the target).
+    """
     final = result["targets"][-1]
     metric = "gap <=" if result["metric"] == "gap" else "accuracy >="
     headers = [
@@ -120,10 +125,14 @@ def peers_rows(result: dict[str, Any], steps_key: str) -> tuple[list[str], list[
         "fewest MB",
         "its rounds",
         "config",
+        f"{'lowest gap' if result['metric'] == 'gap' else 'best accuracy'} seen",
+        "config",
     ]
     rows: list[list[object]] = []
     over = f"> {result['max_rounds']}"
     for label, entry in result["peers"].items():
+        # runs stop once every target is met: the best value ranks only the misses
+        top = None if entry["rounds"] is not None else result["summary"]["best_value"].get(label)
         rows.append(
             [
                 label,
@@ -133,6 +142,8 @@ def peers_rows(result: dict[str, Any], steps_key: str) -> tuple[list[str], list[
                 _megabytes(entry["bytes"]),
                 "-" if entry["rounds_of_leanest"] is None else entry["rounds_of_leanest"],
                 _config_text(entry["leanest"], label, steps_key),
+                "-" if top is None else f"{top['best']:.3g}",
+                _config_text(_config(top), label, steps_key),
             ]
         )
     return headers, rows
