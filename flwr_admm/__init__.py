@@ -1,7 +1,8 @@
 """flwr-admm: approximate (inexact) consensus ADMM for Flower.
 
 `FedADMM` (strategy, server-held duals), `FedADMMClientDuals` (client-held duals:
-the server keeps z and one running sum) + `ADMMClient` (penalized local loop), rho
+the server keeps z and one running sum; `FedADMMClientDualsSecAgg` under Flower's
+SecAgg+) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
 The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run with the same client.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
@@ -27,7 +28,14 @@ from flwr_admm.core import (
     make_schedule,
     penalized_local_solve,
 )
-from flwr_admm.server import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
+from flwr_admm.server import (
+    SCAFFOLD,
+    FedADMM,
+    FedADMMClientDuals,
+    FedADMMClientDualsSecAgg,
+    FedDyn,
+    FedNova,
+)
 from flwr_admm.uplink import (
     Compressor,
     LocalDP,
@@ -47,6 +55,7 @@ __all__ = [
     "Constant",
     "FedADMM",
     "FedADMMClientDuals",
+    "FedADMMClientDualsSecAgg",
     "FedDyn",
     "FedNova",
     "Geometric",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.common import ArrayRecord, ConfigRecord, Context, Scalar
@@ -43,6 +44,7 @@ from flwr_admm.protocol import (
     PEER_STATE_META,
     SCAFFOLD_STATE_C,
 )
+from flwr_admm.uplink.channel import ClientUplink
 
 PEERS = (PEER_SCAFFOLD, PEER_FEDDYN)
 
@@ -85,6 +87,35 @@ class LocalData:
     y: np.ndarray
     plan: LocalPlan
     rng: np.random.Generator
+
+
+class PeerClient(Protocol):
+    """What `client_fit` reads of an `ADMMClient`."""
+
+    model: Model
+    X: np.ndarray
+    y: np.ndarray
+    seed: int
+    partition_id: Any
+    _peers: PeerState
+
+    def _key_metrics(self) -> dict[str, Scalar]: ...
+
+
+def client_fit(
+    client: PeerClient,
+    received: Params,
+    config: dict[str, Scalar],
+    plan: LocalPlan,
+    server_round: int,
+    uplink: ClientUplink,
+) -> tuple[Params, int, dict[str, Scalar]]:
+    """Run `fit_peer` for an ADMMClient; return its (arrays, num_examples, metrics) reply."""
+    stream = [client.seed, int(client.partition_id or 0), server_round]
+    data = LocalData(client.model, client.X, client.y, plan, np.random.default_rng(stream))
+    compressed = uplink.compressor is not None or uplink.local_dp is not None
+    arrays, metrics = fit_peer(data, received, config, client._peers, server_round, compressed)
+    return arrays, int(client.X.shape[0]), {**metrics, **client._key_metrics()}
 
 
 def peer_of(config: dict[str, Scalar]) -> str:

@@ -9,9 +9,17 @@ keys, checkpoints) and override only its hooks.
 """
 
 from flwr_admm.server.client_duals import FedADMMClientDuals
+from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fedadmm import FedADMM
 from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
 from flwr_admm.server.scaffold import SCAFFOLD
 
-__all__ = ["SCAFFOLD", "FedADMM", "FedADMMClientDuals", "FedDyn", "FedNova"]
+__all__ = [
+    "SCAFFOLD",
+    "FedADMM",
+    "FedADMMClientDuals",
+    "FedADMMClientDualsSecAgg",
+    "FedDyn",
+    "FedNova",
+]

@@ -66,6 +66,7 @@ DEFAULTS: dict[str, Any] = {
     "key-binding": "node",
     "server-learning-rate": 1.0,
     "feddyn-alpha": 0.1,
+    "secure-aggregation": False,
 }
 
 HELP: dict[str, str] = {
@@ -97,6 +98,7 @@ HELP: dict[str, str] = {
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
     "server-learning-rate": "SCAFFOLD's server step eta_g, number > 0",
     "feddyn-alpha": "FedDyn's alpha, number > 0",
+    "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
 }
 
 
@@ -133,6 +135,7 @@ class RunSettings:
     server_learning_rate: float = 1.0
     feddyn_alpha: float = 0.1
     api: str = "legacy"
+    secure_aggregation: bool = False
 
     @property
     def task_dir(self) -> Path:
@@ -296,7 +299,13 @@ def parse_run_config(
     if not isinstance(model, str):
         raise _fail("model", model)
     strategy = _choice(config, "strategy", STRATEGIES)
-    api = _choice(config, "api", APIS)
+    secure = secure_aggregation_of(config)
+    if secure and strategy != "fedadmm-client-duals":
+        raise ValueError(
+            "run config 'secure-aggregation': true needs strategy=fedadmm-client-duals "
+            f"(the only strategy that needs just the sum of the replies), got {strategy!r}"
+        )
+    api = "legacy" if secure else _choice(config, "api", APIS)  # SecAgg+ is legacy-only
     if api == "message" and strategy in LEGACY_ONLY_STRATEGIES:
         raise ValueError(
             f"run config 'strategy': {strategy!r} exists only on the legacy API; "
@@ -341,12 +350,26 @@ def parse_run_config(
         api=api,
         server_learning_rate=_number(config, "server-learning-rate", 0.0, strict=True),
         feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
+        secure_aggregation=secure,
     )
 
 
 def api_of(run_config: Mapping[str, Any]) -> str:
     """Return the validated ``api`` of `run_config` (the default when absent)."""
     return _choice({**DEFAULTS, **run_config}, "api", APIS)
+
+
+def secure_aggregation_of(run_config: Mapping[str, Any]) -> bool:
+    """Return the validated ``secure-aggregation`` of `run_config` (default false).
+
+    True runs the legacy strategy under Flower's ``SecAggPlusWorkflow`` and the
+    clients under ``secaggplus_mod`` whatever ``api`` says: Flower 1.42 has SecAgg+
+    for legacy strategies only (`simulations.admm_app.secure_server`).
+    """
+    value = {**DEFAULTS, **run_config}["secure-aggregation"]
+    if not isinstance(value, bool):
+        raise _fail("secure-aggregation", value)
+    return value
 
 
 def fit_config(settings: RunSettings) -> dict[str, Any]:
