@@ -92,7 +92,12 @@ class PeerStrategy(FedAvg):
             self.dtypes = [np.asarray(t).dtype for t in received]
             self.current = [np.asarray(t, dtype=np.float64) for t in received]
         instructions = super().configure_fit(server_round, parameters, client_manager)
-        sent = ndarrays_to_parameters(self._outgoing(self.current))
+        # sent in the model's own dtypes: a float32 model costs float32 bytes on the wire
+        outgoing = self._outgoing(self.current)
+        dtypes = self.dtypes * (len(outgoing) // len(self.dtypes))
+        sent = ndarrays_to_parameters(
+            [a.astype(d, copy=False) for a, d in zip(outgoing, dtypes, strict=True)]
+        )
         own: dict[str, Scalar] = {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
         out = []
         for proxy, ins in instructions:

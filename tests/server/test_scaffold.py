@@ -136,3 +136,14 @@ def test_a_user_config_may_not_set_the_strategys_keys(key):
     strategy = SCAFFOLD(on_fit_config_fn=lambda r: {key: 1}, min_available_clients=2)
     with pytest.raises(ValueError, match=key):
         _configured(strategy, [np.zeros(2)])
+
+
+def test_a_float32_model_travels_as_float32_both_blocks():
+    strategy = SCAFFOLD(min_fit_clients=2, min_available_clients=2)
+    instructions = _configured(strategy, [np.array([1.0, 2.0], dtype=np.float32)])
+    sent = parameters_to_ndarrays(instructions[0][1].parameters)
+    assert [a.dtype for a in sent] == [np.float32, np.float32]
+    reply = fit_res([np.array([0.5, 2.0]), np.array([1.0, 0.0])], 2, {"partition-id": 0})
+    params, _ = strategy.aggregate_fit(1, [(Proxy("1"), reply)], [])
+    assert parameters_to_ndarrays(params)[0].dtype == np.float32
+    np.testing.assert_allclose(strategy.current[0], [0.5, 2.0])  # kept in float64
