@@ -1,7 +1,7 @@
-"""Rounds (communication) to a target: FedAvg, FedProx and FedADMM, each tuned.
+"""Rounds (communication) to a target: FedAvg, FedProx, SCAFFOLD, FedDyn and FedADMM, each tuned.
 
 For every task each algorithm runs over the same grid (learning rate x local steps x
-rho or mu; FedAvg has no penalty) through the in-process driver
+rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs twice on the task's default local settings: with its
 defaults (rho = 1, constant) and with `ResidualBalancing` from rho0 = 1.
@@ -11,8 +11,12 @@ tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-
 (tight tolerances, gradient norm reported); test accuracy on the shared test set for
 the digits MLP. Convex tasks use full-batch local gradient steps (a deterministic
 local solver, so 1e-6 is reachable in principle); digits uses minibatches of 16.
+Every run also counts the bytes on the wire, both ways (`benchmarks.peers`): the
+peers table gives rounds and bytes to the tightest target per algorithm.
 
-    python -m benchmarks.convergence [--quick] [--tasks seed-logreg,synthetic,digits]
+    python -m benchmarks.convergence [--quick] [--tasks TASK,...]
+
+TASK: seed-logreg, seed-logreg-partial (3 of its 10 clients a round), synthetic, digits.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ from flwr.server.strategy import FedAvg, FedProx, Strategy
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
+from benchmarks.peers import (
+    PEERS,
+    ByteCounter,
+    counting,
+    make_peer,
+    peer_configs,
+    peers_rows,
+    peers_summary,
+    penalty_name,
+)
 from benchmarks.problems import Problem, build_problems
 from flwr_admm import ADMMClient, FedADMM, ResidualBalancing
 from flwr_admm.models import Model
@@ -58,6 +72,8 @@ class Tracker:
     problem: Problem
     values: list[float] = field(default_factory=list)
     rounds_to: dict[float, int | None] = field(default_factory=dict)
+    counter: ByteCounter = field(default_factory=ByteCounter)  # bytes both ways so far
+    bytes_to: dict[float, int | None] = field(default_factory=dict)
     stop_reason: str = "max_rounds"
     _last: NDArrays | None = None
     _repeats: int = 0
@@ -72,6 +88,7 @@ class Tracker:
         for target in self.problem.targets:
             if self.rounds_to.get(target) is None and self.problem.reached(value, target):
                 self.rounds_to[target] = server_round
+                self.bytes_to[target] = self.counter.total
         if all(self.rounds_to.get(t) is not None for t in self.problem.targets):
             self.stop_reason = "all_targets"
             raise _StopRunError
@@ -106,7 +123,7 @@ def make_strategy(
     tracker: Tracker,
     schedule: ResidualBalancing | None = None,
 ) -> Strategy:
-    """FedAvg, FedProx (mu = penalty) or FedADMM (rho = penalty) on the task's sampling."""
+    """FedAvg, FedProx (mu), SCAFFOLD, FedDyn (alpha) or FedADMM (rho) on the task's sampling."""
     task = problem.task
     fit_config: dict[str, Scalar] = {
         "learning_rate": float(config["lr"]),
@@ -127,6 +144,8 @@ def make_strategy(
         return FedAvg(**common)
     if algorithm == "FedProx":
         return FedProx(proximal_mu=float(config["penalty"]), **common)
+    if algorithm in PEERS:
+        return make_peer(algorithm, config, common)
     # sampling_seed=None: Flower's ClientManager.sample, seeded like the baselines'
     return FedADMM(
         rho=float(config["penalty"]),
@@ -158,7 +177,9 @@ def run_one(
     """Run one configuration until every target is met or the round budget is spent."""
     tracker = Tracker(problem)
     strategy = make_strategy(algorithm, problem, config, tracker, schedule)
-    proxies = make_proxies(client_fn_for(problem), problem.task.data.num_clients)
+    proxies = counting(
+        make_proxies(client_fn_for(problem), problem.task.data.num_clients), tracker.counter
+    )
     random.seed(0)  # Flower's ClientManager.sample: the same client subsets for everyone
     started = time.perf_counter()
     with np.errstate(all="ignore"):
@@ -171,6 +192,7 @@ def run_one(
         **config,
         "schedule": None if schedule is None else schedule.describe(),
         "rounds_to": {str(t): tracker.rounds_to.get(t) for t in problem.targets},
+        "bytes_to": {str(t): tracker.bytes_to.get(t) for t in problem.targets},
         "rounds_run": len(tracker.values),
         "final": tracker.values[-1] if tracker.values else None,
         "best": (min if problem.metric == "gap" else max)(tracker.values, default=None),
@@ -196,8 +218,8 @@ def _config_text(run: dict[str, Any] | None, steps_key: str) -> str:
         return "-"
     steps = "epochs" if steps_key == "local_epochs" else "steps"
     text = f"lr={run['lr']:g} {steps}={run['steps']:g}"
-    if run["algorithm"] != "FedAvg":
-        name = "mu" if run["algorithm"] == "FedProx" else "rho0" if run["schedule"] else "rho"
+    name = penalty_name(run["algorithm"], run["schedule"])
+    if name is not None:
         text += f" {name}={run['penalty']:g}"
     return text
 
@@ -277,6 +299,9 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
     for algorithm in ("FedAvg", "FedProx", "FedADMM"):
         for config in problem.grid.configs(penalized=algorithm != "FedAvg"):
             runs.append({**run_one(problem, algorithm, config), "label": algorithm})
+    for algorithm in PEERS:
+        for config in peer_configs(algorithm, problem.grid):
+            runs.append({**run_one(problem, algorithm, config), "label": algorithm})
     for config in problem.grid.configs(penalized=True):
         relaxed = {**config, "relaxation": RELAXED}
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
@@ -286,7 +311,7 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
         config = {**untuned, "relaxation": alpha}
         runs.append({**run_one(problem, "FedADMM", config, ResidualBalancing()), "label": label})
     sweep_runs = relaxation_sweep(problem, runs) if sweep else []
-    return {
+    result = {
         "task": problem.name,
         "metric": problem.metric,
         "targets": list(problem.targets),
@@ -303,6 +328,8 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
         "runs": runs,
         "relaxation_sweep": sweep_runs,
     }
+    result["peers"] = peers_summary(result)
+    return result
 
 
 def relaxation_sweep(problem: Problem, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,7 +387,7 @@ def _ratio_text(entry: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the tables and write JSON."""
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="seed-logreg,synthetic,digits")
+    parser.add_argument("--tasks", default="seed-logreg,seed-logreg-partial,synthetic,digits")
     args = parser.parse_args(argv)
     quiet_flower()
     names = ["seed-logreg"] if args.quick else args.tasks.split(",")
@@ -396,6 +423,9 @@ def _run_problem(problem: Problem, sweep: bool) -> dict[str, Any]:
             f"{_ratio_text(summary[over])} (goal <= 0.333 on seed-logreg); "
             f"untuned RB / tuned, same alpha: {_ratio_text(summary[rb])} (goal <= 1.5)"
         )
+    headers, rows = peers_rows(result, problem.steps_key)
+    print(f"peers: rounds and bytes (both ways) to {summary['final_target']:g}:")
+    print(format_table(headers, rows))
     by_lr = summary["best_rounds_by_learning_rate"]
     rows = [[lr, *row.values()] for lr, row in by_lr.items()]
     print(f"best rounds to {summary['final_target']:g} by learning rate (- = not reached):")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -166,6 +166,17 @@ def build_problems(names: list[str], quick: bool) -> list[Problem]:
             task = load_task("seed-logreg")
             defaults = {"lr": 1.0, "steps": 20}
             problems.append(convex_problem(name, task, grid, 40 if quick else 200, defaults))
+        elif name == "seed-logreg-partial":
+            # seed 000's task with 3 of its 10 clients a round (Flower's sampling, seeded)
+            grid = Grid((0.5, 1.0, 2.0), (5, 20), (0.01, 0.1, 1.0))
+            if quick:
+                grid = Grid((1.0,), (20,), (0.1,))
+            task = load_task("seed-logreg")
+            task = replace(
+                task, defaults={**task.defaults, "fraction_fit": 0.3, "min_fit_clients": 3}
+            )
+            defaults = {"lr": 1.0, "steps": 20}
+            problems.append(convex_problem(name, task, grid, 40 if quick else 200, defaults))
         elif name == "synthetic":
             # Ill-conditioned (feature variances j^-1.2 plus client mean offsets, ridge
             # 1e-4): every method is far from 1e-3 after 60 rounds; the table's
@@ -182,5 +193,8 @@ def build_problems(names: list[str], quick: bool) -> list[Problem]:
                 grid = Grid((0.2,), (1,), (0.1,))
             problems.append(digits_problem(grid, 20 if quick else 100, (0.90, 0.93)))
         else:
-            raise ValueError(f"tasks: unknown task {name!r}; known: seed-logreg, synthetic, digits")
+            raise ValueError(
+                f"tasks: unknown task {name!r}; known: seed-logreg, seed-logreg-partial, "
+                "synthetic, digits"
+            )
     return problems

@@ -4,6 +4,7 @@
 the server keeps z and one running sum; `FedADMMClientDualsSecAgg` under Flower's
 SecAgg+) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
+The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run with the same client.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
 (`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
 """
@@ -27,7 +28,14 @@ from flwr_admm.core import (
     make_schedule,
     penalized_local_solve,
 )
-from flwr_admm.server import FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg, FedNova
+from flwr_admm.server import (
+    SCAFFOLD,
+    FedADMM,
+    FedADMMClientDuals,
+    FedADMMClientDualsSecAgg,
+    FedDyn,
+    FedNova,
+)
 from flwr_admm.uplink import (
     Compressor,
     LocalDP,
@@ -40,6 +48,7 @@ from flwr_admm.uplink import (
 __all__ = [
     "L1",
     "L2",
+    "SCAFFOLD",
     "ADMMClient",
     "Compressor",
     "ConsensusADMM",
@@ -47,6 +56,7 @@ __all__ = [
     "FedADMM",
     "FedADMMClientDuals",
     "FedADMMClientDualsSecAgg",
+    "FedDyn",
     "FedNova",
     "Geometric",
     "LocalDP",

@@ -137,3 +137,13 @@ SECAGG_WEIGHT = "admm-secagg-weight"  # SecAgg+'s max_weight: the num_examples t
 SECAGG_SWEEP = "admm-secagg-sweep"  # 1: also send the S_new block (a rebuild sweep is on)
 SECAGG_EXAMPLES = "admm-num-examples"  # reply metric: n_i (num_examples is the weight)
 SECURE_DROPPED = "num_secure_dropped"  # round metric: 1 if the round's aggregate was dropped
+
+# ------------------------------------------ peer baselines: SCAFFOLD and FedDyn (issue 15)
+PEER = "peer-algorithm"  # fit config: "scaffold" or "feddyn" switches ADMMClient to it
+PEER_SCAFFOLD = "scaffold"  # parameters: x then c; reply: y_i then c_i+ - c_i
+PEER_FEDDYN = "feddyn"  # parameters: x; reply: w_i; alpha under FEDDYN_ALPHA
+FEDDYN_ALPHA = "feddyn-alpha"  # fit config: FedDyn's alpha > 0
+SCAFFOLD_STATE_C = "flwr_admm.scaffold.c"  # ADMMClient: SCAFFOLD's control variate c_i
+FEDDYN_STATE_GRAD = "flwr_admm.feddyn.grad"  # ADMMClient: FedDyn's linear term grad_i
+PEER_STATE_META = "flwr_admm.peer.meta"  # ADMMClient: round of the state above (META_ROUND)
+SERVER_STEP = "server_step"  # round metric: SCAFFOLD's eta_g

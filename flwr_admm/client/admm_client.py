@@ -11,6 +11,7 @@ The client reads the server's fit config:
   z - u_i and replies with the change of its contribution n_i (w_i + u_i)
   (`flwr_admm.server.client_duals`), compressed with error feedback when the config holds
   ``uplink*`` entries (local DP is refused there).
+- ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -28,7 +29,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.client import client_duals
+from flwr_admm.client import client_duals, peers
 from flwr_admm.client.secagg import SecureRound, secure_reply
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
@@ -49,6 +50,7 @@ from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
     PARTITION_ID,
+    PEER,
     PROXIMAL_MU,
     REBUILD,
     RHO,
@@ -155,6 +157,7 @@ class ADMMClient(NumPyClient):
         self._w: Params | None = None  # used only without a context
         self._residual: Params | None = None  # used only without a context
         self._duals = client_duals.KeptDuals(None, None)  # used only without a context
+        self._peers = peers.PeerState(context, {})  # SCAFFOLD's c_i / FedDyn's grad_i
         self._fits = 0
         self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
 
@@ -176,10 +179,12 @@ class ADMMClient(NumPyClient):
         compression, if the config asks for them).
         """
         received = [np.asarray(p, dtype=np.float64) for p in parameters]
-        self.model.check_params(received, field="parameters")
         plan = self._plan(config)
         uplink = ClientUplink.from_config(config)
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
+        if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
+            return peers.client_fit(self, received, config, plan, server_round, uplink)
+        self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:
             client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
             return self._fit_client_duals(received, config, plan, server_round, uplink)

@@ -1,9 +1,11 @@
 """The penalized local loop a client runs: inexact minimization of the augmented term.
 
-    min_w  f_i(w) + rho/2 ||w - v||^2
+    min_w  f_i(w) + <a, w> + rho/2 ||w - v||^2
 
 with v the prox center (v = z - u_i for ADMM, v = received model for FedProx, no
-penalty for FedAvg). Two update rules for one step with gradient g = grad f_i(w):
+penalty for FedAvg) and an optional constant linear term a (SCAFFOLD's drift
+correction c - c_i, FedDyn's -grad_i; zero otherwise). Two update rules for one step
+with gradient g = grad f_i(w) + a:
 
 - ``"gradient"`` (seed 000): w <- w - lr (g + rho (w - v))
 - ``"exact"`` (proximal gradient, the quadratic solved in closed form):
@@ -96,11 +98,13 @@ def penalized_local_solve(
     center: Params | None = None,
     rho: float = 0.0,
     rng: np.random.Generator | None = None,
+    linear: Params | None = None,
 ) -> LocalResult:
     """Run the local loop from `start`; `center=None` or rho=0 is plain gradient descent.
 
-    Returns the final parameters, the number of steps taken, f_i at the final
-    parameters (on the full local data) and the norm of the last penalized gradient.
+    Every step uses g = grad f_i(w) + a with a = `linear` (None: a = 0). Returns the
+    final parameters, the number of steps taken, f_i at the final parameters (on the
+    full local data) and the norm of the last penalized gradient (a included).
     """
     if rho < 0 or not math.isfinite(rho):
         raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")
@@ -113,6 +117,11 @@ def penalized_local_solve(
     for wk, t in zip(w, start, strict=True):
         wk[...] = t
     g_flat, g_views = _flat_views([wk.shape for wk in w])
+    a_flat: NDArray[np.float64] | None = None
+    if linear is not None:
+        a_flat, a_views = _flat_views([wk.shape for wk in w])
+        for ak, t in zip(a_views, linear, strict=True):
+            ak[...] = t
     rng = rng if rng is not None else np.random.default_rng(0)
     batches = plan.batches(X.shape[0], rng)
     # One step is w <- keep * w - scale * g + shift, constants computed once:
@@ -136,12 +145,15 @@ def penalized_local_solve(
     for k, index in enumerate(batches):
         Xb, yb = (X, y) if index is None else (X[index], y[index])
         _, grads = model.loss_and_grad(w, Xb, yb)
+        for gk, g in zip(g_views, grads, strict=True):
+            gk[...] = g
+        if a_flat is not None:
+            g_flat += a_flat
+            grads = g_views
         if check_every_step or k == last:
             grad_norm = _penalized_norm(grads, w, center if penalized else None, rho)
             if plan.grad_tol is not None and grad_norm <= plan.grad_tol:
                 break
-        for gk, g in zip(g_views, grads, strict=True):
-            gk[...] = g
         if keep != 1.0:
             w_flat *= keep
         g_flat *= scale

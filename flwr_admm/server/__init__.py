@@ -1,4 +1,6 @@
-"""Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals, FedNova.
+"""Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals and the baselines.
+
+The baselines are FedNova, SCAFFOLD and FedDyn (`flwr_admm.server.peer_base`).
 
 Thin translations between Flower's FitIns/FitRes and the numpy core
 (`flwr_admm.core`). FedADMM and FedADMMClientDuals share one round skeleton
@@ -9,6 +11,15 @@ keys, checkpoints) and override only its hooks.
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fedadmm import FedADMM
+from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
+from flwr_admm.server.scaffold import SCAFFOLD
 
-__all__ = ["FedADMM", "FedADMMClientDuals", "FedADMMClientDualsSecAgg", "FedNova"]
+__all__ = [
+    "SCAFFOLD",
+    "FedADMM",
+    "FedADMMClientDuals",
+    "FedADMMClientDualsSecAgg",
+    "FedDyn",
+    "FedNova",
+]

@@ -38,6 +38,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flwr_admm.server.client_duals import FedADMMClientDuals
+from flwr_admm.server.scaffold import SCAFFOLD
 
 T = TypeVar("T")
 STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED = "running", "complete", "failed"
@@ -265,7 +266,7 @@ class RecordingStrategy(Strategy):
             # FedADMMClientDuals' replies are contribution changes, not models.
             "client_drift": None
             if isinstance(self.inner, FedADMMClientDuals)
-            else client_drift(parameters, ordered),
+            else client_drift(parameters, ordered, isinstance(self.inner, SCAFFOLD)),
             "model_change": _distance(
                 parameters_to_ndarrays(parameters), parameters_to_ndarrays(self._sent)
             ),
@@ -330,12 +331,19 @@ def record_evaluation(
     recorder.end_of_round(server_round)
 
 
-def client_drift(parameters: Parameters, results: list[tuple[ClientProxy, FitRes]]) -> float:
-    """sqrt(sum_i p_i ||w_i - z'||^2) over the replies (consensus disagreement)."""
-    return weighted_drift(
-        parameters_to_ndarrays(parameters),
-        [(res.num_examples, parameters_to_ndarrays(res.parameters)) for _, res in results],
-    )
+def client_drift(
+    parameters: Parameters, results: list[tuple[ClientProxy, FitRes]], leading: bool = False
+) -> float:
+    """sqrt(sum_i p_i ||w_i - z'||^2) over the replies (consensus disagreement).
+
+    With `leading`, w_i is the reply's first len(z') arrays (SCAFFOLD's y_i before its
+    control-variate change).
+    """
+    z = parameters_to_ndarrays(parameters)
+    replies = [(res.num_examples, parameters_to_ndarrays(res.parameters)) for _, res in results]
+    if leading:
+        replies = [(n, w[: len(z)]) for n, w in replies]
+    return weighted_drift(z, replies)
 
 
 def weighted_drift(z: list[Any], replies: list[tuple[int, list[Any]]]) -> float:

@@ -24,9 +24,18 @@ from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
 from flwr_admm.server.identity import KEY_BINDINGS
 
-STRATEGIES = ("fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova")
+STRATEGIES = (
+    "fedadmm",
+    "fedadmm-client-duals",
+    "fedavg",
+    "fedprox",
+    "fednova",
+    "scaffold",
+    "feddyn",
+)
 APIS = ("message", "legacy")
-LEGACY_ONLY_STRATEGIES: tuple[str, ...] = ()
+PEER_STRATEGIES = ("scaffold", "feddyn")  # numpy clients, legacy API only
+LEGACY_ONLY_STRATEGIES = PEER_STRATEGIES
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
@@ -59,6 +68,8 @@ DEFAULTS: dict[str, Any] = {
     "round-timeout": 0.0,
     "key-binding": "node",
     "framework": "numpy",
+    "server-learning-rate": 1.0,
+    "feddyn-alpha": 0.1,
     "secure-aggregation": False,
 }
 
@@ -90,6 +101,8 @@ HELP: dict[str, str] = {
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
     "framework": f"client framework, one of {list(FRAMEWORKS)} (torch: pip install torch)",
+    "server-learning-rate": "SCAFFOLD's server step eta_g, number > 0",
+    "feddyn-alpha": "FedDyn's alpha, number > 0",
     "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
 }
 
@@ -126,6 +139,8 @@ class RunSettings:
     key_binding: str = "node"
     api: str = "message"
     framework: str = "numpy"
+    server_learning_rate: float = 1.0
+    feddyn_alpha: float = 0.1
     secure_aggregation: bool = False
 
     @property
@@ -334,13 +349,20 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
-        framework=_framework(config, model, secure),
+        framework=_framework(config, model, secure, strategy),
+        server_learning_rate=_number(config, "server-learning-rate", 0.0, strict=True),
+        feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
         secure_aggregation=secure,
     )
 
 
-def _framework(config: Mapping[str, Any], model: str, secure: bool) -> str:
+def _framework(config: Mapping[str, Any], model: str, secure: bool, strategy: str) -> str:
     framework = _choice(config, "framework", FRAMEWORKS)
+    if strategy in PEER_STRATEGIES and framework != "numpy":
+        raise ValueError(
+            f"run config 'framework': strategy={strategy!r} runs the numpy clients "
+            f"(flwr_admm.client.peers); must be 'numpy', got {framework!r}"
+        )
     if model in TORCH_MODELS and framework != "torch":
         raise ValueError(
             f"run config 'model': {model!r} needs framework='torch', got {framework!r}"

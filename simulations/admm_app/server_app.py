@@ -38,7 +38,9 @@ from flwr_admm import FedADMM, Geometric, make_schedule
 from flwr_admm.data import Task
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
+from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
+from flwr_admm.server.scaffold import SCAFFOLD
 
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api
@@ -173,6 +175,12 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":
         return FedNova(**common)
+    # SCAFFOLD / FedDyn send server_round themselves, like the ADMM strategies
+    peer_common = {**common, "on_fit_config_fn": admm_common["on_fit_config_fn"]}
+    if settings.strategy == "scaffold":
+        return SCAFFOLD(server_learning_rate=settings.server_learning_rate, **peer_common)
+    if settings.strategy == "feddyn":
+        return FedDyn(alpha=settings.feddyn_alpha, **peer_common)
     return FedAvg(**common)
 
 

@@ -40,7 +40,8 @@ def _run_in_process(run_config, num_clients=10, fail=False):
 
 
 @pytest.mark.parametrize(
-    "strategy", ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova"]
+    "strategy",
+    ["fedadmm", "fedadmm-client-duals", "fedavg", "fedprox", "fednova", "scaffold", "feddyn"],
 )
 def test_every_strategy_records_complete_results(tmp_path, strategy):
     config = {
@@ -58,11 +59,13 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
         assert np.isfinite(last[key])
     if strategy == "fedadmm-client-duals":  # its replies are contribution changes
         assert last["client_drift"] is None
-    else:
-        assert np.isfinite(last["client_drift"])
+    else:  # SCAFFOLD's replies carry y_i first: its drift is measured on them
+        assert np.isfinite(last["client_drift"]) and last["client_drift"] > 0
     assert len(last["client_auc"]) == 10
-    # 10 clients x one float64 (20,) array in .npy format, both ways
-    assert last["bytes_up"] == last["bytes_down"] == 10 * (20 * 8 + 128)
+    # 10 clients x one float64 (20,) array in .npy format, both ways; SCAFFOLD sends
+    # its control variate with the model, both ways: twice the bytes
+    blocks = 2 if strategy == "scaffold" else 1
+    assert last["bytes_up"] == last["bytes_down"] == blocks * 10 * (20 * 8 + 128)
     assert last["num_results"] == 10 and last["num_failures"] == 0
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"] > 0
     if strategy == "fedadmm":
@@ -224,6 +227,22 @@ def test_flwr_run_end_to_end(tmp_path):
             timeout=120,
         )
         assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
+        # The peer baselines keep c_i / grad_i in context.state: 3 rounds of 5 of 10
+        peers = {
+            name: flower.run(
+                APP_DIR,
+                {
+                    "strategy": name,
+                    "num-server-rounds": 3,
+                    "fraction-fit": 0.5,
+                    "output-dir": str(output_dir),
+                },
+                num_supernodes=10,
+                log_path=tmp_path / f"{name}.log",
+                timeout=120,
+            )
+            for name in ("scaffold", "feddyn")
+        }
         # A run that fails in the ServerApp: flwr run still exits 0, the marker tells.
         failed = flower.run(
             APP_DIR,
@@ -244,6 +263,16 @@ def test_flwr_run_end_to_end(tmp_path):
     assert last["primal_residual"] > 0 and last["rho"] == 0.1
     assert last["bytes_up"] > 0 and last["bytes_down"] > 0
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"]
+    for name, peer in peers.items():
+        assert peer.returncode == 0, peer.log_path.read_text()[-3000:]
+        document, problems = check_result(output_dir / "seed-logreg", name, 3)
+        assert problems == [], peer.log_path.read_text()[-3000:]
+        rounds = document["rounds"]
+        assert [r["num_results"] for r in rounds[1:]] == [5, 5, 5]
+        # 5 clients x one float64 (20,) block (.npy), SCAFFOLD two: model and c
+        blocks = 2 if name == "scaffold" else 1
+        assert rounds[-1]["bytes_down"] == rounds[-1]["bytes_up"] == blocks * 5 * (20 * 8 + 128)
+        assert rounds[0]["relative_gap"] > rounds[-1]["relative_gap"] > 0
     # everything it started is gone, by PID, and nothing else carries its token
     for pid in {superlink_pid, *pids}:
         assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)

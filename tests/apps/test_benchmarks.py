@@ -61,7 +61,12 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedADMM-RB (untuned)",
         "FedADMM alpha=1.6",
         "FedADMM alpha=1.6-RB (untuned)",
+        "SCAFFOLD",
+        "FedDyn",
     }
+    assert set(task["peers"]) == labels
+    for entry in task["peers"].values():
+        assert entry["rounds"] is None or positive(entry["bytes_of_fastest"]), entry
     relaxed = [run for run in task["runs"] if run["label"].startswith("FedADMM alpha=")]
     assert {run["relaxation"] for run in relaxed} == {1.6}
     assert task["info"]["optimum_grad_norm"] < 1e-6
@@ -167,3 +172,21 @@ def test_torch_step_quick_reports_its_ratios(tmp_path: Path) -> None:
     for row in document["results"]:
         for key in ("bare_us_per_step", "prox_us_per_step", "prox_ratio", "loss_ratio"):
             assert positive(row[key]), (key, row)
+
+
+def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
+    # One float64 (20,) array is 20 * 8 bytes plus a 128-byte .npy header; every one
+    # of the 10 clients receives and returns one such block a round (FedAvg, FedDyn),
+    # SCAFFOLD two (model and control variate) each way.
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.convergence import run_one
+    from benchmarks.problems import build_problems
+
+    (problem,) = build_problems(["seed-logreg"], quick=True)
+    block = 20 * 8 + 128
+    config = {"lr": 1.0, "steps": 20, "penalty": 0.1}
+    for algorithm, blocks in (("FedAvg", 1), ("FedDyn", 1), ("SCAFFOLD", 2)):
+        run = run_one(problem, algorithm, config)
+        rounds = run["rounds_to"]["0.001"]
+        assert rounds is not None, run
+        assert run["bytes_to"]["0.001"] == rounds * 10 * 2 * blocks * block, algorithm

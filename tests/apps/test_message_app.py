@@ -8,6 +8,8 @@ on disk (JSON, CSV and the per-run PNG plots).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType
 from flwr.clientapp import ClientApp
@@ -71,6 +73,21 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
             assert m["num_sampled"] == 5
             assert m["rho"] == g["rho"] == 0.1
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
+
+
+@pytest.mark.parametrize("strategy", ["scaffold", "feddyn"])
+def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"api": "message", "strategy": strategy, "output-dir": str(tmp_path)},
+    )
+    with pytest.raises(ValueError, match="api=legacy"):
+        main(None, context)  # fails before it touches the grid
+    marker = json.loads((tmp_path / "seed-logreg" / f"{strategy}.error.json").read_text())
+    assert strategy in marker["message"] and "api=legacy" in marker["message"]
 
 
 def test_the_client_app_dispatches_on_the_api(monkeypatch):

@@ -1,0 +1,189 @@
+"""The round skeleton the peer baselines `SCAFFOLD` and `FedDyn` share.
+
+Both keep the global model x in float64 between rounds, send it (SCAFFOLD with its
+control variate appended) under a ``peer-algorithm`` fit config, check every reply
+before it may touch the server state, file it under the client's key (``client-key``,
+else ``partition-id``, else the node id) and fold the accepted replies in sorted key
+order. What differs is a hook each: what is sent, the reply's layout, the update.
+
+Both weight clients by examples: p_i = n_i / sum_{j in S} n_j over the round's
+accepted replies for the model step, and n_i / sum_{j seen} n_j over every client
+seen so far for the server's running state (SCAFFOLD's c, FedDyn's h), each client
+counted with the n_i of its first accepted reply. With equal n_i and once every client
+has been seen these are the papers' uniform 1/|S| and 1/N; before that the state
+averages the clients seen so far, where the papers count unseen clients as zero.
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from flwr_admm.core.types import natural_key
+from flwr_admm.core.validation import reply_problem
+from flwr_admm.protocol import (
+    NUM_CLIENTS_CACHED,
+    NUM_FAILURES,
+    NUM_REJECTED,
+    NUM_REPLIES,
+    PEER,
+    RESERVED_CONFIG_KEYS,
+    ROUND,
+    SERVER_ROUND,
+)
+from flwr_admm.server.identity import client_key_of
+
+Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
+
+
+class PeerStrategy(FedAvg):
+    """FedAvg's sampling and keywords, with x, the examples seen and three hooks.
+
+    Subclasses set `peer` and implement `_outgoing` (the arrays sent with x),
+    `_blocks` (how many model-shaped blocks a reply holds) and `_update` (x' and the
+    round metrics from the accepted replies, state updated in place).
+    """
+
+    peer: str = ""
+
+    def __init__(self, **fedavg_kwargs: Any) -> None:
+        super().__init__(**fedavg_kwargs)
+        self.current: NDArrays | None = None  # x, float64
+        self.dtypes: list[np.dtype[Any]] = []
+        self.examples: dict[str, int] = {}  # n_i of every client seen, by key
+        self.history: list[dict[str, Scalar]] = []
+
+    # ------------------------------------------------------------------ hooks
+    def _outgoing(self, x: NDArrays) -> NDArrays:
+        raise NotImplementedError
+
+    def _blocks(self) -> int:
+        raise NotImplementedError
+
+    def _config(self) -> dict[str, Scalar]:
+        """Return the algorithm's own fit-config entries besides ``peer-algorithm``."""
+        return {}
+
+    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ Flower API
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Sample as FedAvg and send every sampled client x (and the hook's arrays)."""
+        if self.current is None:
+            received = parameters_to_ndarrays(parameters)
+            self.dtypes = [np.asarray(t).dtype for t in received]
+            self.current = [np.asarray(t, dtype=np.float64) for t in received]
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        # sent in the model's own dtypes: a float32 model costs float32 bytes on the wire
+        outgoing = self._outgoing(self.current)
+        dtypes = self.dtypes * (len(outgoing) // len(self.dtypes))
+        sent = ndarrays_to_parameters(
+            [a.astype(d, copy=False) for a, d in zip(outgoing, dtypes, strict=True)]
+        )
+        own: dict[str, Scalar] = {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
+        out = []
+        for proxy, ins in instructions:
+            clash = sorted(k for k in ins.config if k in own or k in RESERVED_CONFIG_KEYS)
+            if clash:
+                raise ValueError(
+                    f"on_fit_config_fn: {clash[0]!r} is set by {type(self).__name__} "
+                    f"(reserved: {sorted({*own, *RESERVED_CONFIG_KEYS})}); rename it"
+                )
+            out.append((proxy, FitIns(sent, {**ins.config, **own})))
+        return out
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Fold the valid replies in key order into x (and the server state)."""
+        counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
+        name = type(self).__name__
+        if self.current is None:
+            raise RuntimeError(f"{name}.aggregate_fit: configure_fit must run first")
+        if not results or (not self.accept_failures and failures):
+            return None, counts
+        replies = self._valid_replies(results, counts)
+        if not replies:
+            log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
+            return None, counts
+        replies.sort(key=lambda reply: natural_key(reply[0]))
+        for key, _, n in replies:
+            self.examples.setdefault(key, n)
+        self.current, own = self._update(self.current, replies)
+        metrics: dict[str, Scalar] = {
+            **own,
+            NUM_REPLIES: len(replies),
+            NUM_CLIENTS_CACHED: len(self.examples),
+            **counts,
+        }
+        if self.fit_metrics_aggregation_fn is not None:
+            user = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for res in self._accepted]
+            )
+            metrics = {**user, **metrics}
+        self.history.append({ROUND: server_round, **metrics})
+        out = [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
+        return ndarrays_to_parameters(out), metrics
+
+    def _valid_replies(
+        self, results: list[tuple[ClientProxy, FitRes]], counts: dict[str, Scalar]
+    ) -> list[Reply]:
+        """(key, arrays, n_i) of every reply that passes the checks; the rest counted."""
+        assert self.current is not None
+        shapes = [t.shape for t in self.current] * self._blocks()
+        replies: list[Reply] = []
+        self._accepted: list[FitRes] = []
+        seen: set[str] = set()
+        for proxy, res in results:
+            key = ""
+            try:
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = reply_problem(arrays, res.num_examples, shapes)
+                if problem is None:
+                    key = client_key_of(proxy.cid, res.metrics)
+                    problem = f"a second reply for {key} this round" if key in seen else None
+            except Exception as error:  # a malformed reply must not stop the server
+                problem = f"unreadable reply ({error!r})"
+            if problem is not None:
+                log(WARNING, "%s: rejected reply of cid %s: %s", self.peer, proxy.cid, problem)
+                counts[NUM_REJECTED] = int(counts[NUM_REJECTED]) + 1
+                continue
+            seen.add(key)
+            self._accepted.append(res)
+            floats = [np.asarray(a, dtype=np.float64) for a in arrays]
+            replies.append((key, floats, int(res.num_examples)))
+        return replies
+
+    def weights(self, replies: list[Reply]) -> list[float]:
+        """Return p_i = n_i / sum_{j in S} n_j for the model step."""
+        total = float(sum(n for _, _, n in replies))
+        return [n / total for _, _, n in replies]
+
+    def state_weight(self, key: str) -> float:
+        """Return n_i (first accepted) of client `key`: its weight in the running state."""
+        return float(self.examples[key])
+
+    def seen_examples(self) -> float:
+        """Return sum_{j seen} n_j, the normalizer of the running state."""
+        return float(sum(self.examples.values()))
