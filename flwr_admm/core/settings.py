@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
@@ -44,6 +45,10 @@ class ConsensusSettings:
         Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
     relaxation : float
         Over-relaxation alpha in (0, 2) (kept as a float).
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
+    restart_eta : float
+        Its restart threshold eta in (0, 1].
 
     Raises
     ------
@@ -59,6 +64,8 @@ class ConsensusSettings:
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
     relaxation: float = 1.0
+    acceleration: str | None = None
+    restart_eta: float = DEFAULT_ETA
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -85,6 +92,8 @@ class ConsensusSettings:
             self.eps_abs,
             self.eps_rel,
             self.relaxation,
+            acceleration=self.acceleration,
+            restart_eta=self.restart_eta,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -97,6 +106,8 @@ class ConsensusSettings:
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
             "relaxation": self.relaxation,
+            "acceleration": self.acceleration,
+            "restart_eta": self.restart_eta,
         }
 
 

@@ -39,10 +39,11 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, SettingView, schedule_of
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
@@ -84,6 +85,14 @@ class FedADMM(ConsensusStrategy):
         Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
         z-step and the dual step as alpha w_i + (1 - alpha) z. 1 (default) is plain
         ADMM; 1.5-1.8 often needs fewer rounds.
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
+        z and the replying clients' duals are extrapolated between rounds, restarting
+        when the combined residual grows; "nesterov" restarts from the current point
+        (use it with partial participation), "goldstein" from the previous one.
+        No effect with rho = 0.
+    restart_eta : float
+        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -127,6 +136,8 @@ class FedADMM(ConsensusStrategy):
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
+    acceleration: SettingView[str | None] = SettingView()
+    restart_eta: SettingView[float] = SettingView()
 
     def __init__(
         self,
@@ -138,6 +149,8 @@ class FedADMM(ConsensusStrategy):
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
         relaxation: float = 1.0,
+        acceleration: str | None = None,
+        restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -170,6 +183,8 @@ class FedADMM(ConsensusStrategy):
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=relaxation,
+            acceleration=acceleration,
+            restart_eta=restart_eta,
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent

@@ -20,8 +20,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, SettingView, schedule_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -104,6 +105,14 @@ class FedADMM(FedAvg):
         Over-relaxation alpha in (0, 2); 1 is plain ADMM.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
+        z and the replying clients' duals are extrapolated between rounds, restarting
+        when the combined residual grows; "nesterov" restarts from the current point
+        (use it with partial participation), "goldstein" from the previous one.
+        No effect with rho = 0.
+    restart_eta : float
+        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -125,6 +134,8 @@ class FedADMM(FedAvg):
 
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
+    acceleration: SettingView[str | None] = SettingView()
+    restart_eta: SettingView[float] = SettingView()
 
     def __init__(
         self,
@@ -146,6 +157,8 @@ class FedADMM(FedAvg):
         relaxation: float = 1.0,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
+        acceleration: str | None = None,
+        restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         **planned: Any,
@@ -172,6 +185,8 @@ class FedADMM(FedAvg):
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=relaxation,
+            acceleration=acceleration,
+            restart_eta=restart_eta,
         )
         self.stop_on_convergence = bool(stop_on_convergence)
         self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
