@@ -18,10 +18,25 @@ import numpy as np
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
 from flwr_admm.core.types import Arrays, ClientRho
 
-__all__ = ["SETTING_VIEWS", "ConsensusSettings", "SettingView", "schedule_of"]
+__all__ = [
+    "DEFAULT_ACCELERATION",
+    "DEFAULT_RELAXATION",
+    "SETTING_VIEWS",
+    "ConsensusSettings",
+    "SettingView",
+    "schedule_of",
+    "strategy_defaults",
+]
+
+# Defaults of the FedADMM strategies (not of the core), chosen with
+# `python -m benchmarks.defaults` on seed-logreg, synthetic and digits, full and
+# partial participation (docs/tuning.md): fast ADMM, ResidualBalancing from rho0 and
+# over-relaxation 1.6. With rho = 0 (FedAvg) they fall back to Constant and 1.
+DEFAULT_ACCELERATION = "nesterov"
+DEFAULT_RELAXATION = 1.6
 
 T = TypeVar("T")
 
@@ -109,6 +124,24 @@ class ConsensusSettings:
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
         }
+
+
+def strategy_defaults(
+    rho: object, rho_schedule: RhoSchedule | str | None, relaxation: float | None
+) -> tuple[RhoSchedule, float]:
+    """Return the schedule and alpha a strategy uses when given None for them.
+
+    rho > 0: `ResidualBalancing()` and DEFAULT_RELAXATION; rho = 0 (FedAvg, exactly):
+    `Constant()` and 1. Given values pass through (`schedule_of` for the schedule).
+    """
+    penalized = isinstance(rho, int | float) and not isinstance(rho, bool) and rho > 0
+    if rho_schedule is None:
+        schedule: RhoSchedule = ResidualBalancing() if penalized else Constant()
+    else:
+        schedule = schedule_of(rho_schedule)
+    if relaxation is None:
+        relaxation = DEFAULT_RELAXATION if penalized else 1.0
+    return schedule, relaxation
 
 
 def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:

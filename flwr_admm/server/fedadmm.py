@@ -43,7 +43,13 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, SettingView, schedule_of
+from flwr_admm.core.settings import (
+    DEFAULT_ACCELERATION,
+    SETTING_VIEWS,
+    ConsensusSettings,
+    SettingView,
+    strategy_defaults,
+)
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
@@ -73,24 +79,28 @@ class FedADMM(ConsensusStrategy):
     rho : float
         Penalty rho >= 0 (rho = 0 reproduces FedAvg).
     rho_schedule : RhoSchedule or str, optional
-        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or
-        one of their names.
+        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or one of their
+        names. None (default): `ResidualBalancing()` from rho when rho > 0, else
+        `Constant()`.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     client_rho : {"uniform", "data_size"}
         rho_i = rho or rho * n_i / max_j n_j.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
-    relaxation : float
+    relaxation : float or None
         Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
-        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 (default) is plain
-        ADMM; 1.5-1.8 often needs fewer rounds.
+        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 is plain ADMM.
+        None (default): 1.6 when rho > 0, else 1.
     acceleration : {None, "nesterov", "goldstein"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
         when the combined residual grows; "nesterov" restarts from the current point
         (use it with partial participation), "goldstein" from the previous one.
-        No effect with rho = 0.
+        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
+        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
+        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
+        acceleration=None``.
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
@@ -148,8 +158,8 @@ class FedADMM(ConsensusStrategy):
         client_rho: ClientRho = "uniform",
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
-        relaxation: float = 1.0,
-        acceleration: str | None = None,
+        relaxation: float | None = None,
+        acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
@@ -175,14 +185,15 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
+        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=schedule_of(rho_schedule),
+            rho_schedule=schedule,
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=relaxation,
+            relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
         )

@@ -22,7 +22,13 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, SettingView, schedule_of
+from flwr_admm.core.settings import (
+    DEFAULT_ACCELERATION,
+    SETTING_VIEWS,
+    ConsensusSettings,
+    SettingView,
+    strategy_defaults,
+)
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -96,13 +102,15 @@ class FedADMM(FedAvg):
     rho : float
         Penalty rho >= 0; rho = 0 is FedAvg.
     rho_schedule : RhoSchedule or str, optional
-        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+        None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     client_rho : {"uniform", "data_size"}
         rho_i = rho or rho * n_i / max_j n_j.
-    relaxation : float
-        Over-relaxation alpha in (0, 2); 1 is plain ADMM.
+    relaxation : float or None
+        Over-relaxation alpha in (0, 2); 1 is plain ADMM. None (default): 1.6 when
+        rho > 0, else 1.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
     acceleration : {None, "nesterov", "goldstein"}
@@ -110,7 +118,10 @@ class FedADMM(FedAvg):
         z and the replying clients' duals are extrapolated between rounds, restarting
         when the combined residual grows; "nesterov" restarts from the current point
         (use it with partial participation), "goldstein" from the previous one.
-        No effect with rho = 0.
+        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
+        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
+        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
+        acceleration=None``.
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
@@ -154,10 +165,10 @@ class FedADMM(FedAvg):
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
-        relaxation: float = 1.0,
+        relaxation: float | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
-        acceleration: str | None = None,
+        acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
@@ -177,14 +188,15 @@ class FedADMM(FedAvg):
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
         check_fields(self, sampling_seed)
+        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=schedule_of(rho_schedule),
+            rho_schedule=schedule,
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=relaxation,
+            relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
         )
