@@ -152,6 +152,7 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             rho=settings.rho,
             rho_schedule=schedule,
             relaxation=settings.relaxation,
+            acceleration=None,  # the run config spells out rho-schedule and relaxation
             sampling_seed=None,
             **admm_common,
         )
