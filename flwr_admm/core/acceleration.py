@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.kernels import axpy
+from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
 ACCELERATIONS = (None, "nesterov", "goldstein")
@@ -125,17 +125,32 @@ class FastADMM:
         sum_ny: Arrays,
         gamma: float,
     ) -> None:
-        """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too)."""
-        self.z_prev = [t.copy() for t in z]
+        """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
+
+        One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k.
+        """
+        if self.z_prev is not None:
+            for prev_t, t in zip(self.z_prev, z, strict=True):
+                prev_t[...] = t
+        else:
+            self.z_prev = [t.copy() for t in z]
+        scratch = np.empty(min(BLOCK, max((t.size for t in z), default=1)))
         for key, record in replied:
-            prev = self._prev(key, record.y)
-            fresh = [y.copy() for y in record.y]
-            if gamma != 0.0:
-                for acc, y, p in zip(sum_ny, record.y, prev, strict=True):
-                    step: NDArray[np.float64] = gamma * (y - p)
-                    y += step
-                    axpy(float(record.num_examples), step, acc)
-            self.y_prev[key] = fresh
+            prev = self.y_prev.get(key)
+            if prev is None:  # first reply: y_i,prev = 0
+                prev = self.y_prev[key] = [np.zeros_like(y) for y in record.y]
+            weight = float(record.num_examples)
+            for y, p, acc in zip(record.y, prev, sum_ny, strict=True):
+                y_flat, p_flat, acc_flat = y.reshape(-1), p.reshape(-1), acc.reshape(-1)
+                for block in blocks(y_flat.size):
+                    step = scratch[: block.stop - block.start]
+                    y_block, p_block = y_flat[block], p_flat[block]
+                    np.subtract(y_block, p_block, out=step)  # y_i,k - y_i,prev
+                    p_block[...] = y_block  # y_i,prev <- y_i,k
+                    if gamma != 0.0:
+                        step *= gamma
+                        y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
+                        axpy(weight, step, acc_flat[block])  # S_y += n_i gamma (...)
 
     def _prev(self, key: str, like: Arrays) -> Arrays:
         """Return y_i,prev (zeros for a client's first reply)."""
