@@ -1,7 +1,8 @@
 """flwr-admm: approximate (inexact) consensus ADMM for Flower.
 
 `FedADMM` (strategy, server-held duals), `FedADMMClientDuals` (client-held duals:
-the server keeps z and one running sum) + `ADMMClient` (penalized local loop), rho
+the server keeps z and one running sum; `FedADMMClientDualsSecAgg` under Flower's
+SecAgg+) + `ADMMClient` (penalized local loop), rho
 schedules, server regularizers and numpy models; the math lives in `ConsensusADMM`.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
 (`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
@@ -26,7 +27,7 @@ from flwr_admm.core import (
     make_schedule,
     penalized_local_solve,
 )
-from flwr_admm.server import FedADMM, FedADMMClientDuals, FedNova
+from flwr_admm.server import FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg, FedNova
 from flwr_admm.uplink import (
     Compressor,
     LocalDP,
@@ -45,6 +46,7 @@ __all__ = [
     "Constant",
     "FedADMM",
     "FedADMMClientDuals",
+    "FedADMMClientDualsSecAgg",
     "FedNova",
     "Geometric",
     "LocalDP",

@@ -120,3 +120,14 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
     SERVER_ROUND,
     MODE_KEY,
 )
+
+# ------------------------------- client-held duals under SecAgg+ (issue 13)
+# Fit config: the SecureGrid of flwr_admm.core.secure_sum. Their presence switches the
+# client to replies SecAgg+ sums exactly; see flwr_admm.server.client_duals_secagg.
+SECAGG_SCALE = "admm-secagg-scale"  # s: the client sends Delta_i / s on the grid
+SECAGG_CLIP = "admm-secagg-clip"  # c: SecAgg+'s clipping range
+SECAGG_LEVELS = "admm-secagg-levels"  # T: SecAgg+'s quantization range
+SECAGG_WEIGHT = "admm-secagg-weight"  # SecAgg+'s max_weight: the num_examples to report
+SECAGG_SWEEP = "admm-secagg-sweep"  # 1: also send the S_new block (a rebuild sweep is on)
+SECAGG_EXAMPLES = "admm-num-examples"  # reply metric: n_i (num_examples is the weight)
+SECURE_DROPPED = "num_secure_dropped"  # round metric: 1 if the round's aggregate was dropped

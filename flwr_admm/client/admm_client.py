@@ -29,6 +29,7 @@ from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters
 from numpy.typing import NDArray
 
 from flwr_admm.client import client_duals
+from flwr_admm.client.secagg import SecureRound, secure_reply
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
@@ -51,6 +52,7 @@ from flwr_admm.protocol import (
     PROXIMAL_MU,
     REBUILD,
     RHO,
+    SECAGG_SCALE,
     SERVER_ROUND,
     STATE_META,
     STATE_RESIDUAL,
@@ -179,16 +181,7 @@ class ADMMClient(NumPyClient):
         uplink = ClientUplink.from_config(config)
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if config.get(MODE_KEY) == MODE_CLIENT:
-            if uplink.local_dp is not None:
-                raise ValueError(
-                    "dp: local DP is not supported with client-held duals "
-                    "(admm-duals = 'client'); use FedADMM"
-                )
-            if uplink.compressor is not None and not uplink.compressor.error_feedback:
-                raise ValueError(
-                    "uplink-error-feedback: client-held duals need error feedback "
-                    "(S would keep every compression error)"
-                )
+            client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
             return self._fit_client_duals(received, config, plan, server_round, uplink)
         if RHO in config:
             rho = _nonnegative(config[RHO], RHO)
@@ -257,6 +250,17 @@ class ADMMClient(NumPyClient):
         w = [np.asarray(t, dtype=np.float64) for t in result.params]
         n = int(self.X.shape[0])
         change = dual_math.contribution_change(state, w, begin.dual, n)
+        secure = SecureRound.from_config(config)
+        if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
+            rebuild, loss = _flag(config, REBUILD), float(result.loss)
+            reply = secure_reply(
+                secure, state, begin, w, n, change, rebuild=rebuild, resync=base.resync, loss=loss
+            )
+            pending = dual_math.DualState(w, begin.dual, n, server_round, reply.residual)
+            self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
+            self.uplink_payload = None
+            metrics = {**self._key_metrics(), **reply.metrics, LOCAL_STEPS: int(result.steps)}
+            return reply.arrays, reply.num_examples, metrics
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])
         sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)

@@ -52,6 +52,7 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
+from flwr_admm.uplink.channel import ClientUplink
 from flwr_admm.uplink.compression import Compressor
 
 
@@ -82,6 +83,22 @@ class UplinkChange:
     arrays: Arrays  # decode(payload), or x in full precision
     payload: Parameters | None  # None: send `arrays` as plain numpy
     residual: Arrays | None  # e_i' to keep (None: zero)
+
+
+def check_uplink(uplink: ClientUplink, *, secure: bool) -> None:
+    """Refuse local DP, compression without error feedback, and compression under SecAgg+."""
+    if uplink.local_dp is not None:
+        raise ValueError(
+            "dp: local DP is not supported with client-held duals (admm-duals = 'client'); "
+            "use FedADMM"
+        )
+    if uplink.compressor is not None and secure:
+        raise ValueError("uplink: compression is not supported under SecAgg+ (admm-secagg-*)")
+    if uplink.compressor is not None and not uplink.compressor.error_feedback:
+        raise ValueError(
+            "uplink-error-feedback: client-held duals need error feedback "
+            "(S would keep every compression error)"
+        )
 
 
 def uplink_change(

@@ -7,7 +7,8 @@ keys, checkpoints) and override only its hooks.
 """
 
 from flwr_admm.server.client_duals import FedADMMClientDuals
+from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fedadmm import FedADMM
 from flwr_admm.server.fednova import FedNova
 
-__all__ = ["FedADMM", "FedADMMClientDuals", "FedNova"]
+__all__ = ["FedADMM", "FedADMMClientDuals", "FedADMMClientDualsSecAgg", "FedNova"]

@@ -44,6 +44,7 @@ from flwr_admm.protocol import (
     PREVIOUS_ROUND,
     RESYNC,
     RHO,
+    SECAGG_EXAMPLES,
     U_SQ_NORM,
     W_SQ_NORM,
 )
@@ -79,16 +80,22 @@ def entries_from_arrays(
     return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
 
 
-def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] | None:
+def protocol_problem(
+    entry: ClientEntry | None, res: FitRes, *, secure: bool = False
+) -> tuple[str, int] | None:
     """Return why the reply's metrics break the protocol (and 1 if it is a state mismatch).
 
     A reply with previous round 0 is a full contribution: a new key's, or (for a key
-    S holds) a resync's; its change of n is then all of n_i'.
+    S holds) a resync's; its change of n is then all of n_i'. Under SecAgg+
+    (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is SecAgg+'s
+    weight) and the squared norms travel inside the masked sum, not as metrics.
     """
     metrics = res.metrics
-    for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, W_SQ_NORM, U_SQ_NORM):
+    names = (SECAGG_EXAMPLES,) if secure else (W_SQ_NORM, U_SQ_NORM)
+    for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, *names):
         if name not in metrics:
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
+    num_examples: object = metrics[SECAGG_EXAMPLES] if secure else res.num_examples
     numbers = [metrics[n] for n in (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL) if n in metrics]
     if not all(_finite_nonnegative(v) for v in numbers):
         return "squared norms must be finite numbers >= 0", 0
@@ -98,7 +105,7 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
         and isinstance(change, int)
         and _integer(previous)
         and _integer(change)
-        and _integer(res.num_examples)
+        and _integer(num_examples)
     ):
         return f"{PREVIOUS_ROUND}, {EXAMPLES_CHANGE}, num_examples must be integers", 0
     resync = metrics.get(RESYNC, 0)
@@ -109,15 +116,15 @@ def protocol_problem(entry: ClientEntry | None, res: FitRes) -> tuple[str, int] 
     held = entry if previous != 0 else None  # a full contribution replaces what S holds
     known_round = held.last_round if held is not None else 0
     known_n = held.num_examples if held is not None else 0
-    if previous != known_round or known_n + change != res.num_examples:
+    if previous != known_round or known_n + change != num_examples:
         return (
             f"client state out of sync (client reports its previous round {previous} "
-            f"and n change {change} to n={res.num_examples}; the server recorded round "
+            f"and n change {change} to n={num_examples}; the server recorded round "
             f"{known_round}, n={known_n}); the acknowledgement of its next round "
             "brings it back",
             1,
         )
-    if (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
+    if not secure and (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
         return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
     return None
 

@@ -85,6 +85,24 @@ class RebuildSweep:
             _add(self.new_sum, share)
             self.rebuilt.add(key)
 
+    def fold_sum(
+        self,
+        keys: Iterable[str],
+        total: Arrays,
+        change_sum: Arrays,
+        new_block: Arrays | None,
+    ) -> None:
+        """Add a round's summed changes to S; under SecAgg+ also its S_new block.
+
+        The S_new block sums, over the round's `keys`, sigma_j' (asked to rebuild) or
+        Delta_j (already rebuilt, or new): after it every key of the round is in R.
+        Without the block (the sweep began this round) nobody joins R.
+        """
+        _add(total, change_sum)
+        if self.new_sum is not None and new_block is not None:
+            _add(self.new_sum, new_block)
+            self.rebuilt.update(keys)
+
     def finish(self, held: Iterable[str]) -> Arrays | None:
         """Return S_new and end the sweep once every held key is in R; else None."""
         if self.new_sum is None or not set(held) <= self.rebuilt:

@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
 from flwr_admm import ADMMClient
 from flwr_admm.clientapp import make_client_app
 
 from .evaluation import get_task
-from .run_config import api_of, parse_run_config
+from .run_config import api_of, parse_run_config, secure_aggregation_of
 
 
 class AppClient(ADMMClient):
@@ -66,6 +67,7 @@ def client_fn(context: Context) -> Client:
 
 
 legacy_app = ClientApp(client_fn=client_fn)
+secure_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])  # secure-aggregation
 message_app = make_client_app(numpy_client_fn)
 
 
@@ -74,6 +76,8 @@ class ApiClientApp(ClientApp):
 
     def __call__(self, message: Message, context: Context) -> Message:
         """Dispatch on the run config's ``api``."""
+        if secure_aggregation_of(context.run_config):
+            return secure_app(message, context)
         chosen = message_app if api_of(context.run_config) == "message" else legacy_app
         return chosen(message, context)
 

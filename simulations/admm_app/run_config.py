@@ -56,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "client-wait-seconds": 120.0,
     "round-timeout": 0.0,
     "key-binding": "node",
+    "secure-aggregation": False,
 }
 
 HELP: dict[str, str] = {
@@ -85,6 +86,7 @@ HELP: dict[str, str] = {
     "client-wait-seconds": "number > 0",
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
     "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
+    "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
 }
 
 
@@ -119,6 +121,7 @@ class RunSettings:
     round_timeout: float | None = None
     key_binding: str = "node"
     api: str = "legacy"
+    secure_aggregation: bool = False
 
     @property
     def task_dir(self) -> Path:
@@ -282,7 +285,13 @@ def parse_run_config(
     if not isinstance(model, str):
         raise _fail("model", model)
     strategy = _choice(config, "strategy", STRATEGIES)
-    api = _choice(config, "api", APIS)
+    secure = secure_aggregation_of(config)
+    if secure and strategy != "fedadmm-client-duals":
+        raise ValueError(
+            "run config 'secure-aggregation': true needs strategy=fedadmm-client-duals "
+            f"(the only strategy that needs just the sum of the replies), got {strategy!r}"
+        )
+    api = "legacy" if secure else _choice(config, "api", APIS)  # SecAgg+ is legacy-only
     if api == "message" and strategy in LEGACY_ONLY_STRATEGIES:
         raise ValueError(
             f"run config 'strategy': {strategy!r} exists only on the legacy API; "
@@ -325,12 +334,26 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
+        secure_aggregation=secure,
     )
 
 
 def api_of(run_config: Mapping[str, Any]) -> str:
     """Return the validated ``api`` of `run_config` (the default when absent)."""
     return _choice({**DEFAULTS, **run_config}, "api", APIS)
+
+
+def secure_aggregation_of(run_config: Mapping[str, Any]) -> bool:
+    """Return the validated ``secure-aggregation`` of `run_config` (default false).
+
+    True runs the legacy strategy under Flower's ``SecAggPlusWorkflow`` and the
+    clients under ``secaggplus_mod`` whatever ``api`` says: Flower 1.42 has SecAgg+
+    for legacy strategies only (`simulations.admm_app.secure_server`).
+    """
+    value = {**DEFAULTS, **run_config}["secure-aggregation"]
+    if not isinstance(value, bool):
+        raise _fail("secure-aggregation", value)
+    return value
 
 
 def fit_config(settings: RunSettings) -> dict[str, Any]:

@@ -37,12 +37,21 @@ from flwr.serverapp import Grid
 from flwr_admm import FedADMM, Geometric, make_schedule
 from flwr_admm.data import Task
 from flwr_admm.server.client_duals import FedADMMClientDuals
+from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fednova import FedNova
 
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api
 from .recorder import RecordingStrategy, RunRecorder, result_paths
-from .run_config import DEFAULTS, RunSettings, api_of, fit_config, parse_run_config
+from .run_config import (
+    DEFAULTS,
+    RunSettings,
+    api_of,
+    fit_config,
+    parse_run_config,
+    secure_aggregation_of,
+)
+from .secure_server import run_secure
 
 
 class PartitionClientManager(SimpleClientManager):
@@ -156,6 +165,8 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             sampling_seed=None,
             **admm_common,
         )
+    if settings.strategy == "fedadmm-client-duals" and settings.secure_aggregation:
+        return FedADMMClientDualsSecAgg(rho=settings.rho, sampling_seed=None, **admm_common)
     if settings.strategy == "fedadmm-client-duals":
         return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **admm_common)
     if settings.strategy == "fedprox":
@@ -267,9 +278,13 @@ def main(grid: Grid, context: Context) -> None:
     """Run the configured strategy on the run config's ``api``."""
     try:
         api = api_of(context.run_config)
+        secure = secure_aggregation_of(context.run_config)
     except ValueError as error:
         _mark_setup_failure(context.run_config, error)
         raise
+    if secure:  # SecAgg+ exists for legacy strategies only (whatever api says)
+        run_secure(grid, context, server_fn(context))
+        return
     if api == "legacy":
         legacy_app(grid, context)
         return
