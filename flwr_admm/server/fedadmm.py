@@ -206,7 +206,8 @@ class FedADMM(ConsensusStrategy):
         schedule = type(self.rho_schedule).__name__
         return (
             f"FedADMM(rho={self.rho}, rho_schedule={schedule}, "
-            f"regularizer={self.regularizer!r}, relaxation={self.relaxation})"
+            f"regularizer={self.regularizer!r}, relaxation={self.relaxation}, "
+            f"acceleration={self.acceleration!r})"
         )
 
     # ------------------------------------------------------------------- fit

@@ -214,7 +214,8 @@ class FedADMM(FedAvg):
         log(INFO, "\t├──> FedADMM settings:")
         log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
-        log(INFO, "\t│\t└── relaxation: %s, sampling_seed: %s", self.relaxation, self.sampling_seed)
+        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", self.relaxation, self.acceleration)
+        log(INFO, "\t│\t└── sampling_seed: %s", self.sampling_seed)
         super().summary()
 
     # ------------------------------------------------------------------ train
