@@ -21,8 +21,6 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.simulation import run_simulation
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMM
-
 pytestmark = pytest.mark.ray
 
 ROUNDS = 4
@@ -39,7 +37,7 @@ def fit_config(server_round: int) -> dict[str, Any]:
 
 def test_run_simulation_matches_in_process_driver() -> None:
     recorder = Recorder()
-    strategy = FedADMM(
+    strategy = textbook_fedadmm(
         rho=RHO,
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
