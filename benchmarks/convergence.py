@@ -3,8 +3,11 @@
 For every task each algorithm runs over the same grid (learning rate x local steps x
 rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
-reported. Untuned FedADMM runs twice on the task's default local settings: with its
-defaults (rho = 1, constant) and with `ResidualBalancing` from rho0 = 1.
+reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
+its defaults ("FedADMM (defaults)": fast ADMM, `ResidualBalancing` from rho0 = 1,
+alpha = 1.6), plain ADMM at rho = 1 ("FedADMM-default (untuned)", the defaults before
+them) and `ResidualBalancing` from rho0 = 1. The grid rows are the textbook iteration
+(constant rho, no acceleration).
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -44,7 +47,7 @@ from benchmarks.peers import (
     penalty_name,
 )
 from benchmarks.problems import Problem, build_problems
-from flwr_admm import ADMMClient, FedADMM, ResidualBalancing
+from flwr_admm import ADMMClient, Constant, FedADMM, ResidualBalancing
 from flwr_admm.models import Model
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -58,6 +61,7 @@ BASELINES = ("FedAvg", "FedProx")
 # below shows the neighbours).
 RELAXED = 1.6
 RELAXED_LABEL = f"FedADMM alpha={RELAXED:g}"
+DEFAULTS_LABEL = "FedADMM (defaults)"
 SWEEP = (1.0, 1.5, 1.6, 1.7, 1.8)
 
 
@@ -147,10 +151,13 @@ def make_strategy(
     if algorithm in PEERS:
         return make_peer(algorithm, config, common)
     # sampling_seed=None: Flower's ClientManager.sample, seeded like the baselines'
+    if algorithm == DEFAULTS_LABEL:
+        return FedADMM(sampling_seed=None, **common)
     return FedADMM(
         rho=float(config["penalty"]),
-        rho_schedule=schedule,
+        rho_schedule=schedule or Constant(),
         relaxation=float(config.get("relaxation", 1.0)),
+        acceleration=None,
         sampling_seed=None,
         **common,
     )
@@ -285,6 +292,7 @@ def summarize(problem: Problem, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "relaxed_untuned_rb_over_tuned": ratio(
             rounds(f"{RELAXED_LABEL}-RB (untuned)"), rounds(RELAXED_LABEL), problem.max_rounds
         ),
+        "defaults_over_best_baseline": ratio(rounds(DEFAULTS_LABEL), baseline, problem.max_rounds),
         "best_rounds_by_learning_rate": by_lr,
     }
 
@@ -306,6 +314,7 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
         relaxed = {**config, "relaxation": RELAXED}
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
     untuned = {**problem.defaults, "penalty": 1.0}
+    runs.append({**run_one(problem, DEFAULTS_LABEL, untuned), "label": DEFAULTS_LABEL})
     runs.append({**run_one(problem, "FedADMM", untuned), "label": "FedADMM-default (untuned)"})
     for alpha, label in ((1.0, "FedADMM-RB (untuned)"), (RELAXED, f"{RELAXED_LABEL}-RB (untuned)")):
         config = {**untuned, "relaxation": alpha}
@@ -423,6 +432,10 @@ def _run_problem(problem: Problem, sweep: bool) -> dict[str, Any]:
             f"{_ratio_text(summary[over])} (goal <= 0.333 on seed-logreg); "
             f"untuned RB / tuned, same alpha: {_ratio_text(summary[rb])} (goal <= 1.5)"
         )
+    print(
+        f"{DEFAULTS_LABEL} (no tuning) / best-tuned baseline at {summary['final_target']:g}: "
+        f"{_ratio_text(summary['defaults_over_best_baseline'])}"
+    )
     headers, rows = peers_rows(result, problem.steps_key)
     print(f"peers: rounds and bytes (both ways) to {summary['final_target']:g}:")
     print(format_table(headers, rows))

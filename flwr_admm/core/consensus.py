@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
 from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
@@ -94,6 +95,13 @@ class ConsensusADMM:
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
         Over-relaxation alpha in (0, 2); 1 is plain ADMM.
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (`flwr_admm.core.acceleration`): after each round z
+        and the replying clients' duals move to their extrapolations z^, y^_i, which
+        the next centers v_i = z^ - y^_i / rho_i are built from. "nesterov" restarts
+        from the current point, "goldstein" from the previous one (Alg. 8).
+    restart_eta : float
+        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1].
 
     """
 
@@ -105,10 +113,13 @@ class ConsensusADMM:
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
     relaxation: float = 1.0
+    acceleration: str | None = None
+    restart_eta: float = DEFAULT_ETA
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
+    fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -126,6 +137,10 @@ class ConsensusADMM:
         if isinstance(alpha, bool) or not (isinstance(alpha, int | float) and 0 < alpha < 2):
             raise ValueError(f"relaxation: must be a number in (0, 2), got {alpha!r}")
         self.relaxation = float(alpha)
+        check_acceleration(self.acceleration, self.restart_eta)
+        if self.acceleration is not None:
+            to_previous = self.acceleration == "goldstein"
+            self.fast = FastADMM(eta=float(self.restart_eta), to_previous=to_previous)
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
@@ -254,6 +269,8 @@ class ConsensusADMM:
         gone = sorted((k for k in set(keys) if k in self.records), key=natural_key)
         for key in gone:
             del self.records[key]
+        if self.fast is not None:
+            self.fast.forget(gone)
         if gone:
             if self.client_rho != "uniform" and self.records:
                 scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
@@ -266,7 +283,7 @@ class ConsensusADMM:
         if rnd is None or not rnd.absorbed:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
-        rho = self.rho
+        rho, z_hat = self.rho, self.z
         with single_thread_blas():
             dz, stats = self._update(rnd, ordered)
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
@@ -283,6 +300,8 @@ class ConsensusADMM:
             num_clients_cached=len(self.records),
         )
         self.rho = self._next_rho(report, server_round)
+        if self.fast is not None and rho > 0.0:
+            self._accelerate(ordered, z_hat, dz, stats, rho)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
@@ -318,6 +337,21 @@ class ConsensusADMM:
         )
         return dz, stats
 
+    def _accelerate(
+        self, ordered: list[Reply], z_hat: Arrays, dz: Arrays, stats: DualStats, rho: float
+    ) -> None:
+        """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew).
+
+        c_k = rho_bar (sum p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2), over the replies.
+        """
+        assert self.fast is not None
+        c = self.sums.rho_bar(rho) * (stats.r_sq + float(sum(np.vdot(d, d) for d in dz)))
+        replied = [(r.key, self.records[r.key]) for r in ordered]
+        with single_thread_blas():
+            self.z = self.fast.step(
+                self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=self.rho != rho
+            )
+
     def _next_rho(self, report: RoundReport, server_round: int) -> float:
         """Return the schedule's rho for the next round; advance its state."""
         residuals = RoundResiduals(
@@ -341,12 +375,18 @@ class ConsensusADMM:
         natural key order); metadata: rho, schedule_state, clients (key, n_i, s_i),
         sum_ns (S_s), sum_n (N), shapes.
         """
-        return dump_state(
+        arrays, meta = dump_state(
             SavedState(self.z, self.rho, self.schedule_state, self.records, self.sums)
         )
+        if self.fast is not None:
+            extra, meta["acceleration"] = self.fast.dump(sorted(self.records, key=natural_key))
+            arrays.update(extra)
+        return arrays, meta
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
         """Restore what `state_dict` wrote, bit for bit; the model shapes must match."""
         saved = load_state(arrays, meta, [t.shape for t in self.z])
         self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
         self.records, self.sums = saved.records, saved.sums
+        if self.fast is not None and "acceleration" in meta:
+            self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))

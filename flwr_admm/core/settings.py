@@ -15,12 +15,28 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, make_schedule
+from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
 from flwr_admm.core.types import Arrays, ClientRho
 
-__all__ = ["SETTING_VIEWS", "ConsensusSettings", "SettingView", "schedule_of"]
+__all__ = [
+    "DEFAULT_ACCELERATION",
+    "DEFAULT_RELAXATION",
+    "SETTING_VIEWS",
+    "ConsensusSettings",
+    "SettingView",
+    "schedule_of",
+    "strategy_defaults",
+]
+
+# Defaults of the FedADMM strategies (not of the core), chosen with
+# `python -m benchmarks.defaults` on seed-logreg, synthetic and digits, full and
+# partial participation (docs/tuning.md): fast ADMM, ResidualBalancing from rho0 and
+# over-relaxation 1.6. With rho = 0 (FedAvg) they fall back to Constant and 1.
+DEFAULT_ACCELERATION = "nesterov"
+DEFAULT_RELAXATION = 1.6
 
 T = TypeVar("T")
 
@@ -44,6 +60,10 @@ class ConsensusSettings:
         Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
     relaxation : float
         Over-relaxation alpha in (0, 2) (kept as a float).
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
+    restart_eta : float
+        Its restart threshold eta in (0, 1].
 
     Raises
     ------
@@ -59,6 +79,8 @@ class ConsensusSettings:
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
     relaxation: float = 1.0
+    acceleration: str | None = None
+    restart_eta: float = DEFAULT_ETA
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -85,6 +107,8 @@ class ConsensusSettings:
             self.eps_abs,
             self.eps_rel,
             self.relaxation,
+            acceleration=self.acceleration,
+            restart_eta=self.restart_eta,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -97,7 +121,27 @@ class ConsensusSettings:
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
             "relaxation": self.relaxation,
+            "acceleration": self.acceleration,
+            "restart_eta": self.restart_eta,
         }
+
+
+def strategy_defaults(
+    rho: object, rho_schedule: RhoSchedule | str | None, relaxation: float | None
+) -> tuple[RhoSchedule, float]:
+    """Return the schedule and alpha a strategy uses when given None for them.
+
+    rho > 0: `ResidualBalancing()` and DEFAULT_RELAXATION; rho = 0 (FedAvg, exactly):
+    `Constant()` and 1. Given values pass through (`schedule_of` for the schedule).
+    """
+    penalized = isinstance(rho, int | float) and not isinstance(rho, bool) and rho > 0
+    if rho_schedule is None:
+        schedule: RhoSchedule = ResidualBalancing() if penalized else Constant()
+    else:
+        schedule = schedule_of(rho_schedule)
+    if relaxation is None:
+        relaxation = DEFAULT_RELAXATION if penalized else 1.0
+    return schedule, relaxation
 
 
 def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:

@@ -80,32 +80,45 @@ def dual_step(
     dz = z - z'. When every cached client replied, S_w holds exactly their sum R, so
     S_y += rho (alpha (R - W z') + (1 - alpha) W dz) costs a few passes a round;
     otherwise each reply adds n_i rho_i alpha (w_i - z') while its block is in cache,
-    and the dz part is added once. Works block by block so that w_i, y_i and z' are
-    read from memory once per reply.
+    and the dz part is added once. Works block by block, every reply's block while
+    the blocks of z', dz and S_y are in cache, so that w_i and y_i are read from
+    memory once per reply and z', S_y once per round.
     """
     alpha, beta = relaxation, 1.0 - relaxation
     total = float(sum(r.num_examples for r in ordered))
     everyone = len(ordered) == len(records)
     scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
     r_sq = w_sq = y_sq = 0.0
-    for reply in ordered:
-        record = records[reply.key]
-        rho_i = rho * record.scale
+    chosen = [records[reply.key] for reply in ordered]
+    for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
-        to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
-        for y, w, z, acc, shift in zip(record.y, record.w, z_new, sums.ny, dz, strict=True):
-            y_flat, w_flat, z_flat = y.reshape(-1), w.reshape(-1), z.reshape(-1)
-            acc_flat, shift_flat = acc.reshape(-1), shift.reshape(-1)
-            for block in blocks(w_flat.size):
-                d = scratch[: block.stop - block.start]
-                y_block = y_flat[block]
-                np.subtract(w_flat[block], z_flat[block], out=d)  # w_i - z'
-                r_sq += p * float(np.dot(d, d))
+    # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
+    # every reply's block passes. Each y_i and S_y element sees the same operations in
+    # the same reply order as a replies-outer loop, and the per-block dot products are
+    # summed afterwards in replies-outer order, so the result is bit for bit the same.
+    r_parts: list[list[float]] = [[] for _ in ordered]
+    y_parts: list[list[float]] = [[] for _ in ordered]
+    for j, (z, acc, shift) in enumerate(zip(z_new, sums.ny, dz, strict=True)):
+        z_flat, acc_flat, shift_flat = z.reshape(-1), acc.reshape(-1), shift.reshape(-1)
+        for block in blocks(z_flat.size):
+            d = scratch[: block.stop - block.start]
+            z_block, acc_block, shift_block = z_flat[block], acc_flat[block], shift_flat[block]
+            for k, record in enumerate(chosen):
+                rho_i = rho * record.scale
+                to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
+                y_block = record.y[j].reshape(-1)[block]
+                np.subtract(record.w[j].reshape(-1)[block], z_block, out=d)  # w_i - z'
+                r_parts[k].append(float(np.dot(d, d)))
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
-                axpy(rho_i * beta, shift_flat[block], y_block)  # + rho_i (1 - alpha) dz
-                y_sq += p * float(np.dot(y_block, y_block))
-                axpy(to_sum, d, acc_flat[block])  # S_y += n_i rho_i alpha (w_i - z')
+                axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
+                y_parts[k].append(float(np.dot(y_block, y_block)))
+                axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
+    for record, r_part, y_part in zip(chosen, r_parts, y_parts, strict=True):
+        p = record.num_examples / total
+        for r_value, y_value in zip(r_part, y_part, strict=True):
+            r_sq += p * r_value
+            y_sq += p * y_value
     if rho != 0.0:
         for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
             if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary

@@ -166,10 +166,10 @@ class FedADMMClientDuals(ConsensusStrategy):
         e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
         ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
         ``uplink_residual`` are not supported (use `FedADMM`).
-    rho_schedule, client_rho, relaxation :
-        Accepted only at their defaults (None, "uniform", 1): a changing or per-client
-        rho, or over-relaxation, would need every client's dual, which the server
-        does not hold. Use `FedADMM` for them.
+    rho_schedule, client_rho, relaxation, acceleration :
+        Accepted only at their defaults (None, "uniform", 1, None): a changing or
+        per-client rho, over-relaxation or fast ADMM's dual extrapolation would need
+        every client's dual, which the server does not hold. Use `FedADMM` for them.
     key_binding, max_client_age, max_clients :
         Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
         "node" (default) a key is accepted only from its node; an evicted key's share
@@ -192,6 +192,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        acceleration: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
@@ -212,6 +213,11 @@ class FedADMMClientDuals(ConsensusStrategy):
             **fedavg_kwargs,
         )
         _check_unsupported(rho_schedule, client_rho, relaxation)
+        if acceleration is not None:
+            raise ValueError(
+                "acceleration: only None is supported with client-held duals (the client "
+                f"would have to extrapolate its own dual), got {acceleration!r}; use FedADMM"
+            )
         if isinstance(rho, bool) or not (
             isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
         ):

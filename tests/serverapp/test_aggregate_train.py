@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
+from textbook import textbook_message_fedadmm
 
 from flwr_admm import StochasticQuantizer
 from flwr_admm.core import ConsensusADMM, Reply
@@ -26,7 +27,7 @@ def good(i: int, **extra: Any) -> Any:
 
 
 def started(**kwargs: Any) -> FedADMM:
-    strategy = FedADMM(rho=0.5, fraction_evaluate=0.0, **kwargs)
+    strategy = textbook_message_fedadmm(rho=0.5, fraction_evaluate=0.0, **kwargs)
     configure(strategy, 1, named(Z0), FakeGrid(NODES))
     return strategy
 

@@ -1,0 +1,137 @@
+"""Candidate untuned defaults of `FedADMM`: rounds to target on every task, no tuning.
+
+Each candidate is a set of FedADMM keywords (rho0 = 1) run on the task's untuned
+local settings (`Problem.defaults`) through the same driver, tracker and client
+sampling as `benchmarks.convergence`, with full participation and with a sampled
+fraction (the task's own when it samples, else ``--fraction``: 3 of 10 clients), the
+sampled runs with twice the round budget. The candidate that `FedADMM()`
+uses is labelled "defaults".
+
+    python -m benchmarks.defaults [--tasks seed-logreg,synthetic,digits] [--fraction 0.3]
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from flwr.common import Scalar, ndarrays_to_parameters
+from threadpoolctl import threadpool_limits
+
+from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
+from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
+from benchmarks.problems import Problem, build_problems
+from flwr_admm import FedADMM, ResidualBalancing
+from flwr_admm.core.schedules import Constant
+from flwr_admm.testing import make_proxies, run_rounds
+
+PLAIN: dict[str, Any] = {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None}
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "plain (rho 1)": PLAIN,
+    "RB": {**PLAIN, "rho_schedule": ResidualBalancing()},
+    "RB alpha 1.6": {**PLAIN, "rho_schedule": ResidualBalancing(), "relaxation": 1.6},
+    "fast": {**PLAIN, "acceleration": "nesterov"},
+    "fast alpha 1.6": {**PLAIN, "acceleration": "nesterov", "relaxation": 1.6},
+    "fast RB": {**PLAIN, "acceleration": "nesterov", "rho_schedule": ResidualBalancing()},
+    "fast RB alpha 1.6": {
+        "acceleration": "nesterov",
+        "rho_schedule": ResidualBalancing(),
+        "relaxation": 1.6,
+    },
+    "defaults": {},
+}
+
+
+def run_candidate(problem: Problem, kwargs: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """Run FedADMM(**kwargs) on the task's untuned local settings; rounds to each target."""
+    task = problem.task
+    tracker = Tracker(problem)
+    fit_config: dict[str, Scalar] = {
+        "learning_rate": float(problem.defaults["lr"]),
+        problem.steps_key: int(problem.defaults["steps"]),
+        "batch_size": int(problem.batch_size or 0),
+    }
+    model = task.make_model()
+    strategy = FedADMM(
+        **kwargs,
+        fraction_fit=fraction,
+        min_fit_clients=int(task.defaults.get("min_fit_clients", 2)),
+        min_available_clients=task.data.num_clients,
+        fraction_evaluate=0.0,
+        initial_parameters=ndarrays_to_parameters(model.init_params(getattr(model, "seed", 0))),
+        evaluate_fn=tracker,
+        on_fit_config_fn=lambda server_round: dict(fit_config),
+        sampling_seed=None,
+    )
+    proxies = make_proxies(client_fn_for(problem), task.data.num_clients)
+    random.seed(0)  # Flower's ClientManager.sample, as in benchmarks.convergence
+    started = time.perf_counter()
+    with np.errstate(all="ignore"):
+        try:
+            run_rounds(strategy, proxies, problem.max_rounds)
+        except _StopRunError:
+            pass
+    return {
+        "rounds_to": {str(t): tracker.rounds_to.get(t) for t in problem.targets},
+        "rounds_run": len(tracker.values),
+        "best": (min if problem.metric == "gap" else max)(tracker.values, default=None),
+        "stop_reason": tracker.stop_reason,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every candidate on every task, full and partial participation; print, write JSON."""
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="seed-logreg,synthetic,digits")
+    parser.add_argument("--fraction", type=float, default=0.3)
+    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    args = parser.parse_args(argv)
+    quiet_flower()
+    chosen = args.candidates.split(",")
+    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with threadpool_limits(BLAS_THREADS):
+        for problem in build_problems(args.tasks.split(","), args.quick):
+            task_fraction = float(problem.task.defaults.get("fraction_fit", 1.0))
+            partial = task_fraction if task_fraction < 1.0 else args.fraction
+            for fraction in (1.0, partial):
+                budget = problem.max_rounds * (1 if fraction == 1.0 else 2)
+                sized = replace(problem, max_rounds=budget)
+                rows = []
+                for label in chosen:
+                    run = run_candidate(sized, CANDIDATES[label], fraction)
+                    results.append(
+                        {"task": problem.name, "fraction": fraction, "label": label, **run}
+                    )
+                    rows.append(
+                        [
+                            label,
+                            *(run["rounds_to"][str(t)] or f"> {budget}" for t in problem.targets),
+                            f"{run['best']:.3g}",
+                            run["stop_reason"],
+                        ]
+                    )
+                print(f"\n## {problem.name}, fraction {fraction:g} (max {budget} rounds)")
+                headers = [
+                    "candidate",
+                    *(f"rounds to {t:g}" for t in problem.targets),
+                    "best",
+                    "stop",
+                ]
+                print(format_table(headers, rows))
+    payload = {
+        "seconds": time.perf_counter() - started,
+        "defaults": FedADMM().admm_settings.describe(),
+        "runs": results,
+    }
+    path = write_json("defaults", payload, args.output)
+    print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
