@@ -232,6 +232,7 @@ def test_flwr_run_end_to_end(tmp_path):
             name: flower.run(
                 APP_DIR,
                 {
+                    "api": "legacy",  # the peer baselines are legacy-API strategies
                     "strategy": name,
                     "num-server-rounds": 3,
                     "fraction-fit": 0.5,
