@@ -81,7 +81,6 @@ reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStr
 from __future__ import annotations
 
 import io
-import math
 import os
 from logging import INFO
 from typing import Any, ClassVar
@@ -94,7 +93,6 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
@@ -120,6 +118,7 @@ from flwr_admm.server.client_duals_replies import (
     round_residuals,
     z_step,
 )
+from flwr_admm.server.client_duals_settings import check_client_duals_settings, checked_uplink
 from flwr_admm.server.client_duals_sweep import RebuildSweep
 from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import UplinkChannel
@@ -128,7 +127,7 @@ from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
 __all__ = ["FedADMMClientDuals"]
 
-UNSUPPORTED = ("local_dp", "uplink_residual")
+UNSUPPORTED = ("local_dp", "uplink_residual", "restart_eta", "tensor_policy", "tensor_names")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
@@ -205,30 +204,23 @@ class FedADMMClientDuals(ConsensusStrategy):
                     f"{name}: not supported by FedADMMClientDuals (client-held duals); use FedADMM"
                 )
         super().__init__(
-            channel=UplinkChannel(_checked_uplink(uplink)),
+            channel=UplinkChannel(checked_uplink(uplink)),
             stop_on_convergence=stop_on_convergence,
             sampling_seed=sampling_seed,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
             **fedavg_kwargs,
         )
-        _check_unsupported(rho_schedule, client_rho, relaxation)
-        if acceleration is not None:
-            raise ValueError(
-                "acceleration: only None is supported with client-held duals (the client "
-                f"would have to extrapolate its own dual), got {acceleration!r}; use FedADMM"
-            )
-        if isinstance(rho, bool) or not (
-            isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
-        ):
-            raise ValueError(
-                f"rho: must be a finite number > 0 with client-held duals, got {rho!r}"
-            )
-        if regularizer is not None and not isinstance(regularizer, Regularizer):
-            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        check_client_duals_settings(
+            rho=rho,
+            rho_schedule=rho_schedule,
+            client_rho=client_rho,
+            relaxation=relaxation,
+            acceleration=acceleration,
+            regularizer=regularizer,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+        )
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -404,34 +396,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = total, clients
         self._broadcast = None
-
-
-def _checked_uplink(uplink: Compressor | None) -> Compressor | None:
-    if uplink is not None and not isinstance(uplink, Compressor):
-        raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
-    if uplink is not None and not uplink.error_feedback:
-        raise ValueError(
-            "uplink: client-held duals need error_feedback=True (S would keep every "
-            f"compression error), got {uplink!r}"
-        )
-    return uplink
-
-
-def _check_unsupported(rho_schedule: Any, client_rho: str, relaxation: float) -> None:
-    if rho_schedule is not None and not isinstance(rho_schedule, Constant):
-        raise ValueError(
-            "rho_schedule: not supported with client-held duals (allowed: None or "
-            f"Constant(); rho must stay constant), got {rho_schedule!r}; use FedADMM"
-        )
-    if client_rho != "uniform":
-        raise ValueError(
-            "client_rho: only 'uniform' is supported with client-held duals, got "
-            f"{client_rho!r}; use FedADMM for 'data_size'"
-        )
-    if relaxation != 1.0:
-        raise ValueError(
-            f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
-        )
 
 
 def _serialize(arrays: Arrays, dtypes: list[np.dtype[Any]]) -> Parameters:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from logging import INFO
@@ -40,7 +39,7 @@ from flwr_admm.protocol import (
     RHO,
     SHARE_RECORD,
 )
-from flwr_admm.server.client_duals import STRATEGY, _check_unsupported, _checked_uplink
+from flwr_admm.server.client_duals import STRATEGY
 from flwr_admm.server.client_duals_replies import (
     ClientEntry,
     RoundStats,
@@ -50,6 +49,7 @@ from flwr_admm.server.client_duals_replies import (
     round_residuals,
     z_step,
 )
+from flwr_admm.server.client_duals_settings import check_client_duals_settings, checked_uplink
 from flwr_admm.server.client_duals_sweep import RebuildSweep
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
@@ -119,11 +119,12 @@ class FedADMMClientDuals(ConsensusStrategy):
         node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i). The node sends the
         payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
         instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
-    rho_schedule, client_rho, relaxation :
-        Accepted only at their defaults (None, "uniform", 1), as in the legacy class.
+    rho_schedule, client_rho, relaxation, acceleration :
+        Accepted only at their defaults (None, "uniform", 1, None), as in the legacy
+        class (`flwr_admm.server.client_duals_settings`).
 
-    Not supported: ``uplink_residual`` and ``local_dp`` (ValueError), as in the legacy
-    class.
+    Not supported: ``uplink_residual``, ``local_dp``, ``restart_eta`` and
+    ``tensor_policy`` (ValueError), as in the legacy class.
 
     """
 
@@ -152,6 +153,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        acceleration: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
@@ -183,21 +185,17 @@ class FedADMMClientDuals(ConsensusStrategy):
             max_client_age=max_client_age,
             max_clients=max_clients,
         )
-        _check_unsupported(rho_schedule, client_rho, relaxation)
-        if isinstance(rho, bool) or not (
-            isinstance(rho, int | float) and math.isfinite(rho) and rho > 0
-        ):
-            raise ValueError(
-                f"rho: must be a finite number > 0 with client-held duals, got {rho!r}"
-            )
-        if regularizer is not None and not isinstance(regularizer, Regularizer):
-            raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
-        for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
-            if isinstance(value, bool) or not (
-                isinstance(value, int | float) and math.isfinite(value) and value >= 0
-            ):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-        self.channel = UplinkChannel(_checked_uplink(uplink))
+        check_client_duals_settings(
+            rho=rho,
+            rho_schedule=rho_schedule,
+            client_rho=client_rho,
+            relaxation=relaxation,
+            acceleration=acceleration,
+            regularizer=regularizer,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+        )
+        self.channel = UplinkChannel(checked_uplink(uplink))
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)

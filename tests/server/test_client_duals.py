@@ -312,12 +312,24 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"checkpoint_every": 0}, "checkpoint_every"),
         ({"eps_abs": -1.0}, "eps_abs"),
         ({"sampling_seed": -2}, "sampling_seed"),
+        ({"eps_rel": True}, "eps_rel"),
+        ({"acceleration": "nesterov"}, "acceleration"),
+        ({"restart_eta": 0.9}, "restart_eta"),
+        ({"tensor_policy": {"bn.*": "keep"}}, "tensor_policy"),
         ({"fraction_fit": 2.0}, "fraction_fit"),
     ],
 )
-def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str, api: str) -> None:
+    """Both APIs' FedADMMClientDuals refuse the same settings with a ValueError."""
+    from flwr_admm.serverapp import FedADMMClientDuals as MessageFedADMMClientDuals
+
+    if api == "message":
+        kwargs = {k.replace("fraction_fit", "fraction_train"): v for k, v in kwargs.items()}
+        field = field.replace("fraction_fit", "fraction_train")
+    strategy_class = FedADMMClientDuals if api == "legacy" else MessageFedADMMClientDuals
     with pytest.raises(ValueError, match=field):
-        FedADMMClientDuals(**kwargs)
+        strategy_class(**kwargs)
 
 
 def test_client_refuses_what_client_held_duals_cannot_do() -> None:
