@@ -26,8 +26,7 @@ from peer_reference import (
     scaffold_reference,
 )
 
-from flwr_admm import SCAFFOLD as LegacySCAFFOLD
-from flwr_admm import FedDyn as LegacyFedDyn
+import flwr_admm
 from flwr_admm.clientapp import (
     build_scaffold_reply,
     make_client_app,
@@ -44,8 +43,8 @@ D = 4
 SAMPLING_SEED = 11
 
 PEERS = {
-    "scaffold": (LegacySCAFFOLD, SCAFFOLD, {"server_learning_rate": 0.7}),
-    "feddyn": (LegacyFedDyn, FedDyn, {"alpha": 0.5}),
+    "scaffold": (flwr_admm.SCAFFOLD, SCAFFOLD, {"server_learning_rate": 0.7}),
+    "feddyn": (flwr_admm.FedDyn, FedDyn, {"alpha": 0.5}),
 }
 
 
