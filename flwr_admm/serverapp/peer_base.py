@@ -86,7 +86,6 @@ class PeerFedAvg(FedAvg):
         """Sample as FedAvg; send x (and the further blocks) with ``peer-algorithm``."""
         if self.layout is None:
             self.layout = Layout.of(arrays)
-            self.layout.read(arrays)  # names and shapes agree
             self.algorithm.begin([arrays[name].numpy() for name in self.layout.names])
         own = {
             k: v for k, v in self.algorithm.own_config(server_round).items() if k != SERVER_ROUND

@@ -13,10 +13,11 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import parameters_to_ndarrays
 from message_apps import ZRecorder
+from message_replies import metadata
 from peer_reference import (
     client_fn_for,
     common_kwargs,
@@ -142,3 +143,13 @@ def test_a_user_handler_with_the_helpers_follows_the_papers_loop():
         np.testing.assert_allclose(x, x_ref, rtol=1e-12)
     np.testing.assert_allclose(strategy.control()[0], reference[-1][1], rtol=1e-12, atol=1e-15)
     assert [h["num_replies"] for h in strategy.history] == [3, 3, 3]
+
+
+def test_the_ready_app_answers_a_scaffold_message_without_c_with_an_error_reply():
+    data = ridge_clients([6], d=D, seed=1)
+    grid = InProcessGrid(make_client_app(client_fn_for(data, 3, 0.1)), 1)
+    config = ConfigRecord({"peer-algorithm": "scaffold", "server-round": 1})
+    content = RecordDict({"arrays": ArrayRecord([np.zeros(D)]), "config": config})
+    (answer,) = grid.send_and_receive([Message(content=content, metadata=metadata(0))])
+    assert answer.has_error() and "scaffold-control" in answer.error.reason
+    assert "flwr_admm.scaffold.c" not in grid.contexts[1].state.array_records
