@@ -147,3 +147,6 @@ SCAFFOLD_STATE_C = "flwr_admm.scaffold.c"  # ADMMClient: SCAFFOLD's control vari
 FEDDYN_STATE_GRAD = "flwr_admm.feddyn.grad"  # ADMMClient: FedDyn's linear term grad_i
 PEER_STATE_META = "flwr_admm.peer.meta"  # ADMMClient: round of the state above (META_ROUND)
 SERVER_STEP = "server_step"  # round metric: SCAFFOLD's eta_g
+# Message API (flwr_admm.serverapp.SCAFFOLD): the ArrayRecord carrying c down and
+# c_i+ - c_i up, under the model's tensor names, next to x / y_i under ``arrays``.
+SCAFFOLD_CONTROL_RECORD = "scaffold-control"

@@ -3,10 +3,12 @@
 `ADMMTrainStep` (with `received_arrays`, `read_rho`, `warm_start`, `build_reply`)
 serves a user's own handler; `make_client_app` wraps the legacy ``client_fn`` of an
 `ADMMClient` (the project's numpy models) into a ClientApp with train and evaluate
-handlers.
+handlers (also under the Message-API `SCAFFOLD` / `FedDyn`); `received_control` and
+`build_scaffold_reply` serve a user's own SCAFFOLD handler.
 """
 
 from flwr_admm.clientapp.app import legacy_config, make_client_app
+from flwr_admm.clientapp.peers import build_scaffold_reply, received_control
 from flwr_admm.clientapp.step import (
     ADMMTrainStep,
     build_reply,
@@ -18,9 +20,11 @@ from flwr_admm.clientapp.step import (
 __all__ = [
     "ADMMTrainStep",
     "build_reply",
+    "build_scaffold_reply",
     "legacy_config",
     "make_client_app",
     "read_rho",
     "received_arrays",
+    "received_control",
     "warm_start",
 ]

@@ -10,6 +10,10 @@ and dtypes with ``num-examples`` and the client's metrics. Under
 `ADMMClient` runs the client-held-dual protocol, keeping its committed and pending
 states in ``context.state``, and the reply carries Delta_i (float64) under the
 received names, sigma_i' under ``admm-share`` when asked (`flwr_admm.clientapp.duals`).
+Under `flwr_admm.serverapp.SCAFFOLD` / `FedDyn` (``peer-algorithm`` in the config) the
+`ADMMClient` runs `flwr_admm.client.peers` (c_i / grad_i in ``context.state``); for
+SCAFFOLD the received c (``scaffold-control``) is appended to x and the reply carries
+y_i under the received names and c_i+ - c_i under ``scaffold-control``.
 The local loop is `ADMMClient.fit` itself (`penalized_local_solve`; ``local_steps``,
 ``local_epochs``, ``learning_rate``, ``batch_size`` from the config, same defaults, warm start in
 ``context.state``), so both APIs compute the same numbers for the same inputs; with
@@ -27,6 +31,7 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from flwr_admm.clientapp.duals import client_held, duals_reply
+from flwr_admm.clientapp.peers import build_scaffold_reply, received_control
 from flwr_admm.clientapp.step import build_reply, received_arrays
 from flwr_admm.protocol import (
     CLIENT_KEY,
@@ -34,6 +39,8 @@ from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
     NUM_EXAMPLES,
+    PEER,
+    PEER_SCAFFOLD,
     PROXIMAL_MU,
     SERVER_ROUND,
 )
@@ -81,8 +88,23 @@ def make_client_app(
         received = received_arrays(message, arrayrecord_key)
         params = [np.asarray(a, dtype=np.float64) for a in received.values()]
         config = legacy_config(_config(message, configrecord_key))
+        scaffold = config.get(PEER) == PEER_SCAFFOLD
+        if scaffold:  # [x, c]: the legacy parameters
+            control = received_control(message, arrayrecord_key)
+            params += [np.asarray(a, dtype=np.float64) for a in control.values()]
         client = client_fn(context)
         arrays, num_examples, metrics = client.fit(params, config)
+        if scaffold:  # y_i under the arrays, c_i+ - c_i under scaffold-control
+            count = len(received)
+            y, change = list(arrays[:count]), list(arrays[count:])
+            return build_scaffold_reply(
+                message,
+                y,
+                change,
+                num_examples,
+                _numeric(metrics),
+                arrayrecord_key=arrayrecord_key,
+            )
         if client_held(config):  # Delta_i (and sigma_i'); the client kept its states
             names, count = list(received), len(received)
             share = list(arrays[count:]) if len(arrays) == 2 * count else None

@@ -82,23 +82,59 @@ class PeerStrategy(FedAvg):
     def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
         raise NotImplementedError
 
+    # ------------------------------------------- the round, without Flower's types
+    def begin(self, received: NDArrays) -> None:
+        """Take x (kept in float64) and the model's dtypes from the first model received."""
+        if self.current is None:
+            self.dtypes = [np.asarray(t).dtype for t in received]
+            self.current = [np.asarray(t, dtype=np.float64) for t in received]
+
+    def sent(self) -> NDArrays:
+        """Return what every sampled client receives (x, then the hook's blocks).
+
+        In the model's own dtypes: a float32 model costs float32 bytes on the wire.
+        """
+        assert self.current is not None
+        outgoing = self._outgoing(self.current)
+        dtypes = self.dtypes * (len(outgoing) // len(self.dtypes))
+        return [a.astype(d, copy=False) for a, d in zip(outgoing, dtypes, strict=True)]
+
+    def own_config(self, server_round: int) -> dict[str, Scalar]:
+        """Return the config entries this strategy sets (``peer-algorithm``, the round, ...)."""
+        return {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
+
+    def reply_shapes(self) -> list[tuple[int, ...]]:
+        """Return the shapes a reply must have: the model's, `_blocks` times."""
+        assert self.current is not None
+        return [t.shape for t in self.current] * self._blocks()
+
+    def fold(self, replies: list[Reply]) -> dict[str, Scalar]:
+        """Fold accepted replies (one per key) in key order into x and the state.
+
+        Each client's n_i is remembered from its first accepted reply; returns the
+        round's metrics (the hook's, ``num_replies``, ``num_clients_cached``).
+        """
+        assert self.current is not None
+        replies = sorted(replies, key=lambda reply: natural_key(reply[0]))
+        for key, _, n in replies:
+            self.examples.setdefault(key, n)
+        self.current, own = self._update(self.current, replies)
+        return {**own, NUM_REPLIES: len(replies), NUM_CLIENTS_CACHED: len(self.examples)}
+
+    def model(self) -> NDArrays:
+        """Return x in the model's own dtypes."""
+        assert self.current is not None
+        return [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
+
     # ------------------------------------------------------------ Flower API
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Sample as FedAvg and send every sampled client x (and the hook's arrays)."""
-        if self.current is None:
-            received = parameters_to_ndarrays(parameters)
-            self.dtypes = [np.asarray(t).dtype for t in received]
-            self.current = [np.asarray(t, dtype=np.float64) for t in received]
+        self.begin(parameters_to_ndarrays(parameters))
         instructions = super().configure_fit(server_round, parameters, client_manager)
-        # sent in the model's own dtypes: a float32 model costs float32 bytes on the wire
-        outgoing = self._outgoing(self.current)
-        dtypes = self.dtypes * (len(outgoing) // len(self.dtypes))
-        sent = ndarrays_to_parameters(
-            [a.astype(d, copy=False) for a, d in zip(outgoing, dtypes, strict=True)]
-        )
-        own: dict[str, Scalar] = {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
+        sent = ndarrays_to_parameters(self.sent())
+        own = self.own_config(server_round)
         out = []
         for proxy, ins in instructions:
             clash = sorted(k for k in ins.config if k in own or k in RESERVED_CONFIG_KEYS)
@@ -127,31 +163,20 @@ class PeerStrategy(FedAvg):
         if not replies:
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
             return None, counts
-        replies.sort(key=lambda reply: natural_key(reply[0]))
-        for key, _, n in replies:
-            self.examples.setdefault(key, n)
-        self.current, own = self._update(self.current, replies)
-        metrics: dict[str, Scalar] = {
-            **own,
-            NUM_REPLIES: len(replies),
-            NUM_CLIENTS_CACHED: len(self.examples),
-            **counts,
-        }
+        metrics: dict[str, Scalar] = {**self.fold(replies), **counts}
         if self.fit_metrics_aggregation_fn is not None:
             user = self.fit_metrics_aggregation_fn(
                 [(res.num_examples, res.metrics) for res in self._accepted]
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})
-        out = [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
-        return ndarrays_to_parameters(out), metrics
+        return ndarrays_to_parameters(self.model()), metrics
 
     def _valid_replies(
         self, results: list[tuple[ClientProxy, FitRes]], counts: dict[str, Scalar]
     ) -> list[Reply]:
         """(key, arrays, n_i) of every reply that passes the checks; the rest counted."""
-        assert self.current is not None
-        shapes = [t.shape for t in self.current] * self._blocks()
+        shapes = self.reply_shapes()
         replies: list[Reply] = []
         self._accepted: list[FitRes] = []
         seen: set[str] = set()

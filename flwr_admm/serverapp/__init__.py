@@ -6,9 +6,13 @@ Flower's ``FedProx`` in one line; a FedProx-style ``@app.train()`` handler then 
 ADMM's local step (`flwr_admm.clientapp` has helpers for warm starts and replies).
 `FedADMMClientDuals` keeps the duals on the nodes (the legacy protocol, with
 acknowledgement, resync and rebuild sweep); its nodes run `flwr_admm.clientapp`.
+The peer baselines `SCAFFOLD` and `FedDyn` run the legacy classes' round on this API
+(`flwr_admm.serverapp.peer_base`); `flwr_admm.clientapp.make_client_app` serves them.
 """
 
 from flwr_admm.serverapp.client_duals import FedADMMClientDuals
 from flwr_admm.serverapp.fedadmm import FedADMM
+from flwr_admm.serverapp.feddyn import FedDyn
+from flwr_admm.serverapp.scaffold import SCAFFOLD
 
-__all__ = ["FedADMM", "FedADMMClientDuals"]
+__all__ = ["SCAFFOLD", "FedADMM", "FedADMMClientDuals", "FedDyn"]

@@ -3,7 +3,8 @@
 `run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``),
 `flwr_admm.serverapp.FedADMMClientDuals` (``fedadmm-client-duals``), Flower's
 Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) or
-`flwr_admm.serverapp.fednova.FedNova` (``fednova``), all drawing their train nodes
+`flwr_admm.serverapp.fednova.FedNova` (``fednova``), `flwr_admm.serverapp.SCAFFOLD`
+(``scaffold``) or `flwr_admm.serverapp.FedDyn` (``feddyn``), all drawing their train nodes
 with `message_sampling.PartitionSampler` (the legacy path's clients, by partition-id,
 seeded), with the same sampling sizes, fit config, initial model and centralized
 evaluation as the legacy path, and records the same per-round JSON/CSV through
@@ -30,7 +31,14 @@ from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 
 from .evaluation import Evaluator
-from .message_sampling import PartitionSampler, SeededFedAvg, SeededFedNova, SeededFedProx
+from .message_sampling import (
+    PartitionSampler,
+    SeededFedAvg,
+    SeededFedDyn,
+    SeededFedNova,
+    SeededFedProx,
+    SeededSCAFFOLD,
+)
 from .recorder import (
     FIT_FIELDS,
     STATUS_FAILED,
@@ -202,6 +210,14 @@ class RecordingFedNova(RecordingMixin, SeededFedNova):
     """`flwr_admm.serverapp.fednova.FedNova` (seeded sample), recorded."""
 
 
+class RecordingSCAFFOLD(RecordingMixin, SeededSCAFFOLD):
+    """`flwr_admm.serverapp.SCAFFOLD` (seeded sample), recorded (drift: y_i, the first record)."""
+
+
+class RecordingFedDyn(RecordingMixin, SeededFedDyn):
+    """`flwr_admm.serverapp.FedDyn` (seeded sample), recorded."""
+
+
 def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecorder) -> Strategy:
     """Return the configured Message-API strategy, sampling as many nodes as legacy."""
     n = task.data.num_clients
@@ -222,6 +238,8 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         | RecordingFedAvg
         | RecordingFedProx
         | RecordingFedNova
+        | RecordingSCAFFOLD
+        | RecordingFedDyn
     )
     if settings.strategy == "fedadmm":
         schedule = (
@@ -251,10 +269,13 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         strategy = RecordingFedAvg(**common)
     elif settings.strategy == "fednova":
         strategy = RecordingFedNova(**common)
+    elif settings.strategy == "scaffold":
+        strategy = RecordingSCAFFOLD(server_learning_rate=settings.server_learning_rate, **common)
+    elif settings.strategy == "feddyn":
+        strategy = RecordingFedDyn(alpha=settings.feddyn_alpha, **common)
     else:
         raise ValueError(
-            f"run config 'strategy': {settings.strategy!r} exists only on the legacy API; "
-            "run it with api=legacy"
+            f"run config 'strategy': {settings.strategy!r} has no Message-API strategy"
         )
     strategy.recorder = recorder
     strategy.sampler = PartitionSampler(settings.seed, settings.client_wait_seconds)

@@ -34,8 +34,7 @@ STRATEGIES = (
     "feddyn",
 )
 APIS = ("message", "legacy")
-PEER_STRATEGIES = ("scaffold", "feddyn")  # numpy clients, legacy API only
-LEGACY_ONLY_STRATEGIES = PEER_STRATEGIES
+PEER_STRATEGIES = ("scaffold", "feddyn")  # numpy clients only; both APIs
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
@@ -312,12 +311,6 @@ def parse_run_config(
             f"(the only strategy that needs just the sum of the replies), got {strategy!r}"
         )
     api = "legacy" if secure else _choice(config, "api", APIS)  # SecAgg+ is legacy-only
-    if api == "message" and strategy in LEGACY_ONLY_STRATEGIES:
-        raise ValueError(
-            f"run config 'strategy': {strategy!r} exists only on the legacy API; "
-            f"run it with api=legacy (api=message supports "
-            f"{[s for s in STRATEGIES if s not in LEGACY_ONLY_STRATEGIES]})"
-        )
     if strategy == "fedadmm-client-duals":
         _check_client_duals(config)
     key_binding = _choice(config, "key-binding", KEY_BINDINGS)

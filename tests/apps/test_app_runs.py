@@ -232,7 +232,7 @@ def test_flwr_run_end_to_end(tmp_path):
             name: flower.run(
                 APP_DIR,
                 {
-                    "api": "legacy",  # the peer baselines are legacy-API strategies
+                    "api": api,  # one peer on each API, in Flower's real engine
                     "strategy": name,
                     "num-server-rounds": 3,
                     "fraction-fit": 0.5,
@@ -242,7 +242,7 @@ def test_flwr_run_end_to_end(tmp_path):
                 log_path=tmp_path / f"{name}.log",
                 timeout=120,
             )
-            for name in ("scaffold", "feddyn")
+            for name, api in (("scaffold", "message"), ("feddyn", "legacy"))
         }
         # A run that fails in the ServerApp: flwr run still exits 0, the marker tells.
         failed = flower.run(

@@ -76,18 +76,25 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["scaffold", "feddyn"])
-def test_a_legacy_only_strategy_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
+def test_a_setup_error_on_the_message_api_fails_with_a_marker(tmp_path, strategy):
+    # No strategy is legacy-only now; a run-config error on the Message path (the peers
+    # run numpy clients only) still ends the run before the grid, leaving the marker.
     context = Context(
         run_id=0,
         node_id=0,
         node_config={},
         state=RecordDict(),
-        run_config={"api": "message", "strategy": strategy, "output-dir": str(tmp_path)},
+        run_config={
+            "api": "message",
+            "strategy": strategy,
+            "framework": "torch",
+            "output-dir": str(tmp_path),
+        },
     )
-    with pytest.raises(ValueError, match="api=legacy"):
+    with pytest.raises(ValueError, match="'framework'"):
         main(None, context)  # fails before it touches the grid
     marker = json.loads((tmp_path / "seed-logreg" / f"{strategy}.error.json").read_text())
-    assert strategy in marker["message"] and "api=legacy" in marker["message"]
+    assert "'framework'" in marker["message"] and strategy in marker["message"]
 
 
 def test_the_client_app_dispatches_on_the_api(monkeypatch):

@@ -32,7 +32,9 @@ def output_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("outputs")
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedadmm", "fednova"])
+@pytest.mark.parametrize(
+    "strategy", ["fedavg", "fedprox", "fedadmm", "fednova", "scaffold", "feddyn"]
+)
 def test_both_apis_draw_the_same_clients_and_reach_the_same_objectives(output_dir, strategy):
     config = {**SYNTHETIC, "strategy": strategy, "output-dir": str(output_dir)}
     run_legacy({**config, "run-tag": "legacy"}, 30, node_ids=_node_ids(1, 30))

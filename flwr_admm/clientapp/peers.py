@@ -1,0 +1,90 @@
+"""Helpers for a train handler under the Message-API `SCAFFOLD` (and what `FedDyn` needs).
+
+`flwr_admm.serverapp.SCAFFOLD` sends x under ``arrays`` and the server control
+variate c under ``scaffold-control`` (same tensor names), with ``peer-algorithm =
+"scaffold"`` in the config. A node with control variate c_i (zero at first, kept in
+``context.state``) runs K steps of size lr on grad f_i(y) - c_i + c from y = x, sets
+
+    c_i+ = c_i - c + (x - y_i) / (K lr)
+
+and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        x = received_arrays(msg)                # dict name -> array
+        c = received_control(msg)
+        ...                                     # K steps; c_i+ - c_i
+        return build_scaffold_reply(msg, y, control_change, num_examples=n)
+
+`flwr_admm.serverapp.FedDyn` needs nothing extra: x under ``arrays``, alpha under
+``feddyn-alpha``, and the reply is `build_reply` of w_i (grad_i kept by the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from numpy.typing import NDArray
+
+from flwr_admm.clientapp.step import Named, _key_metrics, build_reply, received_arrays
+from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
+
+__all__ = ["build_scaffold_reply", "received_control"]
+
+
+def received_control(message: Message, arrayrecord_key: str = "arrays") -> Named:
+    """Return the server control variate c by name, in the order of the model's tensors.
+
+    Raises
+    ------
+    ValueError
+        When ``scaffold-control`` is missing or its names differ from the model's.
+
+    """
+    model = received_arrays(message, arrayrecord_key)
+    record = message.content.array_records.get(SCAFFOLD_CONTROL_RECORD)
+    if record is None or set(record.keys()) != set(model):
+        found = None if record is None else list(record.keys())
+        raise ValueError(
+            f"{SCAFFOLD_CONTROL_RECORD}: expected an ArrayRecord of tensors {list(model)}, "
+            f"got {found}"
+        )
+    return {name: record[name].numpy() for name in model}
+
+
+def build_scaffold_reply(
+    message: Message,
+    y: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
+    control_change: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
+    num_examples: int,
+    metrics: Mapping[str, Any] | None = None,
+    context: Context | None = None,
+    *,
+    arrayrecord_key: str = "arrays",
+) -> Message:
+    """Return `build_reply` of y_i, plus c_i+ - c_i under ``scaffold-control``.
+
+    Both go under the received names; c_i+ - c_i in the dtypes of the received c.
+    `context` adds ``partition-id`` / ``client-key`` to the metrics (no warm start is
+    kept: SCAFFOLD starts from x).
+    """
+    reported = {**(_key_metrics(context) if context is not None else {}), **(metrics or {})}
+    reply = build_reply(message, y, num_examples, reported, arrayrecord_key=arrayrecord_key)
+    c = received_control(message, arrayrecord_key)
+    names = list(c)
+    values = (
+        [control_change[n] for n in names]
+        if isinstance(control_change, Mapping)
+        else list(control_change)
+    )
+    if len(values) != len(names):
+        raise ValueError(
+            f"control_change: expected {len(names)} tensors {names}, got {len(values)}"
+        )
+    reply.content[SCAFFOLD_CONTROL_RECORD] = ArrayRecord(
+        {n: Array(np.asarray(v, dtype=c[n].dtype)) for n, v in zip(names, values, strict=True)}
+    )
+    return reply

@@ -1,0 +1,165 @@
+"""The Message-API round the peer baselines `SCAFFOLD` and `FedDyn` share.
+
+A subclass of `flwr.serverapp.strategy.FedAvg` (same keywords, same node sample)
+around the legacy strategy object (`flwr_admm.server.peer_base.PeerStrategy`), which
+keeps x in float64, the server state (SCAFFOLD's c, FedDyn's h) and the arithmetic:
+this module only translates records. Per round:
+
+- ``configure_train``: x under ``arrays`` (the model's names and dtypes), the
+  legacy strategy's further blocks under their own ArrayRecords (SCAFFOLD: c under
+  ``scaffold-control``), and ``peer-algorithm`` (plus FedDyn's ``feddyn-alpha``)
+  added to a copy of the given config (Flower adds ``server-round``).
+- ``aggregate_train``: every content reply is read into (client key, blocks, n_i)
+  as the legacy strategy reads a FitRes (key: ``client-key``, else ``partition-id``,
+  else the node id; n_i: ``num-examples``), then folded in sorted key order by the
+  legacy `fold`, so identical replies give the legacy x' and state bit for bit.
+
+A reply Flower's FedAvg would abort the run on, or that the legacy strategy rejects
+(missing or extra ArrayRecords, other tensor names or shapes, NaN/inf, a
+non-positive ``num-examples``, a second reply for one client key in a round) is
+logged and counted in ``num_rejected``; error replies in ``num_failures``. Never raises
+on a reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import NDArrays
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_admm.core.validation import reply_problem
+from flwr_admm.protocol import (
+    MESSAGE_RESERVED_CONFIG_KEYS,
+    MESSAGE_SERVER_ROUND,
+    NUM_FAILURES,
+    NUM_REJECTED,
+    ROUND,
+    SERVER_ROUND,
+)
+from flwr_admm.server.peer_base import PeerStrategy, Reply
+from flwr_admm.serverapp.config import check_fields, copy_config
+from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
+
+__all__ = ["PeerFedAvg"]
+
+
+class PeerFedAvg(FedAvg):
+    """Flower's Message-API FedAvg sampling around a legacy peer strategy's round.
+
+    Parameters
+    ----------
+    algorithm : PeerStrategy
+        The legacy `SCAFFOLD` / `FedDyn` whose state and update this strategy runs.
+    extra_records : tuple of str
+        Names of the ArrayRecords carrying the blocks after x, down and up.
+    **fedavg_kwargs
+        Every keyword of `flwr.serverapp.strategy.FedAvg`.
+
+    """
+
+    def __init__(
+        self, algorithm: PeerStrategy, extra_records: tuple[str, ...] = (), **fedavg_kwargs: Any
+    ) -> None:
+        super().__init__(**fedavg_kwargs)
+        check_fields(self, None)
+        self.algorithm = algorithm
+        self.extra_records = extra_records
+        self.layout: Layout | None = None
+        self.history: list[dict[str, Any]] = []  # round metrics, as returned
+        self._extra: dict[str, ArrayRecord] = {}  # this round's blocks after x
+
+    @property
+    def current(self) -> NDArrays | None:
+        """Return x in float64 (None before the first round)."""
+        return self.algorithm.current
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample as FedAvg; send x (and the further blocks) with ``peer-algorithm``."""
+        if self.layout is None:
+            self.layout = Layout.of(arrays)
+            self.algorithm.begin([arrays[name].numpy() for name in self.layout.names])
+        own = {
+            k: v for k, v in self.algorithm.own_config(server_round).items() if k != SERVER_ROUND
+        }
+        given = copy_config(config)
+        reserved = {*own, *MESSAGE_RESERVED_CONFIG_KEYS} - {MESSAGE_SERVER_ROUND}
+        clash = sorted(k for k in given if k in reserved)
+        if clash:
+            raise ValueError(
+                f"train_config: key {clash[0]!r} is set by {type(self).__name__} "
+                f"(reserved: {sorted(reserved)}); rename it"
+            )
+        sent = self.algorithm.sent()
+        count = len(self.layout.names)
+        blocks = [sent[i : i + count] for i in range(0, len(sent), count)]
+        self._extra = {
+            name: self.layout.record(block)
+            for name, block in zip(self.extra_records, blocks[1:], strict=True)
+        }
+        x = self.layout.record(blocks[0])
+        return list(super().configure_train(server_round, x, ConfigRecord({**given, **own}), grid))
+
+    def _construct_messages(
+        self, record: RecordDict, node_ids: list[int], message_type: str
+    ) -> Iterable[Message]:
+        """FedAvg's messages; a train message also carries the further blocks."""
+        if message_type == MessageType.TRAIN and self._extra:
+            record = RecordDict({**dict(record.items()), **self._extra})
+        return super()._construct_messages(record, node_ids, message_type)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fold the usable replies in key order into x (and the state); count the rest."""
+        name = type(self).__name__
+        if self.layout is None or self.algorithm.current is None:
+            raise RuntimeError(f"{name}.aggregate_train: configure_train must run first")
+        replies = list(replies)
+        counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
+        accepted: list[Reply] = []
+        contents: list[RecordDict] = []
+        for message in replies:
+            if message.has_error():
+                continue
+            problem, reply = self._read(message, {key for key, _, _ in accepted})
+            if problem is not None or reply is None:
+                node = int(message.metadata.src_node_id)
+                log(WARNING, "%s: rejected reply of node %s: %s", name, node, problem)
+                counts[NUM_REJECTED] += 1
+                continue
+            accepted.append(reply)
+            contents.append(message.content)
+        if not accepted:
+            log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
+            return None, MetricRecord(counts)  # type: ignore[arg-type]
+        ours = {**self.algorithm.fold(accepted), **counts}
+        metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
+        self.history.append({ROUND: server_round, **metrics})
+        return self.layout.record(self.algorithm.model()), metrics
+
+    def _read(self, message: Message, seen: set[str]) -> tuple[str | None, Reply | None]:
+        """Return (problem, None) or (None, (key, blocks in float64, n_i)) for one reply."""
+        assert self.layout is not None
+        extra = self.extra_records[0] if self.extra_records else None
+        reply = read_reply(message, self.layout, self.weighted_by_key, share_key=extra, finite=True)
+        if reply.problem is not None:
+            return reply.problem, None
+        if extra is not None and reply.share is None:
+            return f"missing the {extra!r} ArrayRecord", None
+        blocks = [*reply.arrays, *(reply.share or [])]
+        problem = reply_problem(blocks, reply.num_examples, self.algorithm.reply_shapes())
+        if problem is None and reply.key in seen:
+            problem = f"a second reply for {reply.key} this round"
+        if problem is not None:
+            return problem, None
+        floats = [np.asarray(a, dtype=np.float64) for a in blocks]
+        return None, (reply.key, floats, reply.num_examples)
