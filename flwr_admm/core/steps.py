@@ -86,10 +86,13 @@ def dual_step(
     """
     alpha, beta = relaxation, 1.0 - relaxation
     total = float(sum(r.num_examples for r in ordered))
-    everyone = len(ordered) == len(records)
-    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
-    r_sq = w_sq = y_sq = 0.0
     chosen = [records[reply.key] for reply in ordered]
+    # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
+    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
+    everyone = len(ordered) == len(records) and not compact
+    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
+    rounded = np.empty_like(scratch) if compact else scratch
+    r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
@@ -110,6 +113,13 @@ def dual_step(
                 y_block = record.y[j].reshape(-1)[block]
                 np.subtract(record.w[j].reshape(-1)[block], z_block, out=d)  # w_i - z'
                 r_parts[k].append(float(np.dot(d, d)))
+                if compact:
+                    y_parts[k].append(
+                        _compact_dual(
+                            y_block, d, shift_block, acc_block, rounded, rho_i, alpha, record
+                        )
+                    )
+                    continue
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
                 axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
@@ -119,13 +129,41 @@ def dual_step(
         for r_value, y_value in zip(r_part, y_part, strict=True):
             r_sq += p * r_value
             y_sq += p * y_value
-    if rho != 0.0:
+    if rho != 0.0 and not compact:
         for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
             if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary
                 axpy(rho * alpha, share, acc)
                 axpy(-rho * alpha * weight, z, acc)
             axpy(rho * beta * weight, shift, acc)  # S_y += rho (1 - alpha) W dz
     return DualStats(r_sq, w_sq, y_sq)
+
+
+def _compact_dual(
+    y: NDArray[np.floating],
+    d: NDArray[np.float64],
+    shift: NDArray[np.float64],
+    acc: NDArray[np.float64],
+    rounded: NDArray[np.float64],
+    rho_i: float,
+    alpha: float,
+    record: ClientRecord,
+) -> float:
+    """Float32 y_i: y_i := fl32(y_i + rho_i (alpha d + (1 - alpha) dz)) on one block.
+
+    S_y += n_i (y_i' - y_i) with the stored (rounded) values, exactly in float64, so
+    S_y = sum n_i y_i keeps holding; `d` (w_i - z') is overwritten. Returns ||y_i'||^2.
+    """
+    new = rounded[: y.size]
+    new[...] = y  # y_i, exactly in float64
+    d *= rho_i * alpha
+    d += new  # y_i + rho_i alpha (w_i - z')
+    axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
+    y[...] = d  # round to the state's float32
+    d[...] = y  # y_i', exactly in float64
+    y_sq = float(np.dot(d, d))
+    new -= d  # y_i - y_i'
+    axpy(-float(record.num_examples), new, acc)  # S_y += n_i (y_i' - y_i)
+    return y_sq
 
 
 def round_report(
