@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -245,19 +245,21 @@ class ConsensusADMM:
         w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
+        # float32 state: the stored w_i (Arrays names the float64 default's type)
         kept = [np.empty(t.shape, np.float32) for t in w] if self._compact else None
+        stored = cast(Arrays, kept) if kept is not None else w
         if rnd.mode == "recompute":
             if kept is not None:
                 with np.errstate(over="ignore"):  # beyond float32's range: inf, refused
                     for t, source in zip(kept, w, strict=True):
                         t[...] = source
-                w = kept
+            w = stored
             sq_norm = finite_sq_norm(w) if reply.sq_norm is None or kept else reply.sq_norm
         else:
             replaced = record if rnd.mode == "incremental" else None
             # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
             sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept)
-            w = w if kept is None else kept
+            w = stored
             if sq_norm is None:
                 self.sums.roll_back(rnd, self.records)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
