@@ -33,9 +33,26 @@ def single_thread_blas() -> Iterator[None]:
         yield
 
 
-def axpy(a: float, x: NDArray[np.floating], y: NDArray[np.floating]) -> None:
-    """Y += a x, in place; a x in float64 (y float32: rounded once, on the store)."""
+def axpy(
+    a: float,
+    x: NDArray[np.floating],
+    y: NDArray[np.floating],
+    scratch: NDArray[np.float64] | None = None,
+) -> None:
+    """Y += a x, in place; a x in float64 (y float32: rounded once, on the store).
+
+    A float32 x is widened block by block (into `scratch`, if given, of at least
+    min(BLOCK, x.size) values) and added by BLAS: a x does not stay float32.
+    """
     if a == 0.0 or y.size == 0:
+        return
+    if x.dtype != np.float64 and y.dtype == np.float64 and y.flags.c_contiguous:
+        x_flat, y_flat = x.reshape(-1), y.reshape(-1)
+        wide = np.empty(min(BLOCK, x.size)) if scratch is None else scratch
+        for block in blocks(y_flat.size):
+            widened = wide[: block.stop - block.start]
+            widened[...] = x_flat[block]  # exact
+            axpy(a, widened, y_flat[block])
         return
     if (
         x.dtype == np.float64
@@ -85,6 +102,7 @@ def fold_in(
     acc2_flat = None if acc2 is None else acc2.reshape(-1)
     store_flat = None if store is None else store.reshape(-1)
     scratch = None if store is None else np.empty(min(BLOCK, acc_flat.size))
+    wide = None if old_flat is None or old_flat.dtype == np.float64 else np.empty_like(scratch)
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for block in blocks(acc_flat.size):
@@ -95,7 +113,7 @@ def fold_in(
                 x_block[...] = store_flat[block]  # back to float64, exactly
             total += float(np.dot(x_block, x_block))
             if old_flat is not None:
-                axpy(-b, old_flat[block], acc_block)
+                axpy(-b, old_flat[block], acc_block, wide)
             axpy(a, x_block, acc_block)
             if acc2_flat is not None:
                 axpy(a, x_block, acc2_flat[block])

@@ -111,7 +111,11 @@ def dual_step(
                 rho_i = rho * record.scale
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
                 y_block = record.y[j].reshape(-1)[block]
-                np.subtract(record.w[j].reshape(-1)[block], z_block, out=d)  # w_i - z'
+                w_block = record.w[j].reshape(-1)[block]
+                if compact:  # widen first: a float32 - float64 loop is twice as slow
+                    d[...] = w_block
+                    w_block = d
+                np.subtract(w_block, z_block, out=d)  # w_i - z'
                 r_parts[k].append(float(np.dot(d, d)))
                 if compact:
                     y_parts[k].append(
