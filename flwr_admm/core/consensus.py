@@ -21,7 +21,7 @@ from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
-from flwr_admm.core.steps import DualStats, dual_step, round_report, z_step
+from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm, z_step
 from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
@@ -310,11 +310,12 @@ class ConsensusADMM:
         rho, z_hat = self.rho, self.z
         with single_thread_blas():
             dz, stats = self._update(rnd, ordered)
+        dz_sq = sum_sq_norm(dz)  # ||z - z'||^2, once for s and fast ADMM's c_k
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
         report = round_report(
             ordered,
             self.z,
-            dz,
+            dz_sq,
             stats,
             self.sums,
             rho=rho,
@@ -325,7 +326,7 @@ class ConsensusADMM:
         )
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
-            self._accelerate(ordered, z_hat, dz, stats, rho)
+            self._accelerate(ordered, z_hat, dz_sq, stats, rho)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
@@ -362,14 +363,14 @@ class ConsensusADMM:
         return dz, stats
 
     def _accelerate(
-        self, ordered: list[Reply], z_hat: Arrays, dz: Arrays, stats: DualStats, rho: float
+        self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float
     ) -> None:
         """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew).
 
         c_k = rho_bar (sum p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2), over the replies.
         """
         assert self.fast is not None
-        c = self.sums.rho_bar(rho) * (stats.r_sq + float(sum(np.vdot(d, d) for d in dz)))
+        c = self.sums.rho_bar(rho) * (stats.r_sq + dz_sq)
         replied = [(r.key, self.records[r.key]) for r in ordered]
         with single_thread_blas():
             self.z = self.fast.step(

@@ -30,7 +30,8 @@ class DualStats(NamedTuple):
     y_sq: float  # sum p_i ||y_i||^2, after the dual step
 
 
-def _sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
+def sum_sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
+    """Return sum_j ||a_j||^2 (np.vdot per array, summed in order)."""
     return float(sum(np.vdot(a, a) for a in arrays))
 
 
@@ -95,7 +96,7 @@ def dual_step(
     r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
-        w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
+        w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
@@ -173,7 +174,7 @@ def _compact_dual(
 def round_report(
     ordered: Sequence[Reply],
     z_new: Arrays,
-    dz: Arrays,
+    dz_sq: float,
     stats: DualStats,
     sums: RunningSums,
     *,
@@ -185,13 +186,13 @@ def round_report(
 ) -> RoundReport:
     """Return Boyd's residuals r, s and thresholds eps_pri, eps_dual of the round.
 
-    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||; `next_rho` is `rho`
-    until the schedule has run.
+    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2,
+    from `sum_sq_norm`); `next_rho` is `rho` until the schedule has run.
     """
     total = float(sum(r.num_examples for r in ordered))
-    dual = sums.rho_bar(rho) * math.sqrt(_sq_norm(dz))
+    dual = sums.rho_bar(rho) * math.sqrt(dz_sq)
     root_n = math.sqrt(int(sum(t.size for t in z_new)))
-    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(_sq_norm(z_new)))
+    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(sum_sq_norm(z_new)))
     dual_scale = math.sqrt(stats.y_sq)
     losses = [(r.num_examples, r.loss) for r in ordered]
     objective = None
