@@ -16,6 +16,12 @@ arrays are divided by m):
   variant: over-relaxation adds R = sum n_i w_i, folded in the pass that reads the
   reply, and the dz term of the dual step, read from the cache-sized dz.
 
+With ``state_dtype="float32"`` (w_i, y_i, y_i,prev stored in 4 bytes; the reply, z and
+the sums stay float64) the reply is read once: the fold rounds it into the stored
+w_i (4 P written) and the dual step reads that copy (4 P), so per reply
+8 P + 4 P (1 + 1 + 1 + 2) with 10 of 100 clients (28 P bytes against 40 P), and fast
+ADMM adds 4 P 4 (16 P against 32 P).
+
 Running sums (S_w, S_y, R) are not counted per reply: a server that streams replies
 keeps them hot (8 MB each at 1e6 parameters, next to a 32 MiB L3).
 
@@ -64,22 +70,45 @@ def copy_bandwidth(num_bytes: int, repeats: int) -> float:
     return 2 * source.nbytes / best
 
 
-def bytes_per_reply(kind: str, num_parameters: int, partial_participation: bool) -> float:
-    """Return the bytes `kind` must move per reply (see the module docstring)."""
-    model, m = num_parameters * FLOAT, SAMPLED
+def bytes_per_reply(
+    kind: str, num_parameters: int, partial_participation: bool, state: int = FLOAT
+) -> float:
+    """Return the bytes `kind` must move per reply (see the module docstring).
+
+    `state` is the bytes of one cached value (8: float64, 4: state_dtype="float32");
+    the reply and the per-round arrays (z, sums) are float64 either way.
+    """
+    reply, m = FLOAT, SAMPLED
     if kind == "FedAvg":
-        return model * (1 + 1 / m)
-    per_reply = 4 + (1 if partial_participation else 0)
-    per_round = 8
-    if kind in ("FedADMM fast", "FedADMM (defaults)"):
-        per_reply, per_round = per_reply + 4, per_round + 3
-    return model * (per_reply + per_round / m)
+        return num_parameters * reply * (1 + 1 / m)
+    if state == FLOAT:  # the reply twice (it is the cached w_i), w_i old, y_i read + write
+        per_reply = 2 * reply + (state if partial_participation else 0) + 2 * state
+    else:  # the reply once, w_i = fl32(reply) written, w_i old, w_i again, y_i read + write
+        per_reply = reply + state + (state if partial_participation else 0) + state + 2 * state
+    per_round = 8 * FLOAT
+    if "fast" in kind or "defaults" in kind:  # y_i,prev and y_i read + written once more
+        per_reply, per_round = per_reply + 4 * state, per_round + 3 * FLOAT
+    return num_parameters * (per_reply + per_round / m)
 
 
-VARIANTS = {
-    "FedADMM": {"acceleration": None, "relaxation": 1.0, "rho_schedule": "constant"},
-    "FedADMM fast": {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"},
-    "FedADMM (defaults)": {},
+# label: (strategy keywords, bytes of one cached value)
+VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
+    "FedADMM": ({"acceleration": None, "relaxation": 1.0, "rho_schedule": "constant"}, FLOAT),
+    "FedADMM float32": (
+        {
+            "acceleration": None,
+            "relaxation": 1.0,
+            "rho_schedule": "constant",
+            "state_dtype": "float32",
+        },
+        4,
+    ),
+    "FedADMM fast": (
+        {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"},
+        FLOAT,
+    ),
+    "FedADMM (defaults)": ({}, FLOAT),
+    "FedADMM (defaults) float32": ({"state_dtype": "float32"}, 4),
 }
 
 
@@ -98,9 +127,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     copies: list[float] = []
     with threadpool_limits(BLAS_THREADS):
         copies.append(copy_bandwidth(256 * 2**20, 7))
-        for label, kwargs in VARIANTS.items():
+        for label, (kwargs, state) in VARIANTS.items():
             row = measure(num_parameters, args.clients, repeats, False, partial(FedADMM, **kwargs))
-            rows.append({"variant": label, **row})
+            rows.append({"variant": label, "state_bytes_per_value": state, **row})
             copies.append(copy_bandwidth(256 * 2**20, 7))
     bandwidth = max(copies)  # the best the shared machine showed during the run
     partial_participation = args.clients > SAMPLED
@@ -110,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("FedAvg", row["fedavg_seconds"]),
             (row["variant"], row["fedadmm_seconds"]),
         ):
-            moved = SAMPLED * bytes_per_reply(kind, num_parameters, partial_participation)
+            state = FLOAT if kind == "FedAvg" else row["state_bytes_per_value"]
+            moved = SAMPLED * bytes_per_reply(kind, num_parameters, partial_participation, state)
             bound = moved / bandwidth
             row.setdefault("analysis", {})[kind] = {
                 "bytes_per_round": moved,

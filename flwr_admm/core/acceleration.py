@@ -108,7 +108,7 @@ class FastADMM:
             for key, record in replied:  # y^_i = y_i,prev; S_y += n_i (y_i,prev - y_i,k)
                 prev = self._prev(key, record.y)
                 for acc, y, p in zip(sum_ny, record.y, prev, strict=True):
-                    axpy(float(record.num_examples), p - y, acc)
+                    axpy(float(record.num_examples), np.subtract(p, y, dtype=np.float64), acc)
                     y[...] = p
             return [t.copy() for t in self.z_prev]
         a_next = (1.0 + math.sqrt(1.0 + 4.0 * self.a * self.a)) / 2.0
@@ -127,7 +127,8 @@ class FastADMM:
     ) -> None:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
-        One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k.
+        One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k. With
+        float32 state S_y moves by the stored (rounded) change of y_i.
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -145,11 +146,13 @@ class FastADMM:
                 for block in blocks(y_flat.size):
                     step = scratch[: block.stop - block.start]
                     y_block, p_block = y_flat[block], p_flat[block]
-                    np.subtract(y_block, p_block, out=step)  # y_i,k - y_i,prev
+                    np.subtract(y_block, p_block, out=step, dtype=np.float64)  # y_i,k - y_i,prev
                     p_block[...] = y_block  # y_i,prev <- y_i,k
                     if gamma != 0.0:
                         step *= gamma
                         y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
+                        if y_block.dtype != np.float64:  # float32 state: the rounded step
+                            np.subtract(y_block, p_block, out=step, dtype=np.float64)
                         axpy(weight, step, acc_flat[block])  # S_y += n_i gamma (...)
 
     def _prev(self, key: str, like: Arrays) -> Arrays:
@@ -184,16 +187,23 @@ class FastADMM:
 
     @classmethod
     def load(
-        cls, arrays: dict[str, NDArray[Any]], meta: dict[str, Any], eta: float, count: int
+        cls,
+        arrays: dict[str, NDArray[Any]],
+        meta: dict[str, Any],
+        eta: float,
+        count: int,
+        state_dtype: str = "float64",
     ) -> FastADMM:
-        """Return the state `dump` wrote (`count` arrays per model)."""
+        """Return the state `dump` wrote (`count` arrays per model; y_i,prev as `state_dtype`)."""
 
-        def take(prefix: str) -> Arrays:
-            return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(count)]
+        def take(prefix: str, dtype: str = "float64") -> Arrays:
+            return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(count)]
 
         state = cls(eta=eta, a=float(meta["a"]), restarts=int(meta["restarts"]))
         state.to_previous = bool(meta["to_previous"])
         state.c_prev = None if meta["c_prev"] is None else float(meta["c_prev"])
         state.z_prev = take("accel_z_prev") if meta["has_z_prev"] else None
-        state.y_prev = {k: take(f"accel_y_prev.{i}") for i, k in enumerate(meta["y_prev_keys"])}
+        state.y_prev = {
+            k: take(f"accel_y_prev.{i}", state_dtype) for i, k in enumerate(meta["y_prev_keys"])
+        }
         return state

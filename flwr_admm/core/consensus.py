@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +21,7 @@ from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
-from flwr_admm.core.steps import DualStats, dual_step, round_report, z_step
+from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm, z_step
 from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
@@ -32,7 +32,9 @@ from flwr_admm.core.types import (
     NonFiniteReplyError,
     Reply,
     RoundReport,
+    StateDtype,
     check_rho,
+    check_state_dtype,
     natural_key,
 )
 
@@ -102,6 +104,15 @@ class ConsensusADMM:
         from the current point, "goldstein" from the previous one (Alg. 8).
     restart_eta : float
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1].
+    state_dtype : {"float64", "float32"}
+        Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
+        the running sums stay float64. "float32" halves that state's memory and
+        traffic; w_i := fl32(w_i) on arrival and every sum takes the rounded value,
+        y_i is rounded after each update and S_y moves by the rounded change, so
+        S_w = sum n_i s_i w_i and S_y = sum n_i y_i hold for the stored values and
+        the fixed point is the optimum up to float32 rounding (~1e-7 relative).
+        Replies with entries beyond float32's range (~3.4e38) are refused as
+        non-finite.
 
     """
 
@@ -115,11 +126,13 @@ class ConsensusADMM:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
+    state_dtype: StateDtype = "float64"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
+    _compact: bool = field(init=False, default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -138,6 +151,7 @@ class ConsensusADMM:
             raise ValueError(f"relaxation: must be a number in (0, 2), got {alpha!r}")
         self.relaxation = float(alpha)
         check_acceleration(self.acceleration, self.restart_eta)
+        self._compact = check_state_dtype(self.state_dtype) == np.float32
         if self.acceleration is not None:
             to_previous = self.acceleration == "goldstein"
             self.fast = FastADMM(eta=float(self.restart_eta), to_previous=to_previous)
@@ -231,11 +245,21 @@ class ConsensusADMM:
         w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
         n = int(reply.num_examples)
         record = self.records.get(reply.key)
+        # float32 state: the stored w_i (Arrays names the float64 default's type)
+        kept = [np.empty(t.shape, np.float32) for t in w] if self._compact else None
+        stored = cast(Arrays, kept) if kept is not None else w
         if rnd.mode == "recompute":
-            sq_norm = reply.sq_norm if reply.sq_norm is not None else finite_sq_norm(w)
+            if kept is not None:
+                with np.errstate(over="ignore"):  # beyond float32's range: inf, refused
+                    for t, source in zip(kept, w, strict=True):
+                        t[...] = source
+            w = stored
+            sq_norm = finite_sq_norm(w) if reply.sq_norm is None or kept else reply.sq_norm
         else:
             replaced = record if rnd.mode == "incremental" else None
-            sq_norm = self.sums.fold(w, n, replaced, rnd.shares)  # S_w += n_i' w_i' (- n_i w_i)
+            # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
+            sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept)
+            w = stored
             if sq_norm is None:
                 self.sums.roll_back(rnd, self.records)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
@@ -286,11 +310,12 @@ class ConsensusADMM:
         rho, z_hat = self.rho, self.z
         with single_thread_blas():
             dz, stats = self._update(rnd, ordered)
+        dz_sq = sum_sq_norm(dz)  # ||z - z'||^2, once for s and fast ADMM's c_k
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
         report = round_report(
             ordered,
             self.z,
-            dz,
+            dz_sq,
             stats,
             self.sums,
             rho=rho,
@@ -301,7 +326,7 @@ class ConsensusADMM:
         )
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
-            self._accelerate(ordered, z_hat, dz, stats, rho)
+            self._accelerate(ordered, z_hat, dz_sq, stats, rho)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
@@ -338,14 +363,14 @@ class ConsensusADMM:
         return dz, stats
 
     def _accelerate(
-        self, ordered: list[Reply], z_hat: Arrays, dz: Arrays, stats: DualStats, rho: float
+        self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float
     ) -> None:
         """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew).
 
         c_k = rho_bar (sum p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2), over the replies.
         """
         assert self.fast is not None
-        c = self.sums.rho_bar(rho) * (stats.r_sq + float(sum(np.vdot(d, d) for d in dz)))
+        c = self.sums.rho_bar(rho) * (stats.r_sq + dz_sq)
         replied = [(r.key, self.records[r.key]) for r in ordered]
         with single_thread_blas():
             self.z = self.fast.step(
@@ -385,8 +410,10 @@ class ConsensusADMM:
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
         """Restore what `state_dict` wrote, bit for bit; the model shapes must match."""
-        saved = load_state(arrays, meta, [t.shape for t in self.z])
+        saved = load_state(arrays, meta, [t.shape for t in self.z], self.state_dtype)
         self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
         self.records, self.sums = saved.records, saved.sums
         if self.fast is not None and "acceleration" in meta:
-            self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))
+            self.fast = FastADMM.load(
+                arrays, meta["acceleration"], self.fast.eta, len(self.z), self.state_dtype
+            )

@@ -60,22 +60,31 @@ def dump_state(state: SavedState) -> tuple[StateArrays, dict[str, Any]]:
 
 
 def load_state(
-    arrays: StateArrays, meta: dict[str, Any], shapes: list[tuple[int, ...]]
+    arrays: StateArrays,
+    meta: dict[str, Any],
+    shapes: list[tuple[int, ...]],
+    state_dtype: str = "float64",
 ) -> SavedState:
-    """Return the state `dump_state` wrote; ValueError unless its model `shapes` match."""
+    """Return the state `dump_state` wrote; ValueError unless its model `shapes` match.
+
+    z and the sums come back as float64, w_i and y_i as `state_dtype`.
+    """
     saved = [tuple(s) for s in meta["shapes"]]
     if saved != shapes:
         raise ValueError(
             f"checkpoint: model shapes {saved} differ from the current model's {shapes}"
         )
 
-    def take(prefix: str) -> Arrays:
-        return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(len(shapes))]
+    def take(prefix: str, dtype: str = "float64") -> Arrays:
+        return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(len(shapes))]
 
     z, sum_nsw, sum_ny = take("z"), take("sum_nsw"), take("sum_ny")
     records = {
         c["key"]: ClientRecord(
-            take(f"w.{i}"), take(f"y.{i}"), int(c["num_examples"]), float(c["scale"])
+            take(f"w.{i}", state_dtype),
+            take(f"y.{i}", state_dtype),
+            int(c["num_examples"]),
+            float(c["scale"]),
         )
         for i, c in enumerate(meta["clients"])
     }

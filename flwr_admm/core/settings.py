@@ -19,7 +19,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
-from flwr_admm.core.types import Arrays, ClientRho
+from flwr_admm.core.types import Arrays, ClientRho, StateDtype
 
 __all__ = [
     "DEFAULT_ACCELERATION",
@@ -64,6 +64,9 @@ class ConsensusSettings:
         Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
     restart_eta : float
         Its restart threshold eta in (0, 1].
+    state_dtype : {"float64", "float32"}
+        Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
+        float64); "float32" halves its memory and traffic (`ConsensusADMM`).
 
     Raises
     ------
@@ -81,6 +84,7 @@ class ConsensusSettings:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
+    state_dtype: StateDtype = "float64"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -109,6 +113,7 @@ class ConsensusSettings:
             self.relaxation,
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
+            state_dtype=self.state_dtype,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -123,6 +128,7 @@ class ConsensusSettings:
             "relaxation": self.relaxation,
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
+            "state_dtype": self.state_dtype,
         }
 
 

@@ -30,7 +30,8 @@ class DualStats(NamedTuple):
     y_sq: float  # sum p_i ||y_i||^2, after the dual step
 
 
-def _sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
+def sum_sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
+    """Return sum_j ||a_j||^2 (np.vdot per array, summed in order)."""
     return float(sum(np.vdot(a, a) for a in arrays))
 
 
@@ -86,13 +87,16 @@ def dual_step(
     """
     alpha, beta = relaxation, 1.0 - relaxation
     total = float(sum(r.num_examples for r in ordered))
-    everyone = len(ordered) == len(records)
-    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
-    r_sq = w_sq = y_sq = 0.0
     chosen = [records[reply.key] for reply in ordered]
+    # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
+    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
+    everyone = len(ordered) == len(records) and not compact
+    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
+    rounded = np.empty_like(scratch) if compact else scratch
+    r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
-        w_sq += p * (reply.sq_norm if reply.sq_norm is not None else _sq_norm(record.w))
+        w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
@@ -108,8 +112,19 @@ def dual_step(
                 rho_i = rho * record.scale
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
                 y_block = record.y[j].reshape(-1)[block]
-                np.subtract(record.w[j].reshape(-1)[block], z_block, out=d)  # w_i - z'
+                w_block = record.w[j].reshape(-1)[block]
+                if compact:  # widen first: a float32 - float64 loop is twice as slow
+                    d[...] = w_block
+                    w_block = d
+                np.subtract(w_block, z_block, out=d)  # w_i - z'
                 r_parts[k].append(float(np.dot(d, d)))
+                if compact:
+                    y_parts[k].append(
+                        _compact_dual(
+                            y_block, d, shift_block, acc_block, rounded, rho_i, alpha, record
+                        )
+                    )
+                    continue
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
                 axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
@@ -119,7 +134,7 @@ def dual_step(
         for r_value, y_value in zip(r_part, y_part, strict=True):
             r_sq += p * r_value
             y_sq += p * y_value
-    if rho != 0.0:
+    if rho != 0.0 and not compact:
         for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
             if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary
                 axpy(rho * alpha, share, acc)
@@ -128,10 +143,38 @@ def dual_step(
     return DualStats(r_sq, w_sq, y_sq)
 
 
+def _compact_dual(
+    y: NDArray[np.floating],
+    d: NDArray[np.float64],
+    shift: NDArray[np.float64],
+    acc: NDArray[np.float64],
+    rounded: NDArray[np.float64],
+    rho_i: float,
+    alpha: float,
+    record: ClientRecord,
+) -> float:
+    """Float32 y_i: y_i := fl32(y_i + rho_i (alpha d + (1 - alpha) dz)) on one block.
+
+    S_y += n_i (y_i' - y_i) with the stored (rounded) values, exactly in float64, so
+    S_y = sum n_i y_i keeps holding; `d` (w_i - z') is overwritten. Returns ||y_i'||^2.
+    """
+    new = rounded[: y.size]
+    new[...] = y  # y_i, exactly in float64
+    d *= rho_i * alpha
+    d += new  # y_i + rho_i alpha (w_i - z')
+    axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
+    y[...] = d  # round to the state's float32
+    d[...] = y  # y_i', exactly in float64
+    y_sq = float(np.dot(d, d))
+    new -= d  # y_i - y_i'
+    axpy(-float(record.num_examples), new, acc)  # S_y += n_i (y_i' - y_i)
+    return y_sq
+
+
 def round_report(
     ordered: Sequence[Reply],
     z_new: Arrays,
-    dz: Arrays,
+    dz_sq: float,
     stats: DualStats,
     sums: RunningSums,
     *,
@@ -143,13 +186,13 @@ def round_report(
 ) -> RoundReport:
     """Return Boyd's residuals r, s and thresholds eps_pri, eps_dual of the round.
 
-    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||; `next_rho` is `rho`
-    until the schedule has run.
+    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2,
+    from `sum_sq_norm`); `next_rho` is `rho` until the schedule has run.
     """
     total = float(sum(r.num_examples for r in ordered))
-    dual = sums.rho_bar(rho) * math.sqrt(_sq_norm(dz))
+    dual = sums.rho_bar(rho) * math.sqrt(dz_sq)
     root_n = math.sqrt(int(sum(t.size for t in z_new)))
-    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(_sq_norm(z_new)))
+    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(sum_sq_norm(z_new)))
     dual_scale = math.sqrt(stats.y_sq)
     losses = [(r.num_examples, r.loss) for r in ordered]
     objective = None

@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 Arrays = list[NDArray[np.float64]]
 ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
+StateDtype = Literal["float64", "float32"]
+STATE_DTYPES = ("float64", "float32")
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 
@@ -52,6 +54,13 @@ def check_rho(rho: float, field_name: str = "rho") -> float:
     if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
         raise ValueError(f"{field_name}: must be a finite number >= 0, got {rho!r}")
     return float(rho)
+
+
+def check_state_dtype(state_dtype: object) -> np.dtype[np.floating]:
+    """Return the numpy dtype of `state_dtype`; ValueError unless it is in STATE_DTYPES."""
+    if not isinstance(state_dtype, str) or state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype: must be one of {list(STATE_DTYPES)}, got {state_dtype!r}")
+    return np.dtype(state_dtype)
 
 
 @dataclass

@@ -192,3 +192,39 @@ def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
         rounds = run["rounds_to"]["0.001"]
         assert rounds is not None, run
         assert run["bytes_to"]["0.001"] == rounds * 10 * 2 * blocks * block, algorithm
+
+
+def test_bandwidth_quick_reports_float32_rows_against_the_byte_bound(tmp_path: Path) -> None:
+    out_file = tmp_path / "bandwidth.json"
+    out = run_module("benchmarks.bandwidth", "--quick", "--output", str(out_file))
+    assert "copy bandwidth" in out and "FedADMM (defaults) float32" in out
+    document = load(out_file)
+    assert positive(document["copy_bandwidth"])
+    rows = {row["variant"]: row for row in document["results"]}
+    assert set(rows) >= {"FedADMM", "FedADMM float32", "FedADMM (defaults) float32"}
+    for label, row in rows.items():
+        analysis = row["analysis"][label]
+        for key in ("bytes_per_round", "bound_seconds", "achieved_bytes_per_second"):
+            assert positive(analysis[key]), (label, key)
+        assert positive(analysis["time_over_bound"]) and positive(row["time_ratio"])
+    # float32 state: 28 P bytes per reply against 40 P (10 of 100 clients, plus per round)
+    wide = rows["FedADMM"]["analysis"]["FedADMM"]["bytes_per_round"]
+    compact = rows["FedADMM float32"]["analysis"]["FedADMM float32"]["bytes_per_round"]
+    num_parameters, per_round = document["num_parameters"], 8 * 8
+    assert wide == pytest.approx(10 * num_parameters * (40 + per_round / 10))
+    assert compact == pytest.approx(10 * num_parameters * (28 + per_round / 10))
+
+
+def test_bandwidth_byte_counts_by_hand() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bandwidth import bytes_per_reply
+
+    p = 1000  # per reply + per round / 10, in bytes per parameter
+    assert bytes_per_reply("FedAvg", p, True) == pytest.approx(p * 8 * 1.1)
+    assert bytes_per_reply("FedADMM", p, True) == pytest.approx(p * (40 + 6.4))
+    assert bytes_per_reply("FedADMM", p, False) == pytest.approx(p * (32 + 6.4))
+    assert bytes_per_reply("FedADMM float32", p, True, 4) == pytest.approx(p * (28 + 6.4))
+    assert bytes_per_reply("FedADMM (defaults)", p, True) == pytest.approx(p * (72 + 8.8))
+    assert bytes_per_reply("FedADMM (defaults) float32", p, True, 4) == pytest.approx(
+        p * (44 + 8.8)
+    )

@@ -1,0 +1,46 @@
+"""Profile `ConsensusADMM.step` at 1e6 parameters, 10 of 100 clients (cProfile).
+
+    python scripts/profile_step.py float64    # or float32; [--fast] for the defaults
+
+Runs 10 rounds to cache every client, then profiles 4 rounds of 10 fresh replies and
+prints the functions by their own time. A lab tool, not a benchmark: the ratios of
+`benchmarks.bandwidth` are the measured figures.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+
+import numpy as np
+
+from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
+
+P, CLIENTS, SAMPLED = 10**6, 100, 10
+
+
+def main(state_dtype: str, fast: bool) -> None:
+    """Warm the state up, then print the profile of four rounds."""
+    extra = {"acceleration": "nesterov", "relaxation": 1.6, "schedule": ResidualBalancing()}
+    admm = ConsensusADMM([np.zeros(P)], rho=1.0, state_dtype=state_dtype, **(extra if fast else {}))  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    pool = [rng.normal(size=P) for _ in range(2 * SAMPLED)]
+
+    def round_of(k: int) -> None:
+        first = SAMPLED * (k % (CLIENTS // SAMPLED))
+        keys = range(first, first + SAMPLED)
+        admm.step([Reply(f"c{i}", [pool[(i + k) % len(pool)].copy()], 10) for i in keys], k + 1)
+
+    for k in range(CLIENTS // SAMPLED):
+        round_of(k)
+    profile = cProfile.Profile()
+    profile.enable()
+    for k in range(CLIENTS // SAMPLED, CLIENTS // SAMPLED + 4):
+        round_of(k)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "float64", "--fast" in sys.argv)
