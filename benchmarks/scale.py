@@ -57,7 +57,7 @@ def client_data(i: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def client_fn(context: Context) -> ADMMClient:
-    """An `ADMMClient` on partition ``partition-id``."""
+    """Return an `ADMMClient` on partition ``partition-id``."""
     X, y = client_data(int(context.node_config["partition-id"]))
     return ADMMClient(LogisticRegression(N_FEATURES), X, y, context=context)
 
@@ -212,7 +212,9 @@ def plot(rows: list[dict[str, Any]], directory: Path) -> list[str]:
             for fraction, style in zip(FRACTIONS, ("--", "-"), strict=True):
                 pts = [r for r in rows if r["strategy"] == name and r["fraction"] == fraction]
                 xs = [r["num_clients"] for r in pts]
-                ys = [max(float(r[key]), 1.0 if key == "retained_state_bytes" else 1e-6) for r in pts]
+                ys = [
+                    max(float(r[key]), 1.0 if key == "retained_state_bytes" else 1e-6) for r in pts
+                ]
                 ax.plot(xs, ys, style, marker="o", label=f"{name} f={fraction:g}")
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -113,12 +113,22 @@ def engine_part(*, quick: bool) -> dict[str, Any]:
                 flush=True,
             )
     for run in runs:
-        base = next(r for r in runs if r["strategy"] == "FedAvg" and r["fraction"] == run["fraction"])
+        base = next(
+            r for r in runs if r["strategy"] == "FedAvg" and r["fraction"] == run["fraction"]
+        )
         run["ratio_vs_fedavg"] = run["mean_round_seconds"] / base["mean_round_seconds"]
     print(
         "\n"
         + format_table(
-            ["SuperNodes", "f", "strategy", "s/round (mean)", "x FedAvg", "process s", "max RSS MiB"],
+            [
+                "SuperNodes",
+                "f",
+                "strategy",
+                "s/round (mean)",
+                "x FedAvg",
+                "process s",
+                "max RSS MiB",
+            ],
             [
                 [
                     supernodes,
