@@ -44,7 +44,7 @@ SAMPLES = 8
 RHO = 0.1
 FIT_CONFIG = {"learning_rate": 0.5, "local_steps": 5}
 STATE_FILES = ("*/flwr_admm/server/*", "*/flwr_admm/core/*", "*/flwr/server/strategy/*")
-IMG_DIR = Path(__file__).resolve().parent.parent / "docs" / "img"
+IMG_DIR = Path(__file__).resolve().parent.parent / "docs"
 
 
 def client_data(i: int) -> tuple[np.ndarray, np.ndarray]:
