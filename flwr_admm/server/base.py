@@ -35,12 +35,12 @@ from flwr_admm.protocol import (
 from flwr_admm.server.checkpoint import (
     CheckpointError,
     checkpoint_every_value,
-    config_differences,
     config_fingerprint,
     has_checkpoint,
-    load_checkpoint,
+    load_matching_checkpoint,
     save_checkpoint,
     shared_settings,
+    strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
 from flwr_admm.server.sampling import (
@@ -285,29 +285,20 @@ class ConsensusStrategy(FedAvg):
         """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
         if self._consensus() is None:
             raise CheckpointError("checkpoint: nothing to save before the first round")
-        arrays, manifest = self._state_dict()
-        manifest = {
-            "fingerprint": self.fingerprint(),
-            "configuration": self.settings(),
-            "dtypes": [str(d) for d in self._dtypes],
-            "binding": self.binding.state_dict(),
-            "clock": self._clock,
-            "converged": self.converged,
-            **manifest,
-        }
+        arrays, own = self._state_dict()
+        manifest = strategy_manifest(
+            self.settings(),
+            self._dtypes,
+            self.binding.state_dict(),
+            self._clock,
+            self.converged,
+            own,
+        )
         return save_checkpoint(path, arrays, manifest, self.last_round)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
         """Restore the server state from directory `path`; return its round."""
-        arrays, manifest = load_checkpoint(path)
-        if manifest.get("fingerprint") != self.fingerprint():
-            current = self.settings()
-            differences = config_differences(manifest.get("configuration"), current)
-            detail = "; ".join(differences) or f"its own is not recorded; now {current}"
-            raise CheckpointError(
-                f"checkpoint: {path} was written with another configuration ({detail}); "
-                "refusing to resume"
-            )
+        arrays, manifest = load_matching_checkpoint(path, self.settings())
         binding = KeyBinding(self.key_binding)
         try:
             dtypes = [np.dtype(d) for d in manifest["dtypes"]]

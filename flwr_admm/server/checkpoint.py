@@ -173,6 +173,49 @@ def config_differences(saved: Any, current: dict[str, Any]) -> list[str]:
     ]
 
 
+def load_matching_checkpoint(
+    directory: str | os.PathLike[str], settings: dict[str, Any]
+) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+    """`load_checkpoint`, refused unless it was written with these `settings`.
+
+    The checkpoint's ``fingerprint`` must equal ``config_fingerprint(settings)``;
+    otherwise the `CheckpointError` names every field that differs.
+    """
+    arrays, manifest = load_checkpoint(directory)
+    if manifest.get("fingerprint") != config_fingerprint(settings):
+        differences = config_differences(manifest.get("configuration"), settings)
+        detail = "; ".join(differences) or f"its own is not recorded; now {settings}"
+        raise CheckpointError(
+            f"checkpoint: {directory} was written with another configuration ({detail}); "
+            "refusing to resume"
+        )
+    return arrays, manifest
+
+
+def strategy_manifest(
+    settings: dict[str, Any],
+    dtypes: Any,
+    binding: dict[str, Any],
+    clock: int,
+    converged: bool,
+    own: dict[str, Any],
+) -> dict[str, Any]:
+    """Return the manifest fields every consensus strategy writes, then its `own` ones.
+
+    `settings` and their fingerprint, the tensor `dtypes`, the client-key `binding`
+    (``KeyBinding.state_dict()``), the round `clock` and the `converged` flag.
+    """
+    return {
+        "fingerprint": config_fingerprint(settings),
+        "configuration": settings,
+        "dtypes": [str(d) for d in dtypes],
+        "binding": binding,
+        "clock": clock,
+        "converged": converged,
+        **own,
+    }
+
+
 def shared_settings(strategy: Any) -> dict[str, Any]:
     """Return the settings every consensus strategy fingerprints besides its own.
 

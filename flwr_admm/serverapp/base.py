@@ -39,11 +39,11 @@ from flwr_admm.protocol import (
 from flwr_admm.server.checkpoint import (
     CheckpointError,
     checkpoint_every_value,
-    config_differences,
     config_fingerprint,
     has_checkpoint,
-    load_checkpoint,
+    load_matching_checkpoint,
     save_checkpoint,
+    strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, optional_count
 from flwr_admm.server.sampling import sample_ids
@@ -289,31 +289,21 @@ class ConsensusStrategy(FedAvg):
         """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
         if self.layout is None:
             raise CheckpointError("checkpoint: nothing to save before the first round")
-        arrays, manifest = self._state_dict()
-        manifest = {
-            "fingerprint": self.fingerprint(),
-            "configuration": self.settings(),
-            "dtypes": [str(d) for d in self.layout.dtypes],
-            "names": list(self.layout.names),
-            "shapes": [list(s) for s in self.layout.shapes],
-            "binding": self.binding.state_dict(),
-            "clock": self._clock,
-            "converged": self.converged,
-            **manifest,
-        }
+        arrays, own = self._state_dict()
+        layout = {"names": list(self.layout.names), "shapes": [list(s) for s in self.layout.shapes]}
+        manifest = strategy_manifest(
+            self.settings(),
+            self.layout.dtypes,
+            self.binding.state_dict(),
+            self._clock,
+            self.converged,
+            {**layout, **own},
+        )
         return save_checkpoint(path, arrays, manifest, self.last_round)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
         """Restore the server state from directory `path`; return its round."""
-        arrays, manifest = load_checkpoint(path)
-        if manifest.get("fingerprint") != self.fingerprint():
-            current = self.settings()
-            differences = config_differences(manifest.get("configuration"), current)
-            detail = "; ".join(differences) or f"its own is not recorded; now {current}"
-            raise CheckpointError(
-                f"checkpoint: {path} was written with another configuration ({detail}); "
-                "refusing to resume"
-            )
+        arrays, manifest = load_matching_checkpoint(path, self.settings())
         binding = KeyBinding(self.key_binding)
         try:
             names = tuple(str(n) for n in manifest["names"])
