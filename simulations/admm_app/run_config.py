@@ -15,8 +15,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from logging import WARNING
 from pathlib import Path
 from typing import Any
+
+from flwr.common.logger import log
 
 from flwr_admm.client.admm_client import LOCAL_INITS
 from flwr_admm.core.local_solver import PROX_STEPS
@@ -310,7 +313,15 @@ def parse_run_config(
             "run config 'secure-aggregation': true needs strategy=fedadmm-client-duals "
             f"(the only strategy that needs just the sum of the replies), got {strategy!r}"
         )
-    api = "legacy" if secure else _choice(config, "api", APIS)  # SecAgg+ is legacy-only
+    api = _choice(config, "api", APIS)
+    if secure and api != "legacy":  # Flower 1.42 has SecAgg+ on the legacy API only
+        log(
+            WARNING,
+            "run config 'secure-aggregation': true runs the legacy API (SecAgg+ has no "
+            "Message-API workflow in Flower 1.42); api=%r is overridden",
+            api,
+        )
+        api = "legacy"
     if strategy == "fedadmm-client-duals":
         _check_client_duals(config)
     key_binding = _choice(config, "key-binding", KEY_BINDINGS)

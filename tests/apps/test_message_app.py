@@ -146,6 +146,20 @@ def test_the_admm_strategies_on_the_message_api_in_process(tmp_path, strategy):
     assert document["rounds"][0]["relative_gap"] > last["relative_gap"] > 0
 
 
+def test_fedadmm_on_the_message_api_reaches_1e9_within_40_rounds(tmp_path):
+    """Issue 11: the app on api=message (the seed task's settings: 10 clients, 20 local
+    steps, lr 1, rho 0.1) reaches a 1e-9 relative gap within 40 rounds; the same
+    ServerApp and ClientApp code as `flwr run` (run in Flower's engine elsewhere)."""
+    from app_runs import run_message
+
+    run_message({"strategy": "fedadmm", "num-server-rounds": 40, "output-dir": str(tmp_path)})
+    document, problems = check_result(tmp_path / "seed-logreg", "fedadmm", 40)
+    assert problems == []
+    gaps = [r["relative_gap"] for r in document["rounds"]]
+    assert gaps[-1] <= 1e-9  # measured: <= 1e-9 from round 26, 1.73e-14 at 40
+    assert all(r["num_rejected"] == 0 for r in document["rounds"][1:])
+
+
 def test_the_client_app_answers_the_partition_query_itself():
     query = Message(
         content=RecordDict({PARTITION_QUERY: ConfigRecord()}),

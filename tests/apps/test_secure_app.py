@@ -20,11 +20,16 @@ from simulations.launcher import APP_DIR, LocalFlower
 from simulations.report import check_result
 
 
-def test_secure_aggregation_picks_the_secure_strategy_on_the_legacy_path():
+def test_secure_aggregation_picks_the_secure_strategy_on_the_legacy_path(monkeypatch):
+    from simulations.admm_app import run_config
+
+    warnings: list[str] = []
+    monkeypatch.setattr(run_config, "log", lambda level, msg, *args: warnings.append(msg % args))
     settings = parse_run_config(
         {"strategy": "fedadmm-client-duals", "secure-aggregation": True, "api": "message"}
     )
     assert settings.secure_aggregation and settings.api == "legacy"
+    assert len(warnings) == 1 and "api='message' is overridden" in warnings[0]  # said, not silent
     task = get_task(settings.task, settings.seed, settings.task_options())
     settings = parse_run_config(
         {"strategy": "fedadmm-client-duals", "secure-aggregation": True}, task.defaults
@@ -66,7 +71,7 @@ def test_flwr_run_with_secure_aggregation(tmp_path):
                 "strategy": "fedadmm-client-duals",
                 "secure-aggregation": True,
                 "api": "message",
-                "num-server-rounds": 3,
+                "num-server-rounds": 17,
                 "output-dir": str(output_dir),
             },
             num_supernodes=10,
@@ -75,11 +80,14 @@ def test_flwr_run_with_secure_aggregation(tmp_path):
         )
     log = outcome.log_path.read_text()
     assert outcome.returncode == 0, log[-3000:]
-    document, problems = check_result(output_dir / "seed-logreg", "fedadmm-client-duals", 3)
+    document, problems = check_result(output_dir / "seed-logreg", "fedadmm-client-duals", 17)
     assert problems == [], log[-3000:]
-    assert log.count("Secure aggregation completed") == 3
+    assert log.count("Secure aggregation completed") == 17
     rounds = [r for r in document["rounds"] if r["round"] > 0]
-    assert [r["num_results"] for r in rounds] == [10, 10, 10]
+    assert [r["num_results"] for r in rounds] == [10] * 17
     assert all(r["fit_metrics"]["num_secure_dropped"] == 0 for r in rounds)
     # The same gaps as the run without SecAgg+ to 3 digits (measured 0.192, 0.0616, 0.0236).
-    assert [round(r["relative_gap"], 4) for r in rounds] == [0.192, 0.0616, 0.0236]
+    assert [round(r["relative_gap"], 4) for r in rounds[:3]] == [0.192, 0.0616, 0.0236]
+    # Issue 13: 1e-6 within 100 rounds under SecAgg+ in Flower's engine; measured at
+    # round 17, as without SecAgg+ (docs/secure_aggregation.md).
+    assert rounds[-1]["relative_gap"] <= 1e-6

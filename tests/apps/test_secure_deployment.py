@@ -2,12 +2,12 @@
 
 One deployment (2 registered SuperNodes + 1 SuperNode whose key was never registered,
 TLS with a CA made for the run, ``--enable-supernode-auth``) serves a FedADMM run and a
-FedADMMClientDuals run of 2 rounds each (legacy API). Both must complete with exactly
-the registered nodes' replies; the unregistered SuperNode must be refused (its log and
-exit status, the SuperLink's answer, the node list, the results). Where the test runs
-as root the SuperLink and each SuperNode have their own network namespace (traffic
-crosses veth interfaces); elsewhere loopback. Everything is stopped by PID and the
-namespaces removed, also when a test fails.
+FedADMMClientDuals run of 2 rounds each (the app's default api, message). Both must
+complete with exactly the registered nodes' replies; the unregistered SuperNode must
+be refused (its log and exit status, the SuperLink's answer, the node list, the
+results). Where the test runs as root the SuperLink and each SuperNode have their own
+network namespace (traffic crosses veth interfaces); elsewhere loopback. Everything is
+stopped by PID and the namespaces removed, also when a test fails.
 """
 
 from __future__ import annotations

@@ -47,10 +47,14 @@ def run_message(run_config: dict, num_clients: int = 10) -> InProcessGrid:
     return grid
 
 
-def objectives(tmp_path, task: str, stem: str) -> list[float]:  # type: ignore[no-untyped-def]
-    document, problems = check_result(tmp_path / task, stem, ROUNDS)
+def rounds_of(tmp_path, task: str, stem: str, rounds: int = ROUNDS) -> list[dict]:  # type: ignore[no-untyped-def]
+    document, problems = check_result(tmp_path / task, stem, rounds)
     assert problems == []
-    return [r["objective"] for r in document["rounds"]]
+    return document["rounds"]
+
+
+def objectives(tmp_path, task: str, stem: str, rounds: int = ROUNDS) -> list[float]:  # type: ignore[no-untyped-def]
+    return [r["objective"] for r in rounds_of(tmp_path, task, stem, rounds)]
 
 
 def config(tmp_path, tag: str, **extra: object) -> dict:  # type: ignore[no-untyped-def]
@@ -77,13 +81,31 @@ def test_torch_clients_reach_the_numpy_clients_objectives(tmp_path) -> None:  # 
     assert message_f[1:] == pytest.approx(torch_f, rel=1e-12)
 
 
+def test_torch_clients_on_seed_logreg_reach_1e5_in_60_rounds_where_fedavg_stalls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14: framework=torch, the task's own settings (20 local steps, lr 1, rho 0.1)."""
+    for strategy in ("fedadmm", "fedavg"):
+        run_config = config(tmp_path, "torch60", framework="torch", strategy=strategy)
+        del run_config["local-steps"]
+        run_message({**run_config, "num-server-rounds": 60})
+    admm = [r["relative_gap"] for r in rounds_of(tmp_path, "seed-logreg", "fedadmm-torch60", 60)]
+    fedavg = [r["relative_gap"] for r in rounds_of(tmp_path, "seed-logreg", "fedavg-torch60", 60)]
+    assert admm[-1] <= 1e-5  # measured: below 1e-5 from round 13 on (docs/torch.md)
+    assert 5e-4 <= fedavg[-1] <= 1e-3  # measured 7.46e-4: FedAvg's biased fixed point
+    assert min(fedavg[20:]) >= 5e-4  # stalled, not slow
+
+
 def test_cnn_sends_batchnorm_statistics_averaged_and_counters_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Also issue 14's target: the CNN reaches 80% test accuracy within 5 rounds."""
     run_config = config(tmp_path, "cnn", framework="torch", task="digits", model="cnn")
     del run_config["local-steps"]  # the task's default: one epoch of batches of 16
+    run_config["num-server-rounds"] = 5
     grid = run_message(run_config)
-    first = objectives(tmp_path, "digits", "fedadmm-cnn")
+    cnn_rounds = rounds_of(tmp_path, "digits", "fedadmm-cnn", 5)
+    first = [r["objective"] for r in cnn_rounds]
+    # measured 0.052, 0.087, 0.337, 0.399, 0.837, 0.806 (rounds 0-5)
+    assert max(r["test_accuracy"] for r in cnn_rounds) >= 0.80
     last_round = [
-        m for m in grid.sent if m.content.config_records["config"].get("server-round") == ROUNDS
+        m for m in grid.sent if m.content.config_records["config"].get("server-round") == 5
     ]
     train = [m for m in last_round if "rho" in m.content.config_records["config"]]
     assert len(train) == 10
@@ -97,7 +119,7 @@ def test_cnn_sends_batchnorm_statistics_averaged_and_counters_kept(tmp_path) -> 
     assert not np.array_equal(weights[0], weights[1])  # v_i = z - u_i differs per node
     # deterministic: a rerun gives the same objectives bit for bit
     run_message({**run_config, "run-tag": "cnn-again"})
-    assert objectives(tmp_path, "digits", "fedadmm-cnn-again") == first
+    assert objectives(tmp_path, "digits", "fedadmm-cnn-again", 5) == first
 
 
 def test_cnn_needs_framework_torch_and_secagg_numpy(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -191,6 +191,31 @@ def test_a_key_whose_node_left_starts_fresh_under_the_new_node() -> None:
     assert strategy.admm.records["partition-id:0"].num_examples == 5
 
 
+def test_key_binding_authenticated_never_hands_a_key_to_a_new_node() -> None:
+    """Under SuperNode authentication a node keeps its id: a key whose node left is not
+    rebound to a newcomer (the "node" binding would evict and rebind it, above); the
+    owner's dual and cached w_i stay bit for bit; the owner's return is accepted."""
+    strategy = started(key_binding="authenticated")
+    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z1 is not None and strategy.admm is not None
+    record = strategy.admm.records["partition-id:0"]
+    y_before, w_before = record.y[0].copy(), record.w[0].copy()
+    configure(strategy, 2, z1, FakeGrid([99, NODES[1]]))  # node 21 is away, 99 joined
+    intruder = reply(99, w_of(3), **{"num-examples": 5, "partition-id": 0})
+    z2, metrics = strategy.aggregate_train(2, [intruder, good(1)])
+    assert metrics is not None and z2 is not None
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    assert metrics["num_evicted"] == 0 and metrics["num_replies"] == 1
+    assert strategy.binding.node_of["partition-id:0"] == str(NODES[0])
+    record = strategy.admm.records["partition-id:0"]
+    np.testing.assert_array_equal(record.y[0], y_before)
+    np.testing.assert_array_equal(record.w[0], w_before)
+    configure(strategy, 3, z2, FakeGrid(NODES))  # the owner is back under its own id
+    _, metrics = strategy.aggregate_train(3, [good(0), good(1)])
+    assert metrics is not None and metrics["num_replies"] == 2
+    assert metrics["num_key_conflicts"] == 0
+
+
 def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
     """A key under a new node keeps its dual; the round it trained around z is resynced."""
     strategy = started(key_binding="reported")
