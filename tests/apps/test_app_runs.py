@@ -289,11 +289,12 @@ def _is_zombie(pid):
     return stat[stat.rindex(")") + 2] == "Z"
 
 
+@pytest.mark.parametrize("model", [{}, {"framework": "torch", "model": "cnn"}], ids=["mlp", "cnn"])
 @pytest.mark.parametrize(
     "task, shape, column", [("mnist", (28, 28), "image"), ("cifar10", (32, 32, 3), "img")]
 )
 def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
-    tmp_path, monkeypatch, task, shape, column
+    tmp_path, monkeypatch, task, shape, column, model
 ):
     """mnist/cifar10 download from the hub in real runs; here the same app code path
     runs on a small in-memory DatasetDict injected where the app loads its task."""
@@ -317,6 +318,7 @@ def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
             "num-clients": 4,
             "partitioner": "iid",
             "output-dir": str(tmp_path),
+            **model,
         }
         _run_in_process(config, num_clients=4)
     finally:
@@ -324,3 +326,5 @@ def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
     document, problems = check_result(tmp_path / task, "fedadmm", 2)
     assert problems == []
     assert np.isfinite(document["rounds"][-1]["test_accuracy"])
+    assert document["settings"]["framework"] == model.get("framework", "numpy")
+    assert document["settings"]["model"] == model.get("model", document["settings"]["model"])
