@@ -39,14 +39,44 @@ BACKEND_CONFIG = {
 }
 
 
+def timed_run_simulation(
+    strategy: Any, client_fn: Any, num_supernodes: int, rounds: int, stamps: list[float]
+) -> tuple[list[float], float]:
+    """Run `strategy` in Flower's Ray engine; return the round wall times and the total.
+
+    `stamps` is filled by the strategy's ``evaluate_fn`` (one `time.perf_counter()` per
+    call): stamps[0] at the initial parameters (round 0), stamps[k] after round k, so
+    the k-th round takes stamps[k] - stamps[k-1]. Raises RuntimeError unless every
+    round was timed.
+    """
+    import numpy as np
+    from flwr.client import ClientApp
+    from flwr.common import Context
+    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+    from flwr.simulation import run_simulation
+
+    def server_fn(context: Context) -> ServerAppComponents:
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
+
+    started = time.perf_counter()
+    run_simulation(
+        server_app=ServerApp(server_fn=server_fn),
+        client_app=ClientApp(client_fn=client_fn),
+        num_supernodes=num_supernodes,
+        backend_config=BACKEND_CONFIG,  # type: ignore[arg-type]
+    )
+    total = time.perf_counter() - started
+    durations = np.diff(stamps).tolist()
+    if len(durations) != rounds:
+        raise RuntimeError(f"expected {rounds} timed rounds, got {len(durations)}")
+    return durations, total
+
+
 def run_worker(strategy_name: str, rounds: int) -> dict[str, Any]:
     """One `run_simulation` of `rounds` rounds; returns per-round wall times."""
-    import numpy as np
-    from flwr.client import Client, ClientApp
+    from flwr.client import Client
     from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters
-    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
     from flwr.server.strategy import FedAvg
-    from flwr.simulation import run_simulation
 
     from flwr_admm import ADMMClient, FedADMM
     from flwr_admm.data import load_task
@@ -67,26 +97,12 @@ def run_worker(strategy_name: str, rounds: int) -> dict[str, Any]:
     }
     strategy = FedADMM(rho=RHO, **kwargs) if strategy_name == "FedADMM" else FedAvg(**kwargs)
 
-    def server_fn(context: Context) -> ServerAppComponents:
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
-
     def client_fn(context: Context) -> Client:
         i = int(context.node_config["partition-id"])
         model = task.make_model()
         return ADMMClient(model, task.data.X[i], task.data.y[i], context=context).to_client()
 
-    started = time.perf_counter()
-    run_simulation(
-        server_app=ServerApp(server_fn=server_fn),
-        client_app=ClientApp(client_fn=client_fn),
-        num_supernodes=NUM_CLIENTS,
-        backend_config=BACKEND_CONFIG,  # type: ignore[arg-type]
-    )
-    total = time.perf_counter() - started
-    # stamps[0]: the initial parameters (round 0); stamps[k]: after round k.
-    durations = np.diff(stamps).tolist()
-    if len(durations) != rounds:
-        raise RuntimeError(f"{strategy_name}: expected {rounds} rounds, timed {len(durations)}")
+    durations, total = timed_run_simulation(strategy, client_fn, NUM_CLIENTS, rounds, stamps)
     return {"strategy": strategy_name, "round_seconds": durations, "total_seconds": total}
 
 

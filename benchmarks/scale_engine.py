@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import format_table
-from benchmarks.engine import BACKEND_CONFIG, worker_env
+from benchmarks.engine import BACKEND_CONFIG, timed_run_simulation, worker_env
 
 NUM_SUPERNODES = 1000
 
@@ -32,11 +32,8 @@ def run_worker(name: str, fraction: float, rounds: int, supernodes: int) -> dict
     """One `run_simulation`; per-round wall times and the server process's max RSS."""
     import resource
 
-    import numpy as np
-    from flwr.client import Client, ClientApp
+    from flwr.client import Client
     from flwr.common import Context, NDArrays, Scalar
-    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
-    from flwr.simulation import run_simulation
 
     from benchmarks.scale import client_fn, make_strategy
 
@@ -47,23 +44,10 @@ def run_worker(name: str, fraction: float, rounds: int, supernodes: int) -> dict
 
     strategy = make_strategy(name, supernodes, fraction, evaluate_fn=evaluate_fn)
 
-    def server_fn(context: Context) -> ServerAppComponents:
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
-
     def client_app_fn(context: Context) -> Client:
         return client_fn(context).to_client()
 
-    started = time.perf_counter()
-    run_simulation(
-        server_app=ServerApp(server_fn=server_fn),
-        client_app=ClientApp(client_fn=client_app_fn),
-        num_supernodes=supernodes,
-        backend_config=BACKEND_CONFIG,  # type: ignore[arg-type]
-    )
-    total = time.perf_counter() - started
-    durations = np.diff(stamps).tolist()  # stamps[0]: round 0; stamps[k]: after round k
-    if len(durations) != rounds:
-        raise RuntimeError(f"{name}: expected {rounds} rounds, timed {len(durations)}")
+    durations, total = timed_run_simulation(strategy, client_app_fn, supernodes, rounds, stamps)
     return {
         "strategy": name,
         "fraction": fraction,

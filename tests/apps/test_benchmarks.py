@@ -161,33 +161,11 @@ def test_engine_quick_reports_seconds_per_round(tmp_path: Path) -> None:
         assert all(positive(t) for t in run["round_seconds"])
 
 
-def test_scale_quick_reports_times_and_state_per_strategy(tmp_path: Path) -> None:
+@pytest.mark.ray
+def test_scale_quick_reports_times_state_and_engine_ratios_per_strategy(tmp_path: Path) -> None:
+    """One quick run of both parts (the in-process driver, then the Ray engine)."""
     out_file = tmp_path / "scale.json"
     out = run_module(
-        "benchmarks.scale",
-        "--quick",
-        "--skip-engine",
-        "--output",
-        str(out_file),
-        "--plot-dir",
-        str(tmp_path),
-    )
-    assert "aggregate_fit ms" in out
-    document = load(out_file)
-    rows = document["driver"]
-    assert {row["strategy"] for row in rows} == {"FedAvg", "FedADMM", "FedADMMClientDuals"}
-    assert {row["num_clients"] for row in rows} == {20, 100}
-    for row in rows:
-        for key in ("mean_round_seconds", "mean_aggregate_fit_seconds", "round_ratio_vs_fedavg"):
-            assert positive(row[key]), (key, row)
-        assert row["retained_state_bytes"] >= 0
-    assert (tmp_path / "scale_driver.png").stat().st_size > 0
-
-
-@pytest.mark.ray
-def test_scale_engine_quick_reports_ratios(tmp_path: Path) -> None:
-    out_file = tmp_path / "scale.json"
-    run_module(
         "benchmarks.scale",
         "--quick",
         "--output",
@@ -196,8 +174,19 @@ def test_scale_engine_quick_reports_ratios(tmp_path: Path) -> None:
         str(tmp_path),
         timeout=600,
     )
-    runs = load(out_file)["engine"]["runs"]
-    assert {run["strategy"] for run in runs} == {"FedAvg", "FedADMM", "FedADMMClientDuals"}
+    assert "aggregate_fit ms" in out
+    document = load(out_file)
+    strategies = {"FedAvg", "FedADMM", "FedADMMClientDuals"}
+    rows = document["driver"]
+    assert {row["strategy"] for row in rows} == strategies
+    assert {row["num_clients"] for row in rows} == {20, 100}
+    for row in rows:
+        for key in ("mean_round_seconds", "mean_aggregate_fit_seconds", "round_ratio_vs_fedavg"):
+            assert positive(row[key]), (key, row)
+        assert row["retained_state_bytes"] >= 0
+    assert (tmp_path / "scale_driver.png").stat().st_size > 0
+    runs = document["engine"]["runs"]
+    assert {run["strategy"] for run in runs} == strategies
     for run in runs:
         assert positive(run["ratio_vs_fedavg"]) and positive(run["mean_round_seconds"])
 
