@@ -40,20 +40,27 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "AA RB": {**AA, "rho_schedule": ResidualBalancing()},
     "AA RB alpha 1.6": {**AA, "rho_schedule": ResidualBalancing(), "relaxation": 1.6},
 }
-# Memory and safeguard variants (m, D) of "AA alpha 1.6"; the others use m = 5, D = 1.
-VARIANTS: dict[str, tuple[int, float]] = {
-    "AA alpha 1.6 m=1": (1, 1.0),
-    "AA alpha 1.6 m=3": (3, 1.0),
-    "AA alpha 1.6 m=10": (10, 1.0),
-    "AA alpha 1.6 D=2": (5, 2.0),
-    "AA alpha 1.6 no safeguard": (5, 1e300),
+# Variants (m, D, only the replying clients' y_i move) of "AA alpha 1.6" and
+# "AA RB alpha 1.6"; the others use m = 5, D = 1 and move every cached y_i.
+VARIANTS: dict[str, tuple[int, float, bool]] = {
+    "AA alpha 1.6 m=1": (1, 1.0, False),
+    "AA alpha 1.6 m=3": (3, 1.0, False),
+    "AA alpha 1.6 m=10": (10, 1.0, False),
+    "AA alpha 1.6 D=2": (5, 2.0, False),
+    "AA alpha 1.6 no safeguard": (5, 1e300, False),
+    "AA alpha 1.6 replied-only": (5, 1.0, True),
+    "AA RB alpha 1.6 replied-only": (5, 1.0, True),
+    "AA RB alpha 1.6 m=3": (3, 1.0, False),
+    "AA RB alpha 1.6 no safeguard": (5, 1e300, False),
 }
 for _label in VARIANTS:
-    CANDIDATES[_label] = CANDIDATES["AA alpha 1.6"]
+    CANDIDATES[_label] = CANDIDATES["AA RB alpha 1.6" if "RB" in _label else "AA alpha 1.6"]
 
 
 @contextmanager
-def anderson_memory(memory: int, safeguard: float) -> Iterator[list[AndersonMemory]]:
+def anderson_memory(
+    memory: int, safeguard: float, replied_only: bool
+) -> Iterator[list[AndersonMemory]]:
     """Build every ConsensusADMM of the block with AndersonMemory(memory, safeguard)."""
     built: list[AndersonMemory] = []
     original = ConsensusSettings.new_admm
@@ -62,6 +69,7 @@ def anderson_memory(memory: int, safeguard: float) -> Iterator[list[AndersonMemo
         admm = original(self, z)
         if admm.anderson is not None:
             admm.anderson.accel = AndersonMemory(memory=memory, safeguard=safeguard)
+            admm.anderson.replied_only = replied_only
             built.append(admm.anderson.accel)
         return admm
 
@@ -71,14 +79,15 @@ def anderson_memory(memory: int, safeguard: float) -> Iterator[list[AndersonMemo
 
 def run_labelled(problem: Any, label: str, fraction: float) -> dict[str, Any]:
     """Run one candidate; report the Anderson steps accepted and rejected."""
-    memory, safeguard = VARIANTS.get(label, (5, 1.0))
-    with anderson_memory(memory, safeguard) as built:
+    memory, safeguard, replied_only = VARIANTS.get(label, (5, 1.0, False))
+    with anderson_memory(memory, safeguard, replied_only) as built:
         run = run_candidate(problem, CANDIDATES[label], fraction)
     if built:
         accel = built[-1]
         run["anderson"] = {
             "memory": memory,
             "safeguard": safeguard,
+            "replied_only": replied_only,
             "accepted": accel.accepted,
             "rejected": accel.rejected,
             "restarts": accel.restarts,

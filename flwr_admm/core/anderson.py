@@ -139,6 +139,7 @@ class AndersonADMM:
     y_before: dict[str, Arrays] = field(default_factory=dict)
     cached_before: frozenset[str] = frozenset()
     signature: tuple[object, ...] | None = None  # (rho, keys, n_i, s_i) of the memory
+    replied_only: bool = False  # keep the y_i of clients absent this round where they are
 
     def remember(self, z: Arrays, records: dict[str, ClientRecord], keys: Collection[str]) -> None:
         """Copy z and y_i of the sampled clients already cached (x_k's changing parts)."""
@@ -153,6 +154,7 @@ class AndersonADMM:
         sums: RunningSums,
         rho: float,
         rho_changed: bool,
+        replied: Collection[str] = (),
     ) -> Arrays:
         """Return z_{k+1}; move every cached y_i to x_{k+1} and recompute S_y."""
         keys = sorted(records, key=natural_key)
@@ -183,6 +185,8 @@ class AndersonADMM:
         out = self.accel.step(x, f)
         parts = _unflatten(out, scales, z)
         for key, part in zip(keys, parts[1:], strict=True):
+            if self.replied_only and key not in replied:
+                continue
             for y, t in zip(records[key].y, part, strict=True):
                 y[...] = t
         for acc in sums.ny:  # S_y = sum n_i y_i, exactly in key order

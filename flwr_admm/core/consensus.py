@@ -339,7 +339,7 @@ class ConsensusADMM:
         if self.anderson is not None and rho > 0.0:
             with single_thread_blas():  # x_{k+1} from x_k and T(x_k) = (z', y')
                 self.z = self.anderson.step(
-                    self.z, self.records, self.sums, rho, rho_changed=self.rho != rho
+                    self.z, self.records, self.sums, rho, self.rho != rho, rnd.keys
                 )
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
