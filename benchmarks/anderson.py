@@ -52,14 +52,17 @@ VARIANTS: dict[str, tuple[int, float, bool]] = {
     "AA RB alpha 1.6 replied-only": (5, 1.0, True),
     "AA RB alpha 1.6 m=3": (3, 1.0, False),
     "AA RB alpha 1.6 no safeguard": (5, 1e300, False),
+    "AA alpha 1.6 patience 5": (5, 1.0, False),
+    "AA RB alpha 1.6 patience 5": (5, 1.0, False),
 }
+PATIENCE = {"AA alpha 1.6 patience 5": 5, "AA RB alpha 1.6 patience 5": 5}
 for _label in VARIANTS:
     CANDIDATES[_label] = CANDIDATES["AA RB alpha 1.6" if "RB" in _label else "AA alpha 1.6"]
 
 
 @contextmanager
 def anderson_memory(
-    memory: int, safeguard: float, replied_only: bool
+    memory: int, safeguard: float, replied_only: bool, patience: int = 0
 ) -> Iterator[list[AndersonMemory]]:
     """Build every ConsensusADMM of the block with AndersonMemory(memory, safeguard)."""
     built: list[AndersonMemory] = []
@@ -70,6 +73,7 @@ def anderson_memory(
         if admm.anderson is not None:
             admm.anderson.accel = AndersonMemory(memory=memory, safeguard=safeguard)
             admm.anderson.replied_only = replied_only
+            admm.anderson.accel.patience = patience
             built.append(admm.anderson.accel)
         return admm
 
@@ -80,7 +84,8 @@ def anderson_memory(
 def run_labelled(problem: Any, label: str, fraction: float) -> dict[str, Any]:
     """Run one candidate; report the Anderson steps accepted and rejected."""
     memory, safeguard, replied_only = VARIANTS.get(label, (5, 1.0, False))
-    with anderson_memory(memory, safeguard, replied_only) as built:
+    patience = PATIENCE.get(label, 0)
+    with anderson_memory(memory, safeguard, replied_only, patience) as built:
         run = run_candidate(problem, CANDIDATES[label], fraction)
     if built:
         accel = built[-1]
@@ -88,6 +93,7 @@ def run_labelled(problem: Any, label: str, fraction: float) -> dict[str, Any]:
             "memory": memory,
             "safeguard": safeguard,
             "replied_only": replied_only,
+            "patience": patience,
             "accepted": accel.accepted,
             "rejected": accel.rejected,
             "restarts": accel.restarts,

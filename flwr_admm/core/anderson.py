@@ -25,7 +25,7 @@ Safeguard (checked a posteriori: a round is the only way to evaluate T): when x_
 was an extrapolated point and ||g_k|| > D ||g_{k-1}||, the extrapolation is
 rejected; the memory restarts from (x_k, g_k) and the plain step x_{k+1} = f_k is
 taken, which keeps the round's client work (the "nesterov" choice of
-`flwr_admm.core.acceleration`). A change of rho, of the cached clients or of their
+`flwr_admm.core.acceleration`); with `patience` P > 0 the next P steps stay plain. A change of rho, of the cached clients or of their
 n_i or s_i (the coordinates change), or a non-finite residual, also restarts the
 memory. The memory costs 2 m (N + 1) model-sized float64 vectors; it is not
 checkpointed (a resumed run restarts it).
@@ -69,6 +69,7 @@ class AndersonMemory:
     memory: int = DEFAULT_MEMORY
     safeguard: float = DEFAULT_SAFEGUARD
     regularization: float = DEFAULT_REGULARIZATION
+    patience: int = 0  # plain steps after a rejection before the next extrapolation
     dx: list[Vector] = field(default_factory=list)
     dg: list[Vector] = field(default_factory=list)
     x_prev: Vector | None = None
@@ -77,12 +78,17 @@ class AndersonMemory:
     accepted: int = 0
     rejected: int = 0
     restarts: int = 0
+    _wait: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.memory, bool) or not (isinstance(self.memory, int) and self.memory > 0):
             raise ValueError(f"memory: must be an int >= 1, got {self.memory!r}")
         if not (math.isfinite(self.safeguard) and self.safeguard > 0):
             raise ValueError(f"safeguard: must be a finite number > 0, got {self.safeguard!r}")
+        if isinstance(self.patience, bool) or not (
+            isinstance(self.patience, int) and self.patience >= 0
+        ):
+            raise ValueError(f"patience: must be an int >= 0, got {self.patience!r}")
         if not (math.isfinite(self.regularization) and self.regularization >= 0):
             raise ValueError(
                 f"regularization: must be a finite number >= 0, got {self.regularization!r}"
@@ -104,6 +110,7 @@ class AndersonMemory:
             if np.linalg.norm(g) > self.safeguard * np.linalg.norm(self.g_prev):
                 self.rejected += 1
                 self.restart()  # and remember (x_k, g_k) as the first pair
+                self._wait = self.patience
             else:
                 self.accepted += 1
         if self.x_prev is not None and self.g_prev is not None:
@@ -113,6 +120,9 @@ class AndersonMemory:
         self.x_prev, self.g_prev = x, g
         self.extrapolated = False
         if not self.dg:
+            return f
+        if self._wait > 0:  # patience after a rejection
+            self._wait -= 1
             return f
         dx, dg = np.stack(self.dx, axis=1), np.stack(self.dg, axis=1)
         gamma = anderson_weights(g, dg, self.regularization)

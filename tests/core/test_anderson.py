@@ -77,7 +77,8 @@ def test_safeguard_rejects_an_extrapolation_whose_residual_grew() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("memory", 0), ("memory", 2.0), ("safeguard", 0.0), ("regularization", -1)]
+    ("field", "value"),
+    [("memory", 0), ("memory", 2.0), ("safeguard", 0.0), ("regularization", -1), ("patience", -1)],
 )
 def test_bad_settings_raise(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -141,3 +142,19 @@ def test_settings_accept_anderson() -> None:
     assert settings.new_admm([np.zeros(2)]).anderson is not None
     with pytest.raises(ValueError, match="acceleration"):
         ConsensusSettings(acceleration="andersen")
+
+
+def test_patience_waits_that_many_plain_steps_after_a_rejection() -> None:
+    accel = AndersonMemory(memory=2, safeguard=1.0, patience=2)
+    accel.step(np.zeros(2), np.array([1.0, 0.0]))
+    x2 = accel.step(np.array([1.0, 0.0]), np.array([1.0, 0.5]))
+    assert accel.extrapolated
+    x = x2
+    for _ in range(3):  # the rejection, then two plain steps although pairs are stored
+        f = x + np.array([3.0, 3.0]) if x is x2 else x + np.array([0.1, -0.2]) / (1 + x[0])
+        out = accel.step(x, f)
+        assert np.array_equal(out, f) and not accel.extrapolated
+        x = out
+    assert accel.rejected == 1 and len(accel.dg) == 2
+    accel.step(x, x + np.array([0.01, 0.02]))
+    assert accel.extrapolated  # the wait is over
