@@ -25,10 +25,11 @@ Safeguard (checked a posteriori: a round is the only way to evaluate T): when x_
 was an extrapolated point and ||g_k|| > D ||g_{k-1}||, the extrapolation is
 rejected; the memory restarts from (x_k, g_k) and the plain step x_{k+1} = f_k is
 taken, which keeps the round's client work (the "nesterov" choice of
-`flwr_admm.core.acceleration`); with `patience` P > 0 the next P steps stay plain. A change of rho, of the cached clients or of their
-n_i or s_i (the coordinates change), or a non-finite residual, also restarts the
-memory. The memory costs 2 m (N + 1) model-sized float64 vectors; it is not
-checkpointed (a resumed run restarts it).
+`flwr_admm.core.acceleration`); with `patience` P > 0 the next P steps stay plain.
+A change of rho, of the cached clients or of their n_i or s_i (the coordinates
+change), or a non-finite residual, also restarts the memory. The memory costs
+2 m (N + 1) model-sized float64 vectors; it is not checkpointed (a resumed run
+restarts it).
 """
 
 from __future__ import annotations
