@@ -158,3 +158,16 @@ def test_patience_waits_that_many_plain_steps_after_a_rejection() -> None:
     assert accel.rejected == 1 and len(accel.dg) == 2
     accel.step(x, x + np.array([0.01, 0.02]))
     assert accel.extrapolated  # the wait is over
+
+
+def test_a_restored_checkpoint_restarts_the_memory_and_still_converges() -> None:
+    data = clients([30, 50, 20, 40], d=6, seed=3)
+    admm = ConsensusADMM([np.zeros(6)], rho=1.0, acceleration="anderson")
+    assert _rounds_to(admm, data, 0.05, 10) is None  # 10 rounds: memory filled
+    assert admm.anderson is not None and admm.anderson.accel.dg
+    arrays, meta = admm.state_dict()
+    resumed = ConsensusADMM([np.zeros(6)], rho=1.0, acceleration="anderson")
+    resumed.load_state_dict(arrays, meta)
+    assert np.array_equal(resumed.z[0], admm.z[0])
+    assert resumed.anderson is not None and not resumed.anderson.accel.dg
+    assert _rounds_to(resumed, data, 0.05, 400) is not None
