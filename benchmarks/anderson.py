@@ -40,40 +40,41 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "AA RB": {**AA, "rho_schedule": ResidualBalancing()},
     "AA RB alpha 1.6": {**AA, "rho_schedule": ResidualBalancing(), "relaxation": 1.6},
 }
-# Variants (m, D, only the replying clients' y_i move) of "AA alpha 1.6" and
-# "AA RB alpha 1.6"; the others use m = 5, D = 1 and move every cached y_i.
-VARIANTS: dict[str, tuple[int, float, bool]] = {
-    "AA alpha 1.6 m=1": (1, 1.0, False),
-    "AA alpha 1.6 m=3": (3, 1.0, False),
-    "AA alpha 1.6 m=10": (10, 1.0, False),
-    "AA alpha 1.6 D=2": (5, 2.0, False),
-    "AA alpha 1.6 no safeguard": (5, 1e300, False),
-    "AA alpha 1.6 replied-only": (5, 1.0, True),
-    "AA RB alpha 1.6 replied-only": (5, 1.0, True),
-    "AA RB alpha 1.6 m=3": (3, 1.0, False),
-    "AA RB alpha 1.6 no safeguard": (5, 1e300, False),
-    "AA alpha 1.6 patience 5": (5, 1.0, False),
-    "AA RB alpha 1.6 patience 5": (5, 1.0, False),
+# Variants of "AA alpha 1.6" and "AA RB alpha 1.6": AndersonMemory keywords (memory
+# m, safeguard D, patience, regularization lam) and "replied_only" (only the replying
+# clients' y_i move); the others use the module defaults and move every cached y_i.
+NO_SAFEGUARD = 1e300
+VARIANTS: dict[str, dict[str, Any]] = {
+    "AA alpha 1.6 m=1": {"memory": 1},
+    "AA alpha 1.6 m=3": {"memory": 3},
+    "AA alpha 1.6 m=10": {"memory": 10},
+    "AA alpha 1.6 D=2": {"safeguard": 2.0},
+    "AA alpha 1.6 no safeguard": {"safeguard": NO_SAFEGUARD},
+    "AA alpha 1.6 replied-only": {"replied_only": True},
+    "AA RB alpha 1.6 replied-only": {"replied_only": True},
+    "AA RB alpha 1.6 m=3": {"memory": 3},
+    "AA RB alpha 1.6 no safeguard": {"safeguard": NO_SAFEGUARD},
+    "AA alpha 1.6 patience 5": {"patience": 5},
+    "AA RB alpha 1.6 patience 5": {"patience": 5},
+    "AA alpha 1.6 lam=1e-2": {"regularization": 1e-2},
+    "AA RB alpha 1.6 lam=1e-2": {"regularization": 1e-2},
 }
-PATIENCE = {"AA alpha 1.6 patience 5": 5, "AA RB alpha 1.6 patience 5": 5}
 for _label in VARIANTS:
     CANDIDATES[_label] = CANDIDATES["AA RB alpha 1.6" if "RB" in _label else "AA alpha 1.6"]
 
 
 @contextmanager
-def anderson_memory(
-    memory: int, safeguard: float, replied_only: bool, patience: int = 0
-) -> Iterator[list[AndersonMemory]]:
-    """Build every ConsensusADMM of the block with AndersonMemory(memory, safeguard)."""
+def anderson_memory(variant: dict[str, Any]) -> Iterator[list[AndersonMemory]]:
+    """Build every ConsensusADMM of the block with the variant's Anderson settings."""
     built: list[AndersonMemory] = []
     original = ConsensusSettings.new_admm
+    keywords = {k: v for k, v in variant.items() if k != "replied_only"}
 
     def new_admm(self: ConsensusSettings, z: Any) -> ConsensusADMM:
         admm = original(self, z)
         if admm.anderson is not None:
-            admm.anderson.accel = AndersonMemory(memory=memory, safeguard=safeguard)
-            admm.anderson.replied_only = replied_only
-            admm.anderson.accel.patience = patience
+            admm.anderson.accel = AndersonMemory(**keywords)
+            admm.anderson.replied_only = bool(variant.get("replied_only", False))
             built.append(admm.anderson.accel)
         return admm
 
@@ -83,17 +84,17 @@ def anderson_memory(
 
 def run_labelled(problem: Any, label: str, fraction: float) -> dict[str, Any]:
     """Run one candidate; report the Anderson steps accepted and rejected."""
-    memory, safeguard, replied_only = VARIANTS.get(label, (5, 1.0, False))
-    patience = PATIENCE.get(label, 0)
-    with anderson_memory(memory, safeguard, replied_only, patience) as built:
+    variant = VARIANTS.get(label, {})
+    with anderson_memory(variant) as built:
         run = run_candidate(problem, CANDIDATES[label], fraction)
     if built:
         accel = built[-1]
         run["anderson"] = {
-            "memory": memory,
-            "safeguard": safeguard,
-            "replied_only": replied_only,
-            "patience": patience,
+            "memory": accel.memory,
+            "safeguard": accel.safeguard,
+            "patience": accel.patience,
+            "regularization": accel.regularization,
+            "replied_only": bool(variant.get("replied_only", False)),
             "accepted": accel.accepted,
             "rejected": accel.rejected,
             "restarts": accel.restarts,
