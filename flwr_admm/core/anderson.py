@@ -53,10 +53,17 @@ DEFAULT_REGULARIZATION = 1e-8  # lam
 
 
 def anderson_weights(g: Vector, dg: Vector, regularization: float) -> Vector:
-    """Return gamma = (dG^T dG + lam ||dG||_F^2 I)^-1 dG^T g (dG has one column per pair)."""
+    """Return gamma = (dG^T dG + lam ||dG||_F^2 I)^-1 dG^T g (dG has one column per pair).
+
+    A singular system (dG = 0 once the state stops moving, e.g. at float32 rounding,
+    or lam = 0 with dependent columns) takes the least-norm least-squares solution.
+    """
     gram = dg.T @ dg
     gram[np.diag_indices_from(gram)] += regularization * float(np.trace(gram))
-    return np.asarray(np.linalg.solve(gram, dg.T @ g), dtype=np.float64)
+    try:
+        return np.asarray(np.linalg.solve(gram, dg.T @ g), dtype=np.float64)
+    except np.linalg.LinAlgError:
+        return np.asarray(np.linalg.lstsq(gram, dg.T @ g, rcond=None)[0], dtype=np.float64)
 
 
 @dataclass
@@ -167,7 +174,14 @@ class AndersonADMM:
         rho_changed: bool,
         replied: Collection[str] = (),
     ) -> Arrays:
-        """Return z_{k+1}; move every cached y_i to x_{k+1} and recompute S_y."""
+        """Return z_{k+1}; move every cached y_i to x_{k+1} and recompute S_y.
+
+        A change of rho (`rho_changed`) restarts the memory and keeps the plain step.
+        """
+        if rho_changed:
+            self.accel.restart()
+            self.signature, self.y_before, self.z_before = None, {}, []
+            return z
         keys = sorted(records, key=natural_key)
         signature = (
             rho,
@@ -189,10 +203,6 @@ class AndersonADMM:
         x = _flatten(before, scales)
         f = _flatten(after, scales)
         self.y_before, self.z_before = {}, []
-        if rho_changed:
-            self.accel.restart()
-            self.signature = None
-            return z
         out = self.accel.step(x, f)
         parts = _unflatten(out, scales, z)
         for key, part in zip(keys, parts[1:], strict=True):

@@ -171,3 +171,20 @@ def test_a_restored_checkpoint_restarts_the_memory_and_still_converges() -> None
     assert np.array_equal(resumed.z[0], admm.z[0])
     assert resumed.anderson is not None and not resumed.anderson.accel.dg
     assert _rounds_to(resumed, data, 0.05, 400) is not None
+
+
+def test_float32_state_reaches_the_pooled_ridge_to_float32_rounding() -> None:
+    data = clients([30, 50, 20, 40], d=6, seed=3)
+    admm = ConsensusADMM([np.zeros(6)], rho=1.0, acceleration="anderson", state_dtype="float32")
+    for k in range(200):
+        ridge_round(admm, data, 0.05, [f"c{i}" for i in range(4)], k + 1)
+    assert all(r.y[0].dtype == np.float32 for r in admm.records.values())
+    assert rel(admm.z[0], pooled_ridge(data, 0.05)) < 1e-5
+
+
+def test_a_state_that_stopped_moving_takes_the_plain_step() -> None:
+    accel = AndersonMemory(memory=2)
+    x = np.array([1.0, 2.0])
+    for _ in range(4):  # dG = 0: the Gram matrix is 0, least squares gives gamma = 0
+        out = accel.step(x, x.copy())
+        assert np.array_equal(out, x)
