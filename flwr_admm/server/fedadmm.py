@@ -99,9 +99,8 @@ class FedADMM(ConsensusStrategy):
         z and the replying clients' duals are extrapolated between rounds, restarting
         when the combined residual grows; "nesterov" restarts from the current point
         (use it with partial participation), "goldstein" from the previous one.
-        "anderson": safeguarded Anderson acceleration of the round map on (z, y_i)
-        (`flwr_admm.core.anderson`); it only paid off with full participation and
-        deterministic local solvers (``python -m benchmarks.anderson``).
+        "anderson": Anderson acceleration of the round map (`flwr_admm.core.anderson`),
+        for full participation and deterministic local solvers (docs/tuning.md).
         "nesterov" by default; None is plain ADMM. No effect with rho = 0.
         Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
         textbook iteration is ``rho_schedule=Constant(), relaxation=1,
