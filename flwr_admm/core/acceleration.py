@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
-ACCELERATIONS = (None, "nesterov", "goldstein")
+ACCELERATIONS = (None, "nesterov", "goldstein", "anderson")
 DEFAULT_ETA = 0.999
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
+from flwr_admm.core.anderson import AndersonADMM
 from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
@@ -97,13 +98,16 @@ class ConsensusADMM:
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
         Over-relaxation alpha in (0, 2); 1 is plain ADMM.
-    acceleration : {None, "nesterov", "goldstein"}
+    acceleration : {None, "nesterov", "goldstein", "anderson"}
         Fast ADMM with restart (`flwr_admm.core.acceleration`): after each round z
         and the replying clients' duals move to their extrapolations z^, y^_i, which
         the next centers v_i = z^ - y^_i / rho_i are built from. "nesterov" restarts
         from the current point, "goldstein" from the previous one (Alg. 8).
+        "anderson": safeguarded type-II Anderson acceleration of the round map on
+        x = (z, y_1..y_N) (`flwr_admm.core.anderson`), moving z and every cached y_i.
     restart_eta : float
-        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1].
+        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1]
+        (fast ADMM only).
     state_dtype : {"float64", "float32"}
         Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
         the running sums stay float64. "float32" halves that state's memory and
@@ -132,6 +136,7 @@ class ConsensusADMM:
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
+    anderson: AndersonADMM | None = field(init=False, default=None, repr=False, compare=False)
     _compact: bool = field(init=False, default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -152,7 +157,9 @@ class ConsensusADMM:
         self.relaxation = float(alpha)
         check_acceleration(self.acceleration, self.restart_eta)
         self._compact = check_state_dtype(self.state_dtype) == np.float32
-        if self.acceleration is not None:
+        if self.acceleration == "anderson":
+            self.anderson = AndersonADMM()
+        elif self.acceleration is not None:
             to_previous = self.acceleration == "goldstein"
             self.fast = FastADMM(eta=float(self.restart_eta), to_previous=to_previous)
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
@@ -222,6 +229,8 @@ class ConsensusADMM:
         """
         uniform, relaxed = self.client_rho == "uniform", self.relaxation != 1.0
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
+        if self.anderson is not None:
+            self.anderson.remember(self.z, self.records, keys)  # x_k's parts the round moves
 
     def absorb(self, reply: Reply) -> None:
         """Store w_i, n_i of one replying client and fold it into S_w.
@@ -327,6 +336,11 @@ class ConsensusADMM:
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
+        if self.anderson is not None and rho > 0.0:
+            with single_thread_blas():  # x_{k+1} from x_k and T(x_k) = (z', y')
+                self.z = self.anderson.step(
+                    self.z, self.records, self.sums, rho, self.rho != rho, rnd.keys
+                )
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:

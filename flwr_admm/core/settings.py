@@ -60,10 +60,11 @@ class ConsensusSettings:
         Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
     relaxation : float
         Over-relaxation alpha in (0, 2) (kept as a float).
-    acceleration : {None, "nesterov", "goldstein"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
+    acceleration : {None, "nesterov", "goldstein", "anderson"}
+        Fast ADMM with restart (`flwr_admm.core.acceleration`), Anderson
+        acceleration (`flwr_admm.core.anderson`) or none.
     restart_eta : float
-        Its restart threshold eta in (0, 1].
+        Fast ADMM's restart threshold eta in (0, 1].
     state_dtype : {"float64", "float32"}
         Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
         float64); "float32" halves its memory and traffic (`ConsensusADMM`).

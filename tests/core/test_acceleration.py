@@ -179,7 +179,7 @@ def test_eviction_forgets_the_previous_dual() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"acceleration": "anderson"}, "acceleration"), ({"restart_eta": 1.5}, "restart_eta")],
+    [({"acceleration": "aitken"}, "acceleration"), ({"restart_eta": 1.5}, "restart_eta")],
 )
 def test_bad_acceleration_settings_are_refused(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
