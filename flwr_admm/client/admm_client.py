@@ -35,6 +35,7 @@ from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
 from flwr_admm.protocol import (
+    ACCEL_GAMMA,
     ACCURACY,
     ACK_ROUND,
     AUC,
@@ -184,10 +185,16 @@ class ADMMClient(NumPyClient):
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
             return peers.client_fit(self, received, config, plan, server_round, uplink)
+        z_k = None
+        if config.get(MODE_KEY) == MODE_CLIENT and ACCEL_GAMMA in config:
+            # fast ADMM: z^_{k+1}, then z_k (flwr_admm.core.dual_momentum)
+            half = len(received) // 2
+            received, z_k = received[:half], received[half:]
         self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:
             client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
-            return self._fit_client_duals(received, config, plan, server_round, uplink)
+            fast = client_duals.extrapolation(config, received, z_k)
+            return self._fit_client_duals(received, config, plan, server_round, uplink, fast)
         if RHO in config:
             rho = _nonnegative(config[RHO], RHO)
             # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
@@ -230,6 +237,7 @@ class ADMMClient(NumPyClient):
         plan: LocalPlan,
         server_round: int,
         uplink: ClientUplink,
+        fast: dual_math.Extrapolation | None = None,
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Run one round of `FedADMMClientDuals`: dual update, local solve, change.
 
@@ -244,7 +252,7 @@ class ADMMClient(NumPyClient):
         kept = self._kept_duals([t.shape for t in z])
         base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
         state = base.state
-        begin = dual_math.start_round(state, z)
+        begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
         previous = state.w if state is not None and self.local_init == "previous" else None
         start = [t.copy() for t in previous] if previous is not None else begin.center
         stream = [self.seed, int(self.partition_id or 0), server_round]
@@ -256,6 +264,8 @@ class ADMMClient(NumPyClient):
         n = int(self.X.shape[0])
         change = dual_math.contribution_change(state, w, begin.dual, n)
         secure = SecureRound.from_config(config)
+        if secure is not None and fast is not None:
+            raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
         if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
             rebuild, loss = _flag(config, REBUILD), float(result.loss)
             reply = secure_reply(
@@ -269,7 +279,9 @@ class ADMMClient(NumPyClient):
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])
         sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
-        pending = dual_math.DualState(w, begin.dual, n, server_round, sent.residual)
+        pending = dual_math.DualState(
+            w, begin.dual, n, server_round, sent.residual, begin.dual_prev
+        )
         if _flag(config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()

@@ -91,6 +91,8 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.dual_momentum import extrapolate, fast_config, momentum_for
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
@@ -100,6 +102,7 @@ from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
     NUM_CLIENTS_CACHED,
+    NUM_RESTARTS,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PREVIOUS_ROUND,
@@ -127,7 +130,7 @@ from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
 __all__ = ["FedADMMClientDuals"]
 
-UNSUPPORTED = ("local_dp", "uplink_residual", "restart_eta", "tensor_policy", "tensor_names")
+UNSUPPORTED = ("local_dp", "uplink_residual", "tensor_policy", "tensor_names")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
@@ -192,6 +195,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         client_rho: str = "uniform",
         relaxation: float = 1.0,
         acceleration: str | None = None,
+        restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
@@ -220,7 +224,10 @@ class FedADMMClientDuals(ConsensusStrategy):
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
+            restart_eta=restart_eta,
         )
+        self.acceleration = acceleration
+        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -245,7 +252,12 @@ class FedADMMClientDuals(ConsensusStrategy):
         ack = the round whose contribution S holds for the client's key (0: none);
         rebuild = 1 while a sweep needs that key's full share.
         """
-        common = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
+        common: dict[str, Scalar] = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
+        if self.momentum is not None and self.momentum.last is not None:
+            # fast ADMM: g and the restart kind; z_k after z^_{k+1}
+            common.update(fast_config(self.momentum))
+            z_k = _serialize(self.momentum.last.z, self._dtypes).tensors
+            parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
@@ -321,11 +333,18 @@ class FedADMMClientDuals(ConsensusStrategy):
         self._end_sweep()
         assert self.z is not None and self.contribution_sum is not None
         weight = self.total_examples + self.sweep.stale_examples
+        z_hat = [t.copy() for t in self.z] if self.momentum is not None else self.z
         with single_thread_blas():
             dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
         metrics, converged = round_residuals(
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
+        if self.momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
+            stats = self._stats
+            _, self.z = extrapolate(
+                self.momentum, self.z, z_hat, dz_sq, stats.n_delayed, stats.d2, self.rho
+            )
+            metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
@@ -365,6 +384,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
+            **({} if self.momentum is None else {"acceleration": self.acceleration}),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -380,6 +400,9 @@ class FedADMMClientDuals(ConsensusStrategy):
             "keys": list(self.clients),
             **sweep_manifest,
         }
+        if self.momentum is not None:
+            accel_arrays, manifest["acceleration"] = self.momentum.dump()
+            arrays.update(accel_arrays)
         return {**arrays, **sweep_arrays}, manifest
 
     def _load_state_dict(
@@ -395,6 +418,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = total, clients
+        if self.momentum is not None:
+            self.momentum.load(arrays, manifest["acceleration"], count)
         self._broadcast = None
 
 

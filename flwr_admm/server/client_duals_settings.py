@@ -3,9 +3,10 @@
 With the duals on the clients the server keeps only z, S = sum_i n_i c_i and
 N = sum_i n_i, so rho must be one constant > 0 for every client (a client's
 u_i = y_i / rho would change meaning under a new rho), the z-step is the plain
-z = prox_{g/rho}(S / N) (no over-relaxation, no extrapolation of z and the duals), and
-an uplink compressor must feed its error back (S would otherwise keep every
-compression error).
+z = prox_{g/rho}(S / N) (no over-relaxation), and an uplink compressor must feed its
+error back (S would otherwise keep every compression error). Fast ADMM
+(``acceleration``, ``restart_eta``) is checked as for `FedADMM`: the server
+extrapolates z, each client its own dual (`flwr_admm.core.dual_momentum`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flwr_admm.core.acceleration import DEFAULT_ETA, check_acceleration
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.uplink.compression import Compressor
@@ -30,6 +32,7 @@ def check_client_duals_settings(
     regularizer: Any,
     eps_abs: Any,
     eps_rel: Any,
+    restart_eta: Any = DEFAULT_ETA,
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, for an unsupported setting."""
     if rho_schedule is not None and not isinstance(rho_schedule, Constant):
@@ -46,11 +49,7 @@ def check_client_duals_settings(
         raise ValueError(
             f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
         )
-    if acceleration is not None:
-        raise ValueError(
-            "acceleration: only None is supported with client-held duals (the client "
-            f"would have to extrapolate its own dual), got {acceleration!r}; use FedADMM"
-        )
+    check_acceleration(acceleration, restart_eta)
     if not _finite_number(rho) or rho <= 0:
         raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")
     if regularizer is not None and not isinstance(regularizer, Regularizer):

@@ -54,6 +54,8 @@ def test_bad_acceleration_is_refused_naming_the_field() -> None:
         FedADMM(restart_eta=0.0)
 
 
-def test_client_held_duals_refuse_acceleration() -> None:
-    with pytest.raises(ValueError, match="acceleration: only None"):
-        FedADMMClientDuals(acceleration="nesterov")
+def test_client_held_duals_refuse_a_bad_acceleration_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="acceleration: must be one of"):
+        FedADMMClientDuals(acceleration="anderson")
+    with pytest.raises(ValueError, match="restart_eta"):
+        FedADMMClientDuals(acceleration="nesterov", restart_eta=0.0)
