@@ -11,6 +11,7 @@ restart, and the client-held run restarts one round later.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -187,3 +188,36 @@ def test_the_client_refuses_a_bad_coefficient_naming_the_key() -> None:
     config = {RHO: 0.1, MODE_KEY: MODE_CLIENT, SERVER_ROUND: 2, ACCEL_BACK: 0}
     with pytest.raises(ValueError, match=ACCEL_GAMMA):
         client.fit(z, {**config, ACCEL_GAMMA: 1.5})
+
+
+@pytest.mark.parametrize("kind", ["nesterov", "goldstein"])
+def test_resume_with_acceleration_is_bit_identical(kind: str, tmp_path: Path) -> None:
+    """10 rounds == 6 + checkpoint (with a, c_{k-1}, z_{k-1}, z_k, g) + 4, full participation."""
+    from flower_run import Recorder, admm_client_fn, zeros_parameters
+
+    from flwr_admm.testing import make_proxies, run_rounds
+
+    def checkpointed(path: Path, proxies: list[Any], rounds: int) -> tuple[Any, Recorder]:
+        recorder = Recorder()
+        strategy = FedADMMClientDuals(
+            rho=0.1,
+            acceleration=kind,
+            initial_parameters=zeros_parameters(),
+            evaluate_fn=recorder,
+            checkpoint_dir=path,
+        )
+        run_rounds(strategy, proxies, rounds)
+        return strategy, recorder
+
+    straight, expected = checkpointed(
+        tmp_path / "straight", make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 10
+    )
+    proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
+    _, before = checkpointed(tmp_path / "ckpt", proxies, 6)
+    resumed, after = checkpointed(tmp_path / "ckpt", proxies, 4)
+    np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)
+    assert resumed.momentum.restarts == straight.momentum.restarts >= 1
+    with pytest.raises(ValueError, match="acceleration"):  # the fingerprint holds it
+        FedADMMClientDuals(
+            rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path / "ckpt"
+        )
