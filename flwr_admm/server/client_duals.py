@@ -18,6 +18,14 @@ Under partial participation it is a delayed-dual variant: a client's dual update
 the z it sees at its next participation, and absent clients count with their
 pre-update dual (server-held FedADMM updates u_i with the z of the round it replied).
 
+Fast ADMM with restart (``acceleration``, ``restart_eta``; `flwr_admm.core.dual_momentum`).
+The server keeps a_k, c_{k-1}, z_{k-1}, extrapolates z^_{k+1} = z_k + g (z_k - z_{k-1})
+and sends it with z_k (a second block of tensors) and g (``admm-accel-gamma``); client i
+sets u_i = u^_i + w_i - z_k and extrapolates its own dual, u^_i' = u_i + g (u_i -
+u_i,prev), trains around z^_{k+1} - u^_i' and sends Delta_i = n_i' (w_i' + u^_i') - n_i
+(w_i + u^_i), so S stays exact (u_i,prev is committed/pending with its state). The
+restart test's dual part is the d2_i of the next replies, so it lags one round.
+
 Residuals. s = rho ||z^{k+1} - z^k|| as usual. The primal residual arrives one round
 late: client i reports d2_i for its previous w_i, so the metric
 ``previous_primal_residual`` = sqrt(sum n_i d2_i / sum n_i) over the replying clients
@@ -168,10 +176,13 @@ class FedADMMClientDuals(ConsensusStrategy):
         e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
         ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
         ``uplink_residual`` are not supported (use `FedADMM`).
-    rho_schedule, client_rho, relaxation, acceleration :
-        Accepted only at their defaults (None, "uniform", 1, None): a changing or
-        per-client rho, over-relaxation or fast ADMM's dual extrapolation would need
-        every client's dual, which the server does not hold. Use `FedADMM` for them.
+    acceleration, restart_eta : {None, "nesterov", "goldstein"}, float in (0, 1]
+        Fast ADMM with restart (module docstring), the restart test one round late;
+        refused under SecAgg+ (`FedADMMClientDualsSecAgg`).
+    rho_schedule, client_rho, relaxation :
+        Accepted only at their defaults (None, "uniform", 1): a changing or per-client
+        rho or over-relaxation would need every client's dual, which the server does
+        not hold. Use `FedADMM` for them.
     key_binding, max_client_age, max_clients :
         Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
         "node" (default) a key is accepted only from its node; an evicted key's share
