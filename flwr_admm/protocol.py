@@ -35,6 +35,7 @@ GRAD_NORM = "grad_norm"
 PREVIOUS_ROUND = "admm-previous-round"  # client-held duals: round of its last reply (0: none)
 EXAMPLES_CHANGE = "admm-examples-change"  # n_i' - n_i
 DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
+HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
 

@@ -55,6 +55,7 @@ from flwr_admm.protocol import (
     DUALS_STATE_U_PREV,
     DUALS_STATE_W,
     EXAMPLES_CHANGE,
+    HAT_SQ_RESIDUAL,
     META_NUM_EXAMPLES,
     META_ROUND,
     PREVIOUS_ROUND,
@@ -179,6 +180,9 @@ def reply_metrics(
     }
     if start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
+    if start.z_hat is not None:  # fast ADMM: ||w_i' - z^||^2 for the restart test
+        diff = [a - b for a, b in zip(w, start.z_hat, strict=True)]
+        metrics[HAT_SQ_RESIDUAL] = float(sum(np.vdot(d, d) for d in diff))
     return metrics
 
 

@@ -106,6 +106,7 @@ class DualStart:
     center: Arrays
     delayed_sq_residual: float | None
     dual_prev: Arrays | None = None  # fast ADMM: u_i,prev to keep with u^_i
+    z_hat: Arrays | None = None  # fast ADMM: the received z^_{k+1} (for ||w_i' - z^||^2)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _start_accelerated(state: DualState | None, z_hat: Arrays, fast: Extrapolati
     """Fast ADMM's client step: dual update with z_k, then extrapolate along u_i's last step."""
     if state is None:  # first reply: u_i = u_i,prev = 0
         zeros = [np.zeros_like(t) for t in z_hat]
-        return DualStart(zeros, [t.copy() for t in z_hat], None, [t.copy() for t in zeros])
+        return DualStart(zeros, [t.copy() for t in z_hat], None, [t.copy() for t in zeros], z_hat)
     diff = [w - t for w, t in zip(state.w, fast.z, strict=True)]  # w_i - z_k = u_i - u^_i
     d2 = float(sum(np.vdot(d, d) for d in diff))
     dual = [u + d for u, d in zip(state.u, diff, strict=True)]  # u_i
@@ -163,4 +164,4 @@ def _start_accelerated(state: DualState | None, z_hat: Arrays, fast: Extrapolati
         dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]
         prev_next = dual
     center = [t - u for t, u in zip(z_hat, dual_hat, strict=True)]
-    return DualStart(dual_hat, center, d2, prev_next)
+    return DualStart(dual_hat, center, d2, prev_next, z_hat)

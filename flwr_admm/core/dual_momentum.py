@@ -31,12 +31,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.client_duals import Extrapolation
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import ACCEL_BACK, ACCEL_GAMMA
 
-__all__ = ["DualMomentum", "extrapolate", "fast_config", "momentum_for"]
+__all__ = ["DualMomentum", "RoundSums", "extrapolate", "fast_config", "momentum_for"]
 
 
 def momentum_for(acceleration: str | None, eta: float) -> DualMomentum | None:
@@ -46,24 +48,77 @@ def momentum_for(acceleration: str | None, eta: float) -> DualMomentum | None:
     return DualMomentum(eta=float(eta), to_previous=acceleration == "goldstein")
 
 
+@dataclass(frozen=True)
+class RoundSums:
+    """What the server knows after round k's z-step, for the restart test's c."""
+
+    contribution_sum: Arrays  # S_k = sum_i n_i (w_i,k + u^_i,k)
+    total: float  # N
+    n_delayed: float  # sum n_i over the replies with d2_i
+    n_d2: float  # sum n_i d2_i (their ||w_i,k-1 - z_{k-1}||^2)
+    hat_sq: float  # sum n_i ||w_i,k - z^_k||^2 over the replies
+    complete: bool  # every client S holds replied, with its n_i and ||w_i - z^||^2
+    all_returning: bool  # every reply had taken part before
+    all_new: bool  # no reply had
+
+
 def extrapolate(
-    momentum: DualMomentum,
-    z: Arrays,
-    z_hat: Arrays,
-    dz_sq: float,
-    n: float,
-    n_d2: float,
-    rho: float,
+    momentum: DualMomentum, z: Arrays, z_hat: Arrays, dz_sq: float, sums: RoundSums, rho: float
 ) -> tuple[Arrays, Arrays]:
     """Return (z_k, z^_{k+1}) after the z-step z_k = `z` from z^_k = `z_hat`.
 
-    `n_d2` = sum n_i d2_i over this round's replies that took part before, `n` their
-    sum n_i: with ||z_{k-1} - z^_{k-1}||^2 they make the lagged c_{k-1}.
+    c_k in time while every client has replied in every round (`_in_time`), else the
+    lagged c_{k-1} = rho (sum n_i d2_i / sum n_i + ||z_{k-1} - z^_{k-1}||^2).
     """
-    c = momentum.residual(rho, n, n_d2)
+    c = _in_time(momentum, z, z_hat, dz_sq, sums, rho)
+    if c is None:
+        lagged = momentum.residual(rho, sums.n_delayed, sums.n_d2)
+        c = None if momentum.c_current else lagged  # c_{k-1} was already tested
+        momentum.c_current = False
     fast = momentum.step(z, z_hat, dz_sq, c)
     momentum.last = fast
     return fast.z, momentum.extrapolated(fast)
+
+
+def _in_time(
+    momentum: DualMomentum, z: Arrays, z_hat: Arrays, dz_sq: float, sums: RoundSums, rho: float
+) -> float | None:
+    """Return c_k from sums the server tracks while every client replies every round.
+
+    U = sum n_i u_i = S - N z after a complete round, and the clients' extrapolation is
+    linear, so U^_k = sum n_i u^_i,k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the
+    u_i,prev; "goldstein" restart: U^ = UP), 0 on the first round. Then
+    V = sum n_i (w_i,k - z^_k) = S_k - U^_k - N z^_k and
+    sum n_i ||w_i,k - z_k||^2 = sum n_i ||w_i,k - z^_k||^2 - 2 <V, d> + N ||d||^2,
+    d = z_k - z^_k. None (and tracking stops) when a round is not complete.
+    """
+    fresh = momentum.last is None and sums.all_new
+    tracked = momentum.u_sum is not None and momentum.u_prev_sum is not None
+    if not sums.complete or not (fresh or (tracked and sums.all_returning)):
+        momentum.u_sum = momentum.u_prev_sum = None
+        return None
+    if fresh:
+        u_hat = [np.zeros_like(t) for t in z]
+        u_prev: Arrays = [np.zeros_like(t) for t in z]
+    else:
+        assert momentum.last is not None
+        assert momentum.u_sum is not None and momentum.u_prev_sum is not None
+        g, u, up = momentum.last.gamma, momentum.u_sum, momentum.u_prev_sum
+        if momentum.last.back:  # u^_i = u_i,prev, u_i,prev kept
+            u_hat, u_prev = [t.copy() for t in up], up
+        else:  # u^_i = u_i + g (u_i - u_i,prev), u_i,prev' = u_i
+            u_hat = [(1.0 + g) * a - g * b for a, b in zip(u, up, strict=True)]
+            u_prev = u
+    n = sums.total
+    cross = 0.0
+    for s, uh, zh, zk in zip(sums.contribution_sum, u_hat, z_hat, z, strict=True):
+        v = s - uh - n * zh  # V
+        cross += float(np.vdot(v, zk - zh))
+    primal = max(sums.hat_sq - 2.0 * cross + n * dz_sq, 0.0) / n
+    momentum.u_sum = [s - n * t for s, t in zip(sums.contribution_sum, z, strict=True)]  # U_k
+    momentum.u_prev_sum = u_prev
+    momentum.c_current = True
+    return rho * (primal + dz_sq)
 
 
 def fast_config(momentum: DualMomentum) -> dict[str, float | int]:
@@ -85,6 +140,9 @@ class DualMomentum:
     dz_sq: float | None = None  # ||z_k - z^_k||^2 of the last z-step
     restarts: int = 0
     last: Extrapolation | None = None  # the last step's (z_k, g, restart kind)
+    u_sum: Arrays | None = None  # U_{k-1} = sum n_i u_i (None: not tracked)
+    u_prev_sum: Arrays | None = None  # UP_{k-1} = sum n_i u_i,prev
+    c_current: bool = False  # c_prev is the last round's own (in time), not c_{k-2}
 
     def residual(self, rho: float, n: float, n_d2: float) -> float | None:
         """Return c_{k-1} = rho (n_d2 / n + ||z_{k-1} - z^_{k-1}||^2); None if unknown."""
@@ -137,12 +195,17 @@ class DualMomentum:
         arrays = {f"accel_z_prev.{j}": t for j, t in enumerate(self.z_prev or [])}
         if self.last is not None:
             arrays.update({f"accel_z.{j}": t for j, t in enumerate(self.last.z)})
+        if self.u_sum is not None and self.u_prev_sum is not None:
+            arrays.update({f"accel_u_sum.{j}": t for j, t in enumerate(self.u_sum)})
+            arrays.update({f"accel_u_prev_sum.{j}": t for j, t in enumerate(self.u_prev_sum)})
         meta = {
             "a": self.a,
             "c_prev": self.c_prev,
             "dz_sq": self.dz_sq,
             "restarts": self.restarts,
             "has_z_prev": self.z_prev is not None,
+            "c_current": self.c_current,
+            "tracked": self.u_sum is not None and self.u_prev_sum is not None,
             "gamma": None if self.last is None else self.last.gamma,
             "back": None if self.last is None else self.last.back,
         }
@@ -158,6 +221,11 @@ class DualMomentum:
             if meta["has_z_prev"]
             else None
         )
+        self.c_current = bool(meta["c_current"])
+        self.u_sum = self.u_prev_sum = None
+        if meta["tracked"]:
+            self.u_sum = [arrays[f"accel_u_sum.{j}"].astype(float) for j in range(count)]
+            self.u_prev_sum = [arrays[f"accel_u_prev_sum.{j}"].astype(float) for j in range(count)]
         self.last = None
         if meta["gamma"] is not None:
             z = [arrays[f"accel_z.{j}"].astype(float) for j in range(count)]

@@ -125,6 +125,7 @@ from flwr_admm.server.client_duals_replies import (
     decoded_reply,
     entries_from_arrays,
     entry_arrays,
+    fast_admm_sums,
     protocol_problem,
     round_residuals,
     z_step,
@@ -264,10 +265,10 @@ class FedADMMClientDuals(ConsensusStrategy):
         rebuild = 1 while a sweep needs that key's full share.
         """
         common: dict[str, Scalar] = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
-        if self.momentum is not None and self.momentum.last is not None:
-            # fast ADMM: g and the restart kind; z_k after z^_{k+1}
+        if self.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
             common.update(fast_config(self.momentum))
-            z_k = _serialize(self.momentum.last.z, self._dtypes).tensors
+            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+            z_k = parameters.tensors if last is None else _serialize(last.z, self._dtypes).tensors
             parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
         instructions = []
         for client in clients:
@@ -351,10 +352,14 @@ class FedADMMClientDuals(ConsensusStrategy):
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
         if self.momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
-            stats = self._stats
-            _, self.z = extrapolate(
-                self.momentum, self.z, z_hat, dz_sq, stats.n_delayed, stats.d2, self.rho
+            sums = fast_admm_sums(
+                self._stats,
+                self.contribution_sum,
+                self.total_examples,
+                len(self.clients),
+                self.sweep.active,
             )
+            _, self.z = extrapolate(self.momentum, self.z, z_hat, dz_sq, sums, self.rho)
             metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)

@@ -49,6 +49,7 @@ from flwr_admm.server.client_duals_replies import (
     RoundStats,
     entries_from_arrays,
     entry_arrays,
+    fast_admm_sums,
     protocol_problem,
     round_residuals,
     z_step,
@@ -242,10 +243,11 @@ class FedADMMClientDuals(ConsensusStrategy):
             MESSAGE_SERVER_ROUND: server_round,
         }
         extra: dict[str, ArrayRecord] = {}
-        if self.momentum is not None and self.momentum.last is not None:
-            assert self.layout is not None  # fast ADMM: g, the restart kind and z_k
+        if self.momentum is not None:  # fast ADMM: g, the restart kind and z_k
+            assert self.layout is not None
             common.update(fast_config(self.momentum))
-            extra[ACCEL_Z_RECORD] = self.layout.record(self.momentum.last.z)
+            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+            extra[ACCEL_Z_RECORD] = arrays if last is None else self.layout.record(last.z)
         self.channel.sampled(len(sampled), len(sampled))  # resets the round's byte count
         messages = []
         for node_id in sampled:
@@ -351,10 +353,14 @@ class FedADMMClientDuals(ConsensusStrategy):
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
         if self.momentum is not None:  # z_k -> z^_{k+1}; the nodes move u_i next round
-            stats = self._stats
-            _, self.z = extrapolate(
-                self.momentum, self.z, z_hat, dz_sq, stats.n_delayed, stats.d2, self.rho
+            sums = fast_admm_sums(
+                self._stats,
+                self.contribution_sum,
+                self.total_examples,
+                len(self.clients),
+                self.sweep.active,
             )
+            _, self.z = extrapolate(self.momentum, self.z, z_hat, dz_sq, sums, self.rho)
             metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
