@@ -15,14 +15,24 @@ fit config; each client extrapolates its own dual (`flwr_admm.core.client_duals`
     "goldstein":  a' = 1:         z^_{k+1} = z_{k-1}, u^_i = u_i,prev,  c <- c / eta
 
 The dual part sum_i p_i ||w_i - z_k||^2 = sum_i p_i ||u_i - u^_i||^2 needs z_k, which a
-client sees only in its next round: it reports d2_i = ||w_i - z_k||^2 then (the
-scalar it already sends for the delayed primal residual; under SecAgg+ only its sum
-would be needed). So the restart test lags one round: after round k the server
-completes c_{k-1} = rho (sum n_i d2_i / sum n_i + ||z_{k-1} - z^_{k-1}||^2), over
-this round's replies that took part before, and compares it with eta c_{k-2}
-(`step`). Until a first c is known (round 1) the momentum grows untested. With every
-client in every round the iterates are therefore server-held fast ADMM's exactly until
-its first restart, and after it fast ADMM with a one-round-late restart test.
+client sees only in its next round. Two ways to get it, from scalars the clients
+report (sums only, as under SecAgg+):
+
+- In time, while every client S holds replies in every round with an unchanged n_i
+  (`RoundSums.complete`): the duals' sums follow from the server's own state,
+  U_k = sum n_i u_i,k = S_k - N z_k and, the clients' extrapolation being linear,
+  U^_k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the u_i,prev; U^ = UP on a
+  "goldstein" restart; 0 in the first round). With V = sum n_i (w_i,k - z^_k) =
+  S_k - U^_k - N z^_k and each client's h_i = ||w_i,k - z^_k||^2:
+
+      sum n_i ||w_i,k - z_k||^2 = sum n_i h_i - 2 <V, z_k - z^_k> + N ||z_k - z^_k||^2
+
+  so c_k is server-held fast ADMM's (up to rounding) and so is every restart.
+- Lagged, once a round was not complete (partial participation, a lost reply, a new
+  or resynchronizing client; tracking does not resume): c_{k-1} = rho (sum n_i d2_i /
+  sum n_i + ||z_{k-1} - z^_{k-1}||^2) from the d2_i = ||w_i,k-1 - z_{k-1}||^2 of this
+  round's replies that took part before, tested against eta c_{k-2}; until a first c
+  is known the momentum grows untested.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ Under partial participation it is a delayed-dual variant: a client's dual update
 the z it sees at its next participation, and absent clients count with their
 pre-update dual (server-held FedADMM updates u_i with the z of the round it replied).
 
-Fast ADMM with restart (``acceleration``, ``restart_eta``; `flwr_admm.core.dual_momentum`).
-The server keeps a_k, c_{k-1}, z_{k-1}, extrapolates z^_{k+1} = z_k + g (z_k - z_{k-1})
-and sends it with z_k (a second block of tensors) and g (``admm-accel-gamma``); client i
-sets u_i = u^_i + w_i - z_k and extrapolates its own dual, u^_i' = u_i + g (u_i -
-u_i,prev), trains around z^_{k+1} - u^_i' and sends Delta_i = n_i' (w_i' + u^_i') - n_i
-(w_i + u^_i), so S stays exact (u_i,prev is committed/pending with its state). The
-restart test's dual part is the d2_i of the next replies, so it lags one round.
+Fast ADMM with restart (``acceleration``, ``restart_eta``; `flwr_admm.core.dual_momentum`):
+the server extrapolates z^_{k+1} = z_k + g (z_k - z_{k-1}) and sends it with z_k (a
+second block of tensors) and g (``admm-accel-gamma``); client i sets u_i = u^_i + w_i -
+z_k, extrapolates its own dual u^_i' = u_i + g (u_i - u_i,prev), trains around z^_{k+1}
+- u^_i' and sends Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i): S stays exact. The
+restart test is `FedADMM`'s, in time, while every client replies every round (from
+the clients' ``admm-hat-sq-residual``); otherwise it lags a round.
 
 Residuals. s = rho ||z^{k+1} - z^k|| as usual. The primal residual arrives one round
 late: client i reports d2_i for its previous w_i, so the metric
@@ -64,11 +64,10 @@ copy (S_new) on the server while it runs; under full participation it ends one r
 after it started. A key that never returns keeps the sweep open until it is evicted.
 
 Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
-the rebuilt keys, N_stale), the round and the convergence flag, plus a fingerprint of
-the configuration (rho, regularizer, eps_abs, eps_rel). The duals stay with the
-clients: a resumed run continues exactly if they kept their ``context.state``
-(persistent SuperNodes); a client that lost it, or went on past the checkpoint's
-round, resynchronizes, as above.
+the rebuilt keys, N_stale), fast ADMM's state, the round, the convergence flag and a
+fingerprint of the configuration. The duals stay with the clients: a resumed run
+continues exactly if they kept their ``context.state`` (persistent SuperNodes); a
+client that lost it, or went on past the checkpoint's round, resynchronizes.
 
 Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
 residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
@@ -78,9 +77,7 @@ By telescoping, S = sum_i n_i c_i - sum_i e_i exactly (up to float rounding): th
 unsent part waits on the client and enters S with its next reply. ``uplink_bytes``
 reports the payload bytes of each round as in `FedADMM`. Local DP is not supported.
 
-Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
-``admm-duals = "client"``.
-
+Clients MUST follow the protocol above; `ADMMClient` does on ``admm-duals = "client"``.
 The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
 checks in `flwr_admm.server.client_duals_replies`, and the round skeleton (sampling,
 reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
@@ -178,8 +175,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
         ``uplink_residual`` are not supported (use `FedADMM`).
     acceleration, restart_eta : {None, "nesterov", "goldstein"}, float in (0, 1]
-        Fast ADMM with restart (module docstring), the restart test one round late;
-        refused under SecAgg+ (`FedADMMClientDualsSecAgg`).
+        Fast ADMM with restart (module docstring); refused under SecAgg+
+        (`FedADMMClientDualsSecAgg`).
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1): a changing or per-client
         rho or over-relaxation would need every client's dual, which the server does
