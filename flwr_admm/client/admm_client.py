@@ -6,11 +6,9 @@ The client reads the server's fit config:
   run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
 - only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
 - neither: FedAvg. Plain local gradient steps from the received parameters.
-- ``admm-duals = "client"`` (from `FedADMMClientDuals`): ADMM with the dual u_i kept
-  here. The received parameters are z; the client updates u_i, trains around
-  z - u_i and replies with the change of its contribution n_i (w_i + u_i)
-  (`flwr_admm.server.client_duals`), compressed with error feedback when the config holds
-  ``uplink*`` entries (local DP is refused there).
+- ``admm-duals = "client"`` (`FedADMMClientDuals`): the dual u_i is kept here; receive z
+  (and z_k under fast ADMM), update u_i, train around z - u_i, reply with the change of
+  n_i (w_i + u_i), compressed with error feedback on ``uplink*`` entries (no local DP).
 - ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
@@ -35,7 +33,6 @@ from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
 from flwr_admm.protocol import (
-    ACCEL_GAMMA,
     ACCURACY,
     ACK_ROUND,
     AUC,
@@ -185,15 +182,11 @@ class ADMMClient(NumPyClient):
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
             return peers.client_fit(self, received, config, plan, server_round, uplink)
-        z_k = None
-        if config.get(MODE_KEY) == MODE_CLIENT and ACCEL_GAMMA in config:
-            # fast ADMM: z^_{k+1}, then z_k (flwr_admm.core.dual_momentum)
-            half = len(received) // 2
-            received, z_k = received[:half], received[half:]
+        received, z_k = client_duals.split_accelerated(received, config)  # fast ADMM: z_k
         self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:
             client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
-            fast = client_duals.extrapolation(config, received, z_k)
+            fast = client_duals.extrapolation(config, received, z_k, SECAGG_SCALE in config)
             return self._fit_client_duals(received, config, plan, server_round, uplink, fast)
         if RHO in config:
             rho = _nonnegative(config[RHO], RHO)
@@ -241,10 +234,8 @@ class ADMMClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Run one round of `FedADMMClientDuals`: dual update, local solve, change.
 
-        Trains from the state the server acknowledges (``admm-ack-round``: the
-        pending state if its reply was used, else the committed one, else fresh).
-        With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload);
-        with ``admm-rebuild = 1`` the full share sigma_i' follows Delta_i.
+        Trains from the state ``admm-ack-round`` names (pending, committed or fresh);
+        compresses x = Delta_i + e_i; ``admm-rebuild = 1``: sigma_i' follows Delta_i.
         """
         rho = _nonnegative(config.get(RHO, 0.0), RHO)
         if rho <= 0:
@@ -264,8 +255,6 @@ class ADMMClient(NumPyClient):
         n = int(self.X.shape[0])
         change = dual_math.contribution_change(state, w, begin.dual, n)
         secure = SecureRound.from_config(config)
-        if secure is not None and fast is not None:
-            raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
         if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
             rebuild, loss = _flag(config, REBUILD), float(result.loss)
             reply = secure_reply(
@@ -279,9 +268,7 @@ class ADMMClient(NumPyClient):
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])
         sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
-        pending = dual_math.DualState(
-            w, begin.dual, n, server_round, sent.residual, begin.dual_prev
-        )
+        pending = begin.kept(w, n, server_round, sent.residual)
         if _flag(config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 from flwr.common import ArrayRecord, ConfigRecord, Parameters, RecordDict, Scalar, ndarray_to_bytes
+from numpy.typing import NDArray
 
 from flwr_admm.core.client_duals import DualStart, DualState, Extrapolation
 from flwr_admm.core.types import Arrays
@@ -58,6 +59,8 @@ from flwr_admm.protocol import (
     HAT_SQ_RESIDUAL,
     META_NUM_EXAMPLES,
     META_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
     PREVIOUS_ROUND,
     RESYNC,
     U_SQ_NORM,
@@ -105,15 +108,28 @@ class UplinkChange:
     residual: Arrays | None  # e_i' to keep (None: zero)
 
 
+def split_accelerated(
+    received: list[NDArray[np.float64]], config: Mapping[str, Scalar]
+) -> tuple[list[NDArray[np.float64]], list[NDArray[np.float64]] | None]:
+    """Split legacy parameters into z^_{k+1} and z_k under fast ADMM; else (all, None)."""
+    if config.get(MODE_KEY) != MODE_CLIENT or ACCEL_GAMMA not in config:
+        return received, None
+    half = len(received) // 2
+    return received[:half], received[half:]
+
+
 def extrapolation(
-    config: Mapping[str, Scalar], z_hat: Arrays, z: Arrays | None
+    config: Mapping[str, Scalar], z_hat: Arrays, z: Arrays | None, secure: bool = False
 ) -> Extrapolation | None:
     """Return fast ADMM's round message (z_k, g, restart kind), None without acceleration.
 
     `z_hat` is the received z^_{k+1}, `z` the received z_k (None if none was sent).
+    Refused under SecAgg+ (`secure`).
     """
     if ACCEL_GAMMA not in config:
         return None
+    if secure:
+        raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
     gamma, back = config[ACCEL_GAMMA], config.get(ACCEL_BACK, 0)
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma < 1:
         raise ValueError(f"{ACCEL_GAMMA}: must be a number in [0, 1), got {gamma!r}")

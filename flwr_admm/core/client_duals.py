@@ -108,6 +108,12 @@ class DualStart:
     dual_prev: Arrays | None = None  # fast ADMM: u_i,prev to keep with u^_i
     z_hat: Arrays | None = None  # fast ADMM: the received z^_{k+1} (for ||w_i' - z^||^2)
 
+    def kept(
+        self, w: Arrays, num_examples: int, server_round: int, residual: Arrays | None = None
+    ) -> DualState:
+        """Return the state to keep after training w_i' from this start (u^_i, u_i,prev)."""
+        return DualState(w, self.dual, num_examples, server_round, residual, self.dual_prev)
+
 
 @dataclass(frozen=True)
 class Extrapolation:
