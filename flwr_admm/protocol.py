@@ -35,6 +35,7 @@ GRAD_NORM = "grad_norm"
 PREVIOUS_ROUND = "admm-previous-round"  # client-held duals: round of its last reply (0: none)
 EXAMPLES_CHANGE = "admm-examples-change"  # n_i' - n_i
 DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
+HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
 
@@ -65,6 +66,7 @@ NEXT_RHO = "next_rho"
 PRIMAL_RESIDUAL = "primal_residual"
 PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of round k-1
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
+NUM_RESTARTS = "num_restarts"  # client-held duals with fast ADMM: restarts so far
 DUAL_RESIDUAL = "dual_residual"
 EPS_PRIMAL = "eps_primal"
 EPS_DUAL = "eps_dual"
@@ -88,12 +90,19 @@ META_NUM_EXAMPLES = "num_examples"  # DUALS_STATE_META: n_i
 # ------------------------- client-held duals: acknowledgement and rebuild sweep
 ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)
 REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e_i
+# Client-held duals with fast ADMM: the fit config's coefficient g and restart kind; z_k
+# follows z^_{k+1} as a second block of tensors (legacy) or under ACCEL_Z_RECORD.
+ACCEL_GAMMA = "admm-accel-gamma"  # fit config: g, u^_i = u_i + g (u_i - u_i,prev)
+ACCEL_BACK = "admm-accel-back"  # fit config: 1 = "goldstein" restart, u^_i = u_i,prev
+ACCEL_Z_RECORD = "admm-accel-z"  # Message API: the ArrayRecord of z_k
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
 REBUILDING = "rebuilding"  # round metric: 1 while S still holds a stale share
 DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not yet acked)
 DUALS_PENDING_U = "flwr_admm.duals.pending.u"  # u_i of the pending reply
 DUALS_PENDING_META = "flwr_admm.duals.pending.meta"  # n_i' and the reply's round
 DUALS_PENDING_RESIDUAL = "flwr_admm.duals.pending.uplink_residual"  # e_i' of it
+DUALS_STATE_U_PREV = "flwr_admm.duals.u_prev"  # fast ADMM: u_i,prev (committed)
+DUALS_PENDING_U_PREV = "flwr_admm.duals.pending.u_prev"  # fast ADMM: u_i,prev (pending)
 
 # ------------------------------------------ client identity and eviction (issue 12)
 NUM_KEY_CONFLICTS = "num_key_conflicts"  # replies claiming a key bound to another node

@@ -6,11 +6,9 @@ The client reads the server's fit config:
   run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
 - only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
 - neither: FedAvg. Plain local gradient steps from the received parameters.
-- ``admm-duals = "client"`` (from `FedADMMClientDuals`): ADMM with the dual u_i kept
-  here. The received parameters are z; the client updates u_i, trains around
-  z - u_i and replies with the change of its contribution n_i (w_i + u_i)
-  (`flwr_admm.server.client_duals`), compressed with error feedback when the config holds
-  ``uplink*`` entries (local DP is refused there).
+- ``admm-duals = "client"`` (`FedADMMClientDuals`): the dual u_i is kept here; receive z
+  (and z_k under fast ADMM), update u_i, train around z - u_i, reply with the change of
+  n_i (w_i + u_i), compressed with error feedback on ``uplink*`` entries (no local DP).
 - ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
@@ -184,10 +182,12 @@ class ADMMClient(NumPyClient):
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
             return peers.client_fit(self, received, config, plan, server_round, uplink)
+        received, z_k = client_duals.split_accelerated(received, config)  # fast ADMM: z_k
         self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:
             client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
-            return self._fit_client_duals(received, config, plan, server_round, uplink)
+            fast = client_duals.extrapolation(config, received, z_k, SECAGG_SCALE in config)
+            return self._fit_client_duals(received, config, plan, server_round, uplink, fast)
         if RHO in config:
             rho = _nonnegative(config[RHO], RHO)
             # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
@@ -230,13 +230,12 @@ class ADMMClient(NumPyClient):
         plan: LocalPlan,
         server_round: int,
         uplink: ClientUplink,
+        fast: dual_math.Extrapolation | None = None,
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Run one round of `FedADMMClientDuals`: dual update, local solve, change.
 
-        Trains from the state the server acknowledges (``admm-ack-round``: the
-        pending state if its reply was used, else the committed one, else fresh).
-        With a compressor: x = Delta_i + e_i is compressed, e_i' = x - decode(payload);
-        with ``admm-rebuild = 1`` the full share sigma_i' follows Delta_i.
+        Trains from the state ``admm-ack-round`` names (pending, committed or fresh);
+        compresses x = Delta_i + e_i; ``admm-rebuild = 1``: sigma_i' follows Delta_i.
         """
         rho = _nonnegative(config.get(RHO, 0.0), RHO)
         if rho <= 0:
@@ -244,7 +243,7 @@ class ADMMClient(NumPyClient):
         kept = self._kept_duals([t.shape for t in z])
         base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
         state = base.state
-        begin = dual_math.start_round(state, z)
+        begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
         previous = state.w if state is not None and self.local_init == "previous" else None
         start = [t.copy() for t in previous] if previous is not None else begin.center
         stream = [self.seed, int(self.partition_id or 0), server_round]
@@ -269,7 +268,7 @@ class ADMMClient(NumPyClient):
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])
         sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
-        pending = dual_math.DualState(w, begin.dual, n, server_round, sent.residual)
+        pending = begin.kept(w, n, server_round, sent.residual)
         if _flag(config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()

@@ -18,6 +18,11 @@ Without one, a kept residual is flushed: x = Delta_i + e_i is sent in full, e_i'
 With ``admm-rebuild = 1`` the reply also carries the full new share sigma_i' =
 n_i' c_i' - e_i' in full precision, as a second block of tensors (`with_share`).
 
+With fast ADMM (``admm-accel-gamma`` in the fit config, `FedADMMClientDuals(
+acceleration=...)`) the received tensors are z^_{k+1} followed by z_k, and the client
+extrapolates its own dual (`extrapolation`, `flwr_admm.core.client_duals`), keeping
+u_i,prev in both states.
+
 The reply carries Delta_i (or its payload) as its parameters and the protocol metrics
 (`reply_metrics`): the previous round (0: none), the change of n_i, ||w_i'||^2,
 ||u_i||^2, d2_i when it took part before, and ``admm-resync``. The states are stored
@@ -26,27 +31,36 @@ last (`save_states`), after anything that can fail.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 from flwr.common import ArrayRecord, ConfigRecord, Parameters, RecordDict, Scalar, ndarray_to_bytes
+from numpy.typing import NDArray
 
-from flwr_admm.core.client_duals import DualStart, DualState
+from flwr_admm.core.client_duals import DualStart, DualState, Extrapolation
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    ACCEL_BACK,
+    ACCEL_GAMMA,
     DELAYED_SQ_RESIDUAL,
     DUALS_PENDING_META,
     DUALS_PENDING_RESIDUAL,
     DUALS_PENDING_U,
+    DUALS_PENDING_U_PREV,
     DUALS_PENDING_W,
     DUALS_STATE_META,
     DUALS_STATE_RESIDUAL,
     DUALS_STATE_U,
+    DUALS_STATE_U_PREV,
     DUALS_STATE_W,
     EXAMPLES_CHANGE,
+    HAT_SQ_RESIDUAL,
     META_NUM_EXAMPLES,
     META_ROUND,
+    MODE_CLIENT,
+    MODE_KEY,
     PREVIOUS_ROUND,
     RESYNC,
     U_SQ_NORM,
@@ -63,10 +77,19 @@ class Slot(NamedTuple):
     u: str
     meta: str
     residual: str
+    u_prev: str
 
 
-COMMITTED = Slot(DUALS_STATE_W, DUALS_STATE_U, DUALS_STATE_META, DUALS_STATE_RESIDUAL)
-PENDING = Slot(DUALS_PENDING_W, DUALS_PENDING_U, DUALS_PENDING_META, DUALS_PENDING_RESIDUAL)
+COMMITTED = Slot(
+    DUALS_STATE_W, DUALS_STATE_U, DUALS_STATE_META, DUALS_STATE_RESIDUAL, DUALS_STATE_U_PREV
+)
+PENDING = Slot(
+    DUALS_PENDING_W,
+    DUALS_PENDING_U,
+    DUALS_PENDING_META,
+    DUALS_PENDING_RESIDUAL,
+    DUALS_PENDING_U_PREV,
+)
 
 
 class KeptDuals(NamedTuple):
@@ -83,6 +106,38 @@ class UplinkChange:
     arrays: Arrays  # decode(payload), or x in full precision
     payload: Parameters | None  # None: send `arrays` as plain numpy
     residual: Arrays | None  # e_i' to keep (None: zero)
+
+
+def split_accelerated(
+    received: list[NDArray[np.float64]], config: Mapping[str, Scalar]
+) -> tuple[list[NDArray[np.float64]], list[NDArray[np.float64]] | None]:
+    """Split legacy parameters into z^_{k+1} and z_k under fast ADMM; else (all, None)."""
+    if config.get(MODE_KEY) != MODE_CLIENT or ACCEL_GAMMA not in config:
+        return received, None
+    half = len(received) // 2
+    return received[:half], received[half:]
+
+
+def extrapolation(
+    config: Mapping[str, Scalar], z_hat: Arrays, z: Arrays | None, secure: bool = False
+) -> Extrapolation | None:
+    """Return fast ADMM's round message (z_k, g, restart kind), None without acceleration.
+
+    `z_hat` is the received z^_{k+1}, `z` the received z_k (None if none was sent).
+    Refused under SecAgg+ (`secure`).
+    """
+    if ACCEL_GAMMA not in config:
+        return None
+    if secure:
+        raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
+    gamma, back = config[ACCEL_GAMMA], config.get(ACCEL_BACK, 0)
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma < 1:
+        raise ValueError(f"{ACCEL_GAMMA}: must be a number in [0, 1), got {gamma!r}")
+    if isinstance(back, bool) or back not in (0, 1):
+        raise ValueError(f"{ACCEL_BACK}: must be 0 or 1, got {back!r}")
+    if z is None or [t.shape for t in z] != [t.shape for t in z_hat]:
+        raise ValueError(f"{ACCEL_GAMMA}: needs z_k after z^_(k+1), shaped like it")
+    return Extrapolation([np.asarray(t, dtype=np.float64) for t in z], float(gamma), back == 1)
 
 
 def check_uplink(uplink: ClientUplink, *, secure: bool) -> None:
@@ -141,6 +196,9 @@ def reply_metrics(
     }
     if start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
+    if start.z_hat is not None:  # fast ADMM: ||w_i' - z^||^2 for the restart test
+        diff = [a - b for a, b in zip(w, start.z_hat, strict=True)]
+        metrics[HAT_SQ_RESIDUAL] = float(sum(np.vdot(d, d) for d in diff))
     return metrics
 
 
@@ -169,16 +227,18 @@ def _load(records: RecordDict, shapes: list[tuple[int, ...]], slot: Slot) -> Dua
     meta = records.config_records[slot.meta]
     w, u = _arrays(records, slot.w), _arrays(records, slot.u)
     residual = _arrays(records, slot.residual) if slot.residual in arrays else None
-    if any([t.shape for t in a] != shapes for a in (w, u, residual or w)):
+    u_prev = _arrays(records, slot.u_prev) if slot.u_prev in arrays else None
+    if any([t.shape for t in a] != shapes for a in (w, u, residual or w, u_prev or w)):
         return None
-    return DualState(w, u, int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND]), residual)  # type: ignore[arg-type]
+    n, k = int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND])  # type: ignore[arg-type]
+    return DualState(w, u, n, k, residual, u_prev)
 
 
 def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
     """Write one state into its slot; None clears the slot."""
     arrays = records.array_records
     if state is None:
-        for name in (slot.w, slot.u, slot.residual):
+        for name in (slot.w, slot.u, slot.residual, slot.u_prev):
             arrays.pop(name, None)
         records.config_records.pop(slot.meta, None)
         return
@@ -189,6 +249,10 @@ def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
         arrays[slot.residual] = ArrayRecord([np.array(t) for t in state.residual])
     else:
         arrays.pop(slot.residual, None)
+    if state.dual_prev is not None:
+        arrays[slot.u_prev] = ArrayRecord([np.array(t) for t in state.dual_prev])
+    else:
+        arrays.pop(slot.u_prev, None)
     records.config_records[slot.meta] = ConfigRecord(
         {META_NUM_EXAMPLES: int(state.num_examples), META_ROUND: int(state.server_round)}
     )

@@ -30,7 +30,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
-from flwr_admm.clientapp.duals import client_held, duals_reply
+from flwr_admm.clientapp.duals import accel_z, client_held, duals_reply
 from flwr_admm.clientapp.peers import build_scaffold_reply, received_control
 from flwr_admm.clientapp.step import build_reply, received_arrays
 from flwr_admm.protocol import (
@@ -92,6 +92,8 @@ def make_client_app(
         if scaffold:  # [x, c]: the legacy parameters
             control = received_control(message, arrayrecord_key)
             params += [np.asarray(a, dtype=np.float64) for a in control.values()]
+        if client_held(config):  # fast ADMM: z_k follows z^_{k+1}, as on the legacy wire
+            params += accel_z(message, list(received))
         client = client_fn(context)
         arrays, num_examples, metrics = client.fit(params, config)
         if scaffold:  # y_i under the arrays, c_i+ - c_i under scaffold-control

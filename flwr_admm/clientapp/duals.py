@@ -13,6 +13,11 @@ The reply carries Delta_i under ``arrays`` (the received names, float64: it is a
 change of a sum, not a model), with ``admm-rebuild = 1`` also the full share
 sigma_i' = n_i' c_i' under ``admm-share``, and the protocol metrics. The states are
 stored last, after anything that can fail.
+
+With fast ADMM (``admm-accel-gamma`` in the config) the message also carries z_k under
+``admm-accel-z`` (the model's names) and the node extrapolates its own dual
+(`flwr_admm.core.client_duals`): u_i = u^_i + w_i - z_k, u^_i' = u_i + g (u_i -
+u_i,prev), center z^_{k+1} - u^_i'; it keeps u_i,prev with its states.
 """
 
 from __future__ import annotations
@@ -26,10 +31,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import Parameters
 from numpy.typing import NDArray
 
-from flwr_admm.client.client_duals import KeptDuals, load_states, reply_metrics, save_states
+from flwr_admm.client.client_duals import (
+    KeptDuals,
+    extrapolation,
+    load_states,
+    reply_metrics,
+    save_states,
+)
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    ACCEL_Z_RECORD,
     ACK_ROUND,
     MODE_CLIENT,
     MODE_KEY,
@@ -39,12 +51,22 @@ from flwr_admm.protocol import (
     SHARE_RECORD,
 )
 
-__all__ = ["DualsRound", "ack_round", "client_held", "duals_reply"]
+__all__ = ["DualsRound", "accel_z", "ack_round", "client_held", "duals_reply"]
 
 
 def client_held(config: Mapping[str, Any]) -> bool:
     """Return whether the config asks for client-held duals (``admm-duals = "client"``)."""
     return config.get(MODE_KEY) == MODE_CLIENT
+
+
+def accel_z(message: Message, names: Sequence[str]) -> list[NDArray[np.float64]]:
+    """Return z_k from ``admm-accel-z`` in the order of `names` ([] if absent)."""
+    record = message.content.array_records.get(ACCEL_Z_RECORD)
+    if record is None:
+        return []
+    if sorted(record) != sorted(names):
+        raise ValueError(f"{ACCEL_Z_RECORD}: expected tensors {list(names)}, got {list(record)}")
+    return [np.asarray(record[n].numpy(), dtype=np.float64) for n in names]
 
 
 def ack_round(config: Mapping[str, Any]) -> int | None:
@@ -122,15 +144,24 @@ class DualsRound:
 
     @classmethod
     def open(
-        cls, records: RecordDict, z: Arrays, config: Mapping[str, Any], server_round: int
+        cls,
+        records: RecordDict,
+        z: Arrays,
+        config: Mapping[str, Any],
+        server_round: int,
+        z_k: Arrays | None = None,
     ) -> DualsRound:
-        """Pick the acknowledged state from `records` (``context.state``); update the dual."""
+        """Pick the acknowledged state from `records` (``context.state``); update the dual.
+
+        With fast ADMM `z` is z^_{k+1} and `z_k` the z-step's output (``admm-accel-z``).
+        """
         kept = load_states(records, [t.shape for t in z])
         base = dual_math.acknowledged(kept.committed, kept.pending, ack_round(config))
         flag = config.get(REBUILD, 0)
         if isinstance(flag, bool) or flag not in (0, 1):
             raise ValueError(f"{REBUILD}: must be 0 or 1, got {flag!r}")
-        start = dual_math.start_round(base.state, z)
+        fast = extrapolation(config, z, z_k)
+        start = dual_math.start_round(base.state, z, fast)
         return cls(base.state, base.resync, start, server_round, flag == 1)
 
     @property
@@ -146,7 +177,9 @@ class DualsRound:
         change = dual_math.contribution_change(self.state, w, self.start.dual, num_examples)
         if self.state is not None and self.state.residual is not None:  # flush a kept e_i
             change = [d + e for d, e in zip(change, self.state.residual, strict=True)]
-        pending = dual_math.DualState(w, self.start.dual, num_examples, self.server_round)
+        pending = dual_math.DualState(
+            w, self.start.dual, num_examples, self.server_round, None, self.start.dual_prev
+        )
         share = pending.share if self.rebuild else None
         metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync)
         return change, share, dict(metrics), KeptDuals(self.state, pending)

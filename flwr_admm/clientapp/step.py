@@ -37,7 +37,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
-from flwr_admm.clientapp.duals import DualsRound, client_held
+from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,
     MESSAGE_PROXIMAL_MU,
@@ -227,7 +227,8 @@ class ADMMTrainStep:
                     f"config, got rho={rho!r}, server-round={config.get(MESSAGE_SERVER_ROUND)!r}"
                 )
             names = list(center)
-            duals = DualsRound.open(context.state, list(center.values()), config, server_round)
+            z_k = accel_z(message, names) or None  # fast ADMM only
+            duals = DualsRound.open(context.state, list(center.values()), config, server_round, z_k)
             state = duals.state
             previous = None if state is None else dict(zip(names, state.w, strict=True))
             center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i

@@ -18,6 +18,20 @@ from the one S holds (`acknowledged`):
     a == 0     S holds nothing of it: start fresh
     otherwise  its state is gone (a SuperNode restart): resynchronize, i.e. start
                fresh and say so; the server replaces its stale share
+
+Fast ADMM with restart (`flwr_admm.core.dual_momentum`, the server half). The fit
+config then also carries z_k (the z-step's output, z^k above is its extrapolation
+z^_{k+1}), the coefficient g and whether the server restarted to the previous point.
+u_i above is then the extrapolated dual u^_i the client trained with, and it also
+keeps u_i,prev (its unextrapolated dual after its previous reply, 0 before):
+
+    u_i   = u^_i + w_i - z_k                          (d2_i = ||w_i - z_k||^2)
+    u^_i' = u_i + g (u_i - u_i,prev),  u_i,prev' = u_i     (restart: g = 0)
+    u^_i' = u_i,prev,                  u_i,prev' = u_i,prev   ("goldstein" restart)
+    center z^_{k+1} - u^_i',  Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i)
+
+so S = sum_i n_i (w_i + u^_i) stays exact, and u_i,prev is committed/pending with the
+rest of the state (a retry from C extrapolates from C's u_i,prev).
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ class DualState:
     num_examples: int
     server_round: int
     residual: Arrays | None = None
+    dual_prev: Arrays | None = None  # fast ADMM: u_i,prev (None: zero)
 
     @property
     def contribution(self) -> Arrays:
@@ -90,10 +105,34 @@ class DualStart:
     dual: Arrays
     center: Arrays
     delayed_sq_residual: float | None
+    dual_prev: Arrays | None = None  # fast ADMM: u_i,prev to keep with u^_i
+    z_hat: Arrays | None = None  # fast ADMM: the received z^_{k+1} (for ||w_i' - z^||^2)
+
+    def kept(
+        self, w: Arrays, num_examples: int, server_round: int, residual: Arrays | None = None
+    ) -> DualState:
+        """Return the state to keep after training w_i' from this start (u^_i, u_i,prev)."""
+        return DualState(w, self.dual, num_examples, server_round, residual, self.dual_prev)
 
 
-def start_round(state: DualState | None, z: Arrays) -> DualStart:
-    """Update u_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i."""
+@dataclass(frozen=True)
+class Extrapolation:
+    """Fast ADMM's round message: z_k, the coefficient g, restart to the previous point."""
+
+    z: Arrays  # z_k, the z-step's output (the broadcast model is z^_{k+1})
+    gamma: float
+    back: bool = False  # "goldstein" restart: u^_i = u_i,prev
+
+
+def start_round(state: DualState | None, z: Arrays, fast: Extrapolation | None = None) -> DualStart:
+    """Update u_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i.
+
+    With `fast` (fast ADMM, z = z^_{k+1}): u_i = u^_i + w_i - z_k, then extrapolate
+    u^_i' = u_i + g (u_i - u_i,prev) (or u_i,prev on a "goldstein" restart); center
+    z^_{k+1} - u^_i'.
+    """
+    if fast is not None:
+        return _start_accelerated(state, z, fast)
     if state is None:
         dual = [np.zeros_like(t) for t in z]
         return DualStart(dual, [t.copy() for t in z], None)
@@ -114,3 +153,21 @@ def contribution_change(
         for delta, old in zip(change, state.contribution, strict=True):
             delta -= float(state.num_examples) * old
     return change
+
+
+def _start_accelerated(state: DualState | None, z_hat: Arrays, fast: Extrapolation) -> DualStart:
+    """Fast ADMM's client step: dual update with z_k, then extrapolate along u_i's last step."""
+    if state is None:  # first reply: u_i = u_i,prev = 0
+        zeros = [np.zeros_like(t) for t in z_hat]
+        return DualStart(zeros, [t.copy() for t in z_hat], None, [t.copy() for t in zeros], z_hat)
+    diff = [w - t for w, t in zip(state.w, fast.z, strict=True)]  # w_i - z_k = u_i - u^_i
+    d2 = float(sum(np.vdot(d, d) for d in diff))
+    dual = [u + d for u, d in zip(state.u, diff, strict=True)]  # u_i
+    prev = state.dual_prev or [np.zeros_like(t) for t in dual]  # u_i,prev
+    if fast.back:  # u^_i' = u_i,prev; u_i,prev kept
+        dual_hat, prev_next = [p.copy() for p in prev], [p.copy() for p in prev]
+    else:  # u^_i' = u_i + g (u_i - u_i,prev); u_i,prev' = u_i
+        dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]
+        prev_next = dual
+    center = [t - u for t, u in zip(z_hat, dual_hat, strict=True)]
+    return DualStart(dual_hat, center, d2, prev_next, z_hat)

@@ -18,6 +18,14 @@ Under partial participation it is a delayed-dual variant: a client's dual update
 the z it sees at its next participation, and absent clients count with their
 pre-update dual (server-held FedADMM updates u_i with the z of the round it replied).
 
+Fast ADMM with restart (``acceleration``, ``restart_eta``; `flwr_admm.core.dual_momentum`):
+the server extrapolates z^_{k+1} = z_k + g (z_k - z_{k-1}) and sends it with z_k (a
+second block of tensors) and g (``admm-accel-gamma``); client i sets u_i = u^_i + w_i -
+z_k, extrapolates its own dual u^_i' = u_i + g (u_i - u_i,prev), trains around z^_{k+1}
+- u^_i' and sends Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i): S stays exact. The
+restart test is `FedADMM`'s, in time, while every client replies every round (from
+the clients' ``admm-hat-sq-residual``); otherwise it lags a round.
+
 Residuals. s = rho ||z^{k+1} - z^k|| as usual. The primal residual arrives one round
 late: client i reports d2_i for its previous w_i, so the metric
 ``previous_primal_residual`` = sqrt(sum n_i d2_i / sum n_i) over the replying clients
@@ -56,11 +64,10 @@ copy (S_new) on the server while it runs; under full participation it ends one r
 after it started. A key that never returns keeps the sweep open until it is evicted.
 
 Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
-the rebuilt keys, N_stale), the round and the convergence flag, plus a fingerprint of
-the configuration (rho, regularizer, eps_abs, eps_rel). The duals stay with the
-clients: a resumed run continues exactly if they kept their ``context.state``
-(persistent SuperNodes); a client that lost it, or went on past the checkpoint's
-round, resynchronizes, as above.
+the rebuilt keys, N_stale), fast ADMM's state, the round, the convergence flag and a
+fingerprint of the configuration. The duals stay with the clients: a resumed run
+continues exactly if they kept their ``context.state`` (persistent SuperNodes); a
+client that lost it, or went on past the checkpoint's round, resynchronizes.
 
 Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
 residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
@@ -70,9 +77,7 @@ By telescoping, S = sum_i n_i c_i - sum_i e_i exactly (up to float rounding): th
 unsent part waits on the client and enters S with its next reply. ``uplink_bytes``
 reports the payload bytes of each round as in `FedADMM`. Local DP is not supported.
 
-Clients MUST follow the protocol above; `ADMMClient` does when the fit config holds
-``admm-duals = "client"``.
-
+Clients MUST follow the protocol above; `ADMMClient` does on ``admm-duals = "client"``.
 The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
 checks in `flwr_admm.server.client_duals_replies`, and the round skeleton (sampling,
 reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
@@ -91,6 +96,8 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.dual_momentum import extrapolate, fast_config, momentum_for
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
@@ -100,6 +107,7 @@ from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
     NUM_CLIENTS_CACHED,
+    NUM_RESTARTS,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PREVIOUS_ROUND,
@@ -114,6 +122,7 @@ from flwr_admm.server.client_duals_replies import (
     decoded_reply,
     entries_from_arrays,
     entry_arrays,
+    fast_admm_sums,
     protocol_problem,
     round_residuals,
     z_step,
@@ -127,7 +136,7 @@ from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
 __all__ = ["FedADMMClientDuals"]
 
-UNSUPPORTED = ("local_dp", "uplink_residual", "restart_eta", "tensor_policy", "tensor_names")
+UNSUPPORTED = ("local_dp", "uplink_residual", "tensor_policy", "tensor_names")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
@@ -165,10 +174,13 @@ class FedADMMClientDuals(ConsensusStrategy):
         e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
         ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
         ``uplink_residual`` are not supported (use `FedADMM`).
-    rho_schedule, client_rho, relaxation, acceleration :
-        Accepted only at their defaults (None, "uniform", 1, None): a changing or
-        per-client rho, over-relaxation or fast ADMM's dual extrapolation would need
-        every client's dual, which the server does not hold. Use `FedADMM` for them.
+    acceleration, restart_eta : {None, "nesterov", "goldstein"}, float in (0, 1]
+        Fast ADMM with restart (module docstring); refused under SecAgg+
+        (`FedADMMClientDualsSecAgg`).
+    rho_schedule, client_rho, relaxation :
+        Accepted only at their defaults (None, "uniform", 1): a changing or per-client
+        rho or over-relaxation would need every client's dual, which the server does
+        not hold. Use `FedADMM` for them.
     key_binding, max_client_age, max_clients :
         Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
         "node" (default) a key is accepted only from its node; an evicted key's share
@@ -192,6 +204,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         client_rho: str = "uniform",
         relaxation: float = 1.0,
         acceleration: str | None = None,
+        restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
@@ -220,7 +233,10 @@ class FedADMMClientDuals(ConsensusStrategy):
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
+            restart_eta=restart_eta,
         )
+        self.acceleration = acceleration
+        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -245,7 +261,12 @@ class FedADMMClientDuals(ConsensusStrategy):
         ack = the round whose contribution S holds for the client's key (0: none);
         rebuild = 1 while a sweep needs that key's full share.
         """
-        common = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
+        common: dict[str, Scalar] = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
+        if self.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
+            common.update(fast_config(self.momentum))
+            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+            z_k = parameters.tensors if last is None else _serialize(last.z, self._dtypes).tensors
+            parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
@@ -321,11 +342,22 @@ class FedADMMClientDuals(ConsensusStrategy):
         self._end_sweep()
         assert self.z is not None and self.contribution_sum is not None
         weight = self.total_examples + self.sweep.stale_examples
+        z_hat = [t.copy() for t in self.z] if self.momentum is not None else self.z
         with single_thread_blas():
             dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
         metrics, converged = round_residuals(
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
+        if self.momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
+            sums = fast_admm_sums(
+                self._stats,
+                self.contribution_sum,
+                self.total_examples,
+                len(self.clients),
+                self.sweep.active,
+            )
+            _, self.z = extrapolate(self.momentum, self.z, z_hat, dz_sq, sums, self.rho)
+            metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
@@ -365,6 +397,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
+            **({} if self.momentum is None else {"acceleration": self.acceleration}),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -380,6 +413,9 @@ class FedADMMClientDuals(ConsensusStrategy):
             "keys": list(self.clients),
             **sweep_manifest,
         }
+        if self.momentum is not None:
+            accel_arrays, manifest["acceleration"] = self.momentum.dump()
+            arrays.update(accel_arrays)
         return {**arrays, **sweep_arrays}, manifest
 
     def _load_state_dict(
@@ -395,6 +431,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = total, clients
+        if self.momentum is not None:
+            self.momentum.load(arrays, manifest["acceleration"], count)
         self._broadcast = None
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from flwr.common import FitRes, Parameters, Scalar
 from numpy.typing import NDArray
 
+from flwr_admm.core.dual_momentum import RoundSums
 from flwr_admm.core.kernels import BLOCK, blocks
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
@@ -36,6 +37,7 @@ from flwr_admm.protocol import (
     EPS_DUAL,
     EPS_PRIMAL,
     EXAMPLES_CHANGE,
+    HAT_SQ_RESIDUAL,
     LOSS,
     NUM_DELAYED_RESIDUALS,
     NUM_REPLIES,
@@ -101,7 +103,8 @@ def protocol_problem(
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
     if secure:
         num_examples = metrics[SECAGG_EXAMPLES]
-    numbers = [metrics[n] for n in (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL) if n in metrics]
+    names_sq = (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL, HAT_SQ_RESIDUAL)
+    numbers = [metrics[n] for n in names_sq if n in metrics]
     if not all(_finite_nonnegative(v) for v in numbers):
         return "squared norms must be finite numbers >= 0", 0
     previous, change = metrics[PREVIOUS_ROUND], metrics[EXAMPLES_CHANGE]
@@ -251,6 +254,9 @@ class RoundStats:
         self.n = self.n_delayed = 0.0
         self.d2 = self.w_sq = self.u_sq = self.loss = 0.0
         self.losses_finite = True
+        self.hat_sq = 0.0  # fast ADMM: sum n_i ||w_i' - z^_k||^2
+        self.num_hat = 0
+        self.steady = True  # every reply kept its n_i and took part in the last round
 
     def add(self, num_examples: int, metrics: Mapping[str, Any]) -> None:
         """Count one accepted reply (its n_i and protocol metrics)."""
@@ -259,6 +265,11 @@ class RoundStats:
         self.n += n
         self.w_sq += n * float(metrics[W_SQ_NORM])  # type: ignore[arg-type]
         self.u_sq += n * float(metrics[U_SQ_NORM])  # type: ignore[arg-type]
+        if HAT_SQ_RESIDUAL in metrics:
+            self.num_hat += 1
+            self.hat_sq += n * float(metrics[HAT_SQ_RESIDUAL])  # type: ignore[arg-type]
+        if metrics.get(PREVIOUS_ROUND, 0) != 0 and metrics.get(EXAMPLES_CHANGE, 0) != 0:
+            self.steady = False
         if DELAYED_SQ_RESIDUAL in metrics:
             self.num_delayed += 1
             self.n_delayed += n
@@ -288,6 +299,28 @@ class RoundStats:
     def objective(self) -> float | None:
         """Sum p_i f_i(w_i'), or None if a loss is missing or not finite."""
         return self.loss / self.n if self.losses_finite else None
+
+
+def fast_admm_sums(
+    stats: RoundStats, contribution_sum: Arrays, total: int, num_clients: int, stale: bool
+) -> RoundSums:
+    """Return what fast ADMM's restart test needs of a round (`RoundSums`)."""
+    complete = (
+        not stale
+        and stats.num_replies == num_clients
+        and stats.num_hat == stats.num_replies
+        and stats.steady
+    )
+    return RoundSums(
+        contribution_sum,
+        float(total),
+        stats.n_delayed,
+        stats.d2,
+        stats.hat_sq,
+        complete,
+        all_returning=stats.num_delayed == stats.num_replies,
+        all_new=stats.num_delayed == 0,
+    )
 
 
 def _integer(value: object) -> bool:

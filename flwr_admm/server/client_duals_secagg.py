@@ -108,6 +108,12 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         max_weight: int = 1000,
         **client_duals_kwargs: Any,
     ) -> None:
+        if client_duals_kwargs.get("acceleration") is not None:
+            raise ValueError(
+                "acceleration: not supported under SecAgg+ (only None; z_k would have to "
+                "follow z^ to every client), got "
+                f"{client_duals_kwargs['acceleration']!r}; use FedADMMClientDuals"
+            )
         if client_duals_kwargs.get("uplink") is not None:
             raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
         if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:

@@ -3,9 +3,10 @@
 With the duals on the clients the server keeps only z, S = sum_i n_i c_i and
 N = sum_i n_i, so rho must be one constant > 0 for every client (a client's
 u_i = y_i / rho would change meaning under a new rho), the z-step is the plain
-z = prox_{g/rho}(S / N) (no over-relaxation, no extrapolation of z and the duals), and
-an uplink compressor must feed its error back (S would otherwise keep every
-compression error).
+z = prox_{g/rho}(S / N) (no over-relaxation), and an uplink compressor must feed its
+error back (S would otherwise keep every compression error). Fast ADMM
+(``acceleration``, ``restart_eta``) is checked as for `FedADMM`: the server
+extrapolates z, each client its own dual (`flwr_admm.core.dual_momentum`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flwr_admm.core.acceleration import DEFAULT_ETA, check_acceleration
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.uplink.compression import Compressor
 
-__all__ = ["check_client_duals_settings", "checked_uplink"]
+__all__ = ["CLIENT_DUAL_ACCELERATIONS", "check_client_duals_settings", "checked_uplink"]
+
+# Anderson acceleration moves every cached y_i: with the duals on the clients the
+# server cannot move the duals of clients that do not reply.
+CLIENT_DUAL_ACCELERATIONS = (None, "nesterov", "goldstein")
 
 
 def check_client_duals_settings(
@@ -30,6 +36,7 @@ def check_client_duals_settings(
     regularizer: Any,
     eps_abs: Any,
     eps_rel: Any,
+    restart_eta: Any = DEFAULT_ETA,
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, for an unsupported setting."""
     if rho_schedule is not None and not isinstance(rho_schedule, Constant):
@@ -46,10 +53,11 @@ def check_client_duals_settings(
         raise ValueError(
             f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
         )
-    if acceleration is not None:
+    check_acceleration(acceleration, restart_eta)
+    if acceleration not in CLIENT_DUAL_ACCELERATIONS:
         raise ValueError(
-            "acceleration: only None is supported with client-held duals (the client "
-            f"would have to extrapolate its own dual), got {acceleration!r}; use FedADMM"
+            f"acceleration: must be one of {list(CLIENT_DUAL_ACCELERATIONS)} with "
+            f"client-held duals, got {acceleration!r}; use FedADMM for 'anderson'"
         )
     if not _finite_number(rho) or rho <= 0:
         raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")

@@ -19,10 +19,13 @@ from flwr.app import (
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.dual_momentum import extrapolate, fast_config, momentum_for
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    ACCEL_Z_RECORD,
     ACK_ROUND,
     CONVERGED,
     MESSAGE_SERVER_ROUND,
@@ -30,6 +33,7 @@ from flwr_admm.protocol import (
     MODE_KEY,
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
+    NUM_RESTARTS,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PAYLOAD_RECORD,
@@ -45,6 +49,7 @@ from flwr_admm.server.client_duals_replies import (
     RoundStats,
     entries_from_arrays,
     entry_arrays,
+    fast_admm_sums,
     protocol_problem,
     round_residuals,
     z_step,
@@ -119,12 +124,16 @@ class FedADMMClientDuals(ConsensusStrategy):
         node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i). The node sends the
         payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
         instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
-    rho_schedule, client_rho, relaxation, acceleration :
-        Accepted only at their defaults (None, "uniform", 1, None), as in the legacy
+    acceleration, restart_eta :
+        Fast ADMM with restart, as in the legacy class (`flwr_admm.core.dual_momentum`):
+        the server extrapolates z and sends z_k under ``admm-accel-z`` with the
+        coefficient g; each node extrapolates its own dual.
+    rho_schedule, client_rho, relaxation :
+        Accepted only at their defaults (None, "uniform", 1), as in the legacy
         class (`flwr_admm.server.client_duals_settings`).
 
-    Not supported: ``uplink_residual``, ``local_dp``, ``restart_eta`` and
-    ``tensor_policy`` (ValueError), as in the legacy class.
+    Not supported: ``uplink_residual``, ``local_dp`` and ``tensor_policy``
+    (ValueError), as in the legacy class.
 
     """
 
@@ -154,6 +163,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         client_rho: str = "uniform",
         relaxation: float = 1.0,
         acceleration: str | None = None,
+        restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         resume: bool = True,
@@ -194,7 +204,10 @@ class FedADMMClientDuals(ConsensusStrategy):
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
+            restart_eta=restart_eta,
         )
+        self.acceleration = acceleration
+        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
         self.channel = UplinkChannel(checked_uplink(uplink))
         self.rho = float(rho)
         self.regularizer = regularizer
@@ -229,6 +242,12 @@ class FedADMMClientDuals(ConsensusStrategy):
             MODE_KEY: MODE_CLIENT,
             MESSAGE_SERVER_ROUND: server_round,
         }
+        extra: dict[str, ArrayRecord] = {}
+        if self.momentum is not None:  # fast ADMM: g, the restart kind and z_k
+            assert self.layout is not None
+            common.update(fast_config(self.momentum))
+            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+            extra[ACCEL_Z_RECORD] = arrays if last is None else self.layout.record(last.z)
         self.channel.sampled(len(sampled), len(sampled))  # resets the round's byte count
         messages = []
         for node_id in sampled:
@@ -237,7 +256,9 @@ class FedADMMClientDuals(ConsensusStrategy):
             ack = 0 if entry is None else entry.last_round
             rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
             config = ConfigRecord({**common, ACK_ROUND: ack, REBUILD: int(rebuild)})
-            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+            content = RecordDict(
+                {self.arrayrecord_key: arrays, self.configrecord_key: config, **extra}
+            )
             messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
                 Message(
                     content,
@@ -325,11 +346,22 @@ class FedADMMClientDuals(ConsensusStrategy):
         self._end_sweep()
         assert self.z is not None and self.contribution_sum is not None
         weight = self.total_examples + self.sweep.stale_examples
+        z_hat = [t.copy() for t in self.z] if self.momentum is not None else self.z
         with single_thread_blas():
             dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
         metrics, converged = round_residuals(
             self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
         )
+        if self.momentum is not None:  # z_k -> z^_{k+1}; the nodes move u_i next round
+            sums = fast_admm_sums(
+                self._stats,
+                self.contribution_sum,
+                self.total_examples,
+                len(self.clients),
+                self.sweep.active,
+            )
+            _, self.z = extrapolate(self.momentum, self.z, z_hat, dz_sq, sums, self.rho)
+            metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
@@ -366,6 +398,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
             "uplink": None if self.channel.compressor is None else self.channel.compressor.config(),
+            **({} if self.momentum is None else {"acceleration": self.acceleration}),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -381,6 +414,9 @@ class FedADMMClientDuals(ConsensusStrategy):
             "keys": list(self.clients),
             **sweep_manifest,
         }
+        if self.momentum is not None:
+            accel_arrays, manifest["acceleration"] = self.momentum.dump()
+            arrays.update(accel_arrays)
         return {**arrays, **sweep_arrays}, manifest
 
     def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
@@ -395,4 +431,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
+        if self.momentum is not None:
+            self.momentum.load(arrays, manifest["acceleration"], count)
         self._sent_record = None

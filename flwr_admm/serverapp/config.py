@@ -15,7 +15,7 @@ __all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
 
 # Keywords of the legacy strategies a Message-API one does not support (client-held
 # duals: `FedADMMClientDuals` refuses them on both APIs).
-PLANNED = ("uplink_residual", "local_dp", "restart_eta", "tensor_policy")
+PLANNED = ("uplink_residual", "local_dp", "tensor_policy")
 
 
 def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> None:

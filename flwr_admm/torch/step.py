@@ -52,6 +52,7 @@ from flwr_admm.client.admm_client import _ack_round, _flag
 from flwr_admm.clientapp.step import ADMMTrainStep
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
+    ACCEL_GAMMA,
     DP_CLIP,
     DP_NOISE,
     META_FITS,
@@ -215,6 +216,11 @@ class TorchADMM:
             )
         if self.context is None:
             raise ValueError("context: client-held duals keep the dual in context.state")
+        if ACCEL_GAMMA in self.config:
+            raise ValueError(
+                f"{ACCEL_GAMMA}: fast ADMM with client-held duals is not supported by the "
+                "torch step yet (use acceleration=None)"
+            )
         z = list(self.received.values())
         kept = client_duals.load_states(self.context.state, [t.shape for t in z])
         self.duals = kept

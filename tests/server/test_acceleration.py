@@ -54,9 +54,13 @@ def test_bad_acceleration_is_refused_naming_the_field() -> None:
         FedADMM(restart_eta=0.0)
 
 
-def test_client_held_duals_refuse_acceleration() -> None:
-    with pytest.raises(ValueError, match="acceleration: only None"):
-        FedADMMClientDuals(acceleration="nesterov")
+def test_client_held_duals_refuse_a_bad_acceleration_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="acceleration: must be one of"):
+        FedADMMClientDuals(acceleration="aitken")
+    with pytest.raises(ValueError, match="with client-held duals, got 'anderson'"):
+        FedADMMClientDuals(acceleration="anderson")  # FedADMM only
+    with pytest.raises(ValueError, match="restart_eta"):
+        FedADMMClientDuals(acceleration="nesterov", restart_eta=0.0)
 
 
 # Rounds to a 1e-6 gap at constant rho, alpha 1 (measured): Anderson 7, 10, 17;

@@ -116,3 +116,41 @@ def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any
     sent = [h["uplink_bytes"] for h in message.history]
     assert sent == [h["uplink_bytes"] for h in legacy.history]
     assert all(b < 3 * 20 * 8 for b in sent)  # 3 nodes, well under float64's 20 x 8 bytes
+
+
+@pytest.mark.parametrize("kind", ["nesterov", "goldstein"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_admm_gives_the_legacy_z_sequence_on_both_client_sides(kind: str, case: str) -> None:
+    """acceleration=kind: z_k travels under ``admm-accel-z``; same z, S and restarts."""
+    setting = CASES[case]
+    legacy, recorder, _ = run_seed(
+        flwr_admm.FedADMMClientDuals,
+        ROUNDS,
+        client_kwargs=CLIENT,
+        rho=0.1,
+        fraction_fit=setting["fraction"],
+        min_fit_clients=setting["minimum"],
+        min_available_clients=NUM_CLIENTS,
+        sampling_seed=setting["seed"],
+        acceleration=kind,
+    )
+    for app in (make_client_app(admm_client_fn(**CLIENT)), steps_app):
+        z_recorder = ZRecorder()
+        message = FedADMMClientDuals(
+            rho=0.1,
+            fraction_train=setting["fraction"],
+            min_train_nodes=setting["minimum"],
+            min_available_nodes=NUM_CLIENTS,
+            fraction_evaluate=0.0,
+            sampling_seed=setting["seed"],
+            acceleration=kind,
+        )
+        run_strategy(
+            message, InProcessGrid(app, NUM_CLIENTS), zeros(), ROUNDS, evaluate_fn=z_recorder
+        )
+        np.testing.assert_array_equal(z_recorder.matrix[1:], recorder.matrix)
+        for ours, theirs in zip(message.contribution_sum, legacy.contribution_sum, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+        assert message.momentum is not None and legacy.momentum is not None
+        assert message.momentum.restarts == legacy.momentum.restarts
+    assert legacy.momentum.restarts >= 1  # the restart path is exercised
