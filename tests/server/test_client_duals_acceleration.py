@@ -9,7 +9,6 @@ server-held `FedADMM(acceleration=...)`'s; otherwise the test lags one round.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +105,20 @@ def test_s_is_the_sum_of_the_clients_extrapolated_contributions() -> None:
     assert strategy.momentum is not None and strategy.momentum.restarts >= 1
 
 
-def test_without_acceleration_nothing_changes_bit_for_bit() -> None:
-    """z per round and S are main's (8a087b3) bit for bit; no fast-ADMM key is sent."""
-    expected = {  # sha256 of z per round and S, 25 rounds, recorded at 8a087b3
-        "full": "796c56c6a3abf18dd0ff00b4694e4ff062cdf510642aadd5c856f6f88e76759d",
-        "partial": "9bf92c574f09a736e50892c828681be23be4b4fbfd5552e19b81433d8fbb7cc3",
-    }
-    for name, kwargs in (("full", {}), ("partial", PARTIAL)):
-        strategy, recorder, _ = run_seed(
-            FedADMMClientDuals, 25, client_kwargs=CLIENT, rho=0.1, **kwargs
-        )
-        data = recorder.matrix.tobytes() + b"".join(t.tobytes() for t in strategy.contribution_sum)
-        assert hashlib.sha256(data).hexdigest() == expected[name], name
-        assert strategy.momentum is None
-        assert not any("restarts" in key for h in strategy.history for key in h)
+def test_without_acceleration_it_is_plain_admm_and_sends_no_fast_admm_key() -> None:
+    """acceleration=None (the default here) is the textbook iteration: with every client
+    every round z per round equals server-held FedADMM(acceleration=None, constant rho,
+    alpha 1) to 1e-12 relative, with no momentum and no fast-ADMM metric; with partial
+    participation it reaches the optimum as before (test_client_duals.py, 57 rounds).
+
+    (At the merge it was also checked bit for bit against the code before fast ADMM
+    for client-held duals, full and partial: sha256 of z per round and S over 25
+    rounds; the hash is not kept as a test, it depends on the machine's BLAS.)"""
+    _, held, _ = run_seed(textbook_fedadmm, 25, client_kwargs=CLIENT, rho=0.1)
+    strategy, client, _ = run_seed(FedADMMClientDuals, 25, client_kwargs=CLIENT, rho=0.1)
+    assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
+    assert strategy.momentum is None
+    assert not any("restarts" in key for h in strategy.history for key in h)
 
 
 def test_partial_participation_converges() -> None:
