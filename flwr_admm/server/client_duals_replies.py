@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.common import FitRes, Parameters, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.dual_momentum import RoundSums
-from flwr_admm.core.kernels import BLOCK, blocks
+from flwr_admm.core.dual_momentum import DualMomentum, RoundSums, extrapolate
+from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import check_reply
@@ -41,6 +41,7 @@ from flwr_admm.protocol import (
     LOSS,
     NUM_DELAYED_RESIDUALS,
     NUM_REPLIES,
+    NUM_RESTARTS,
     OBJECTIVE,
     PREVIOUS_PRIMAL_RESIDUAL,
     PREVIOUS_ROUND,
@@ -321,6 +322,48 @@ def fast_admm_sums(
         all_returning=stats.num_delayed == stats.num_replies,
         all_new=stats.num_delayed == 0,
     )
+
+
+def z_round(
+    state: ZRoundState, stats: RoundStats, weight: int, num_clients: int, stale: bool
+) -> tuple[Arrays, dict[str, Scalar], bool]:
+    """Take round k's z-step and, with fast ADMM, the extrapolation; return (z, metrics, converged).
+
+    z_k = prox_{g/rho}(S / weight) in place (weight = N + N_stale), the residuals of
+    `round_residuals`, then, if `state.momentum` is set, z^_{k+1} = z_k + g (z_k - z_{k-1})
+    (`flwr_admm.core.dual_momentum.extrapolate`; ``num_restarts`` reported). The
+    returned z is what the next round sends.
+    """
+    z, contribution_sum, momentum = state.z, state.contribution_sum, state.momentum
+    assert z is not None and contribution_sum is not None
+    z_hat = [t.copy() for t in z] if momentum is not None else z
+    with single_thread_blas():
+        dz_sq = z_step(z, contribution_sum, weight, state.regularizer, state.rho)
+    metrics, converged = round_residuals(
+        stats, z, dz_sq, state.rho, state.eps_abs, state.eps_rel, state.regularizer
+    )
+    if momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
+        sums = fast_admm_sums(stats, contribution_sum, state.total_examples, num_clients, stale)
+        _, z = extrapolate(momentum, z, z_hat, dz_sq, sums, state.rho)
+        metrics[NUM_RESTARTS] = momentum.restarts
+    return z, metrics, converged
+
+
+class ZRoundState(Protocol):
+    """What `z_round` reads of a client-held-dual strategy (both APIs)."""
+
+    @property
+    def z(self) -> Arrays | None: ...  # noqa: D102
+
+    @property
+    def contribution_sum(self) -> Arrays | None: ...  # noqa: D102
+
+    total_examples: int
+    momentum: DualMomentum | None
+    regularizer: Regularizer | None
+    rho: float
+    eps_abs: float
+    eps_rel: float
 
 
 def _integer(value: object) -> bool:

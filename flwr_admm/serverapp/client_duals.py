@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.dual_momentum import extrapolate, fast_config, momentum_for
+from flwr_admm.core.dual_momentum import fast_config, momentum_for
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
@@ -33,7 +33,6 @@ from flwr_admm.protocol import (
     MODE_KEY,
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
-    NUM_RESTARTS,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PAYLOAD_RECORD,
@@ -49,10 +48,8 @@ from flwr_admm.server.client_duals_replies import (
     RoundStats,
     entries_from_arrays,
     entry_arrays,
-    fast_admm_sums,
     protocol_problem,
-    round_residuals,
-    z_step,
+    z_round,
 )
 from flwr_admm.server.client_duals_settings import check_client_duals_settings, checked_uplink
 from flwr_admm.server.client_duals_sweep import RebuildSweep
@@ -346,22 +343,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         self._end_sweep()
         assert self.z is not None and self.contribution_sum is not None
         weight = self.total_examples + self.sweep.stale_examples
-        z_hat = [t.copy() for t in self.z] if self.momentum is not None else self.z
-        with single_thread_blas():
-            dz_sq = z_step(self.z, self.contribution_sum, weight, self.regularizer, self.rho)
-        metrics, converged = round_residuals(
-            self._stats, self.z, dz_sq, self.rho, self.eps_abs, self.eps_rel, self.regularizer
+        self.z, metrics, converged = z_round(
+            self, self._stats, weight, len(self.clients), self.sweep.active
         )
-        if self.momentum is not None:  # z_k -> z^_{k+1}; the nodes move u_i next round
-            sums = fast_admm_sums(
-                self._stats,
-                self.contribution_sum,
-                self.total_examples,
-                len(self.clients),
-                self.sweep.active,
-            )
-            _, self.z = extrapolate(self.momentum, self.z, z_hat, dz_sq, sums, self.rho)
-            metrics[NUM_RESTARTS] = self.momentum.restarts
         self.converged = converged and not self.sweep.active  # not while S holds a stale share
         metrics[CONVERGED] = int(self.converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
