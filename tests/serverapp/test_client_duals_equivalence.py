@@ -31,7 +31,7 @@ CASES = {
 }
 
 
-def message_run(case: dict[str, Any], app: Any, rounds: int = ROUNDS) -> Any:
+def message_run(case: dict[str, Any], app: Any, rounds: int = ROUNDS, **extra: Any) -> Any:
     recorder = ZRecorder()
     strategy = FedADMMClientDuals(
         rho=0.1,
@@ -40,13 +40,14 @@ def message_run(case: dict[str, Any], app: Any, rounds: int = ROUNDS) -> Any:
         min_available_nodes=NUM_CLIENTS,
         fraction_evaluate=0.0,
         sampling_seed=case["seed"],
+        **extra,
     )
     grid = InProcessGrid(app, NUM_CLIENTS)
     run_strategy(strategy, grid, zeros(), rounds, evaluate_fn=recorder)
     return strategy, recorder.matrix[1:]  # start() also records round 0
 
 
-def legacy_run(case: dict[str, Any]) -> Any:
+def legacy_run(case: dict[str, Any], **extra: Any) -> Any:
     strategy, recorder, _ = run_seed(
         flwr_admm.FedADMMClientDuals,
         ROUNDS,
@@ -56,6 +57,7 @@ def legacy_run(case: dict[str, Any]) -> Any:
         min_fit_clients=case["minimum"],
         min_available_clients=NUM_CLIENTS,
         sampling_seed=case["seed"],
+        **extra,
     )
     return strategy, recorder.matrix
 
@@ -89,30 +91,10 @@ def test_a_users_handler_with_admm_train_step_gives_the_same_z_sequence() -> Non
 )
 def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any) -> None:
     case = CASES["partial participation"]
-    legacy, recorder, _ = run_seed(
-        flwr_admm.FedADMMClientDuals,
-        ROUNDS,
-        client_kwargs=CLIENT,
-        rho=0.1,
-        fraction_fit=case["fraction"],
-        min_fit_clients=case["minimum"],
-        min_available_clients=NUM_CLIENTS,
-        sampling_seed=case["seed"],
-        uplink=compressor,
-    )
-    recorder_message = ZRecorder()
-    message = FedADMMClientDuals(
-        rho=0.1,
-        fraction_train=case["fraction"],
-        min_train_nodes=case["minimum"],
-        min_available_nodes=NUM_CLIENTS,
-        fraction_evaluate=0.0,
-        sampling_seed=case["seed"],
-        uplink=compressor,
-    )
-    grid = InProcessGrid(make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS)
-    run_strategy(message, grid, zeros(), ROUNDS, evaluate_fn=recorder_message)
-    np.testing.assert_array_equal(recorder_message.matrix[1:], recorder.matrix)
+    legacy, z_legacy = legacy_run(case, uplink=compressor)
+    app = make_client_app(admm_client_fn(**CLIENT))
+    message, z_message = message_run(case, app, uplink=compressor)
+    np.testing.assert_array_equal(z_message, z_legacy)
     sent = [h["uplink_bytes"] for h in message.history]
     assert sent == [h["uplink_bytes"] for h in legacy.history]
     assert all(b < 3 * 20 * 8 for b in sent)  # 3 nodes, well under float64's 20 x 8 bytes
@@ -123,32 +105,10 @@ def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any
 def test_fast_admm_gives_the_legacy_z_sequence_on_both_client_sides(kind: str, case: str) -> None:
     """acceleration=kind: z_k travels under ``admm-accel-z``; same z, S and restarts."""
     setting = CASES[case]
-    legacy, recorder, _ = run_seed(
-        flwr_admm.FedADMMClientDuals,
-        ROUNDS,
-        client_kwargs=CLIENT,
-        rho=0.1,
-        fraction_fit=setting["fraction"],
-        min_fit_clients=setting["minimum"],
-        min_available_clients=NUM_CLIENTS,
-        sampling_seed=setting["seed"],
-        acceleration=kind,
-    )
+    legacy, z_legacy = legacy_run(setting, acceleration=kind)
     for app in (make_client_app(admm_client_fn(**CLIENT)), steps_app):
-        z_recorder = ZRecorder()
-        message = FedADMMClientDuals(
-            rho=0.1,
-            fraction_train=setting["fraction"],
-            min_train_nodes=setting["minimum"],
-            min_available_nodes=NUM_CLIENTS,
-            fraction_evaluate=0.0,
-            sampling_seed=setting["seed"],
-            acceleration=kind,
-        )
-        run_strategy(
-            message, InProcessGrid(app, NUM_CLIENTS), zeros(), ROUNDS, evaluate_fn=z_recorder
-        )
-        np.testing.assert_array_equal(z_recorder.matrix[1:], recorder.matrix)
+        message, z_message = message_run(setting, app, acceleration=kind)
+        np.testing.assert_array_equal(z_message, z_legacy)
         for ours, theirs in zip(message.contribution_sum, legacy.contribution_sum, strict=True):
             np.testing.assert_array_equal(ours, theirs)
         assert message.momentum is not None and legacy.momentum is not None
