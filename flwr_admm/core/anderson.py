@@ -28,8 +28,10 @@ taken, which keeps the round's client work (the "nesterov" choice of
 `flwr_admm.core.acceleration`); with `patience` P > 0 the next P steps stay plain.
 A change of rho, of the cached clients or of their n_i or s_i (the coordinates
 change), or a non-finite residual, also restarts the memory. The memory costs
-2 m (N + 1) model-sized float64 vectors; it is not checkpointed (a resumed run
-restarts it).
+2 m (N + 1) model-sized float64 vectors. It is checkpointed (`AndersonADMM.dump`):
+dX, dG, x_k, g_k as flat float64 vectors, the counters, and the signature (rho, the
+client keys in the order of x's blocks, n_i, s_i), so a resumed run extrapolates
+exactly as an unbroken one.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,6 +49,8 @@ from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, natural_key
 
 Vector = NDArray[np.float64]
+Signature = tuple[float, tuple[str, ...], tuple[tuple[int, float], ...]]  # rho, keys, n_i, s_i
+PREFIX = "anderson_"  # checkpoint array names: anderson_dx.i, anderson_dg.i, anderson_x_prev, ...
 
 DEFAULT_MEMORY = 5  # m
 DEFAULT_SAFEGUARD = 1.0  # D
@@ -141,6 +146,58 @@ class AndersonMemory:
         self.extrapolated = True
         return np.asarray(out, dtype=np.float64)
 
+    # ------------------------------------------------------------- checkpoint
+    def dump(self) -> tuple[dict[str, Vector], dict[str, Any]]:
+        """Return the pairs and x_k, g_k as named float64 vectors, and the counters (JSON)."""
+        arrays: dict[str, Vector] = {}
+        for i, (dx, dg) in enumerate(zip(self.dx, self.dg, strict=True)):
+            arrays[f"{PREFIX}dx.{i}"], arrays[f"{PREFIX}dg.{i}"] = dx, dg
+        if self.x_prev is not None and self.g_prev is not None:
+            arrays[f"{PREFIX}x_prev"], arrays[f"{PREFIX}g_prev"] = self.x_prev, self.g_prev
+        meta = {
+            "pairs": len(self.dx),
+            "has_prev": self.x_prev is not None,
+            "extrapolated": self.extrapolated,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "restarts": self.restarts,
+            "wait": self._wait,
+        }
+        return arrays, meta
+
+    def load(self, arrays: dict[str, NDArray[Any]], meta: dict[str, Any], size: int) -> None:
+        """Restore what `dump` wrote (vectors of length `size`); ValueError if incomplete.
+
+        The settings (m, D, lam, patience) stay this object's own.
+        """
+        pairs, has_prev = int(meta["pairs"]), bool(meta["has_prev"])
+        names = [f"{PREFIX}{kind}.{i}" for i in range(pairs) for kind in ("dx", "dg")]
+        names += [f"{PREFIX}x_prev", f"{PREFIX}g_prev"] if has_prev else []
+        held = sorted(name for name in arrays if name.startswith(PREFIX))
+        if held != sorted(names) or pairs > self.memory or (pairs and not has_prev):
+            raise ValueError(
+                f"checkpoint: Anderson memory incomplete: the manifest names {pairs} pairs "
+                f"(m = {self.memory}){' and x_k, g_k' if has_prev else ''}, the arrays file "
+                f"holds {held}"
+            )
+        for name in names:
+            if arrays[name].shape != (size,) or arrays[name].dtype != np.float64:
+                raise ValueError(
+                    f"checkpoint: Anderson memory {name}: expected float64 of shape ({size},), "
+                    f"got {arrays[name].dtype} of shape {arrays[name].shape}"
+                )
+
+        def take(name: str) -> Vector:
+            return np.array(arrays[f"{PREFIX}{name}"], dtype=np.float64)
+
+        self.dx = [take(f"dx.{i}") for i in range(pairs)]
+        self.dg = [take(f"dg.{i}") for i in range(pairs)]
+        self.x_prev = take("x_prev") if has_prev else None
+        self.g_prev = take("g_prev") if has_prev else None
+        self.extrapolated = bool(meta["extrapolated"])
+        self.accepted, self.rejected = int(meta["accepted"]), int(meta["rejected"])
+        self.restarts, self._wait = int(meta["restarts"]), int(meta["wait"])
+
 
 @dataclass
 class AndersonADMM:
@@ -156,7 +213,7 @@ class AndersonADMM:
     z_before: Arrays = field(default_factory=list)
     y_before: dict[str, Arrays] = field(default_factory=dict)
     cached_before: frozenset[str] = frozenset()
-    signature: tuple[object, ...] | None = None  # (rho, keys, n_i, s_i) of the memory
+    signature: Signature | None = None  # (rho, keys, (n_i, s_i)) of the memory
     replied_only: bool = False  # keep the y_i of clients absent this round where they are
 
     def remember(self, z: Arrays, records: dict[str, ClientRecord], keys: Collection[str]) -> None:
@@ -216,6 +273,45 @@ class AndersonADMM:
             for acc, y in zip(sums.ny, records[key].y, strict=True):
                 axpy(float(records[key].num_examples), y, acc)
         return parts[0]
+
+    # ------------------------------------------------------------- checkpoint
+    def dump(self) -> tuple[dict[str, Vector], dict[str, Any]]:
+        """Return the memory's vectors and metadata, with the signature of its coordinates.
+
+        Between rounds z_before, y_before are empty: only the memory and the
+        signature (rho, client keys in block order, n_i, s_i) carry over.
+        """
+        arrays, meta = self.accel.dump()
+        if self.signature is not None:
+            rho, keys, weights = self.signature
+            meta["signature"] = {
+                "rho": rho,
+                "keys": list(keys),
+                "weights": [[n, s] for n, s in weights],
+            }
+        else:
+            meta["signature"] = None
+        return arrays, meta
+
+    def load(self, arrays: dict[str, NDArray[Any]], meta: dict[str, Any], size: int) -> None:
+        """Restore what `dump` wrote for a model of `size` parameters; ValueError if damaged."""
+        saved = meta["signature"]
+        if saved is None:
+            if meta["has_prev"]:
+                raise ValueError("checkpoint: Anderson memory without its signature")
+            self.signature = None
+            self.accel.load(arrays, meta, 0)
+        else:
+            keys = tuple(str(k) for k in saved["keys"])
+            weights = tuple((int(n), float(s)) for n, s in saved["weights"])
+            if len(weights) != len(keys):
+                raise ValueError(
+                    f"checkpoint: Anderson memory signature: {len(keys)} keys, "
+                    f"{len(weights)} weights"
+                )
+            self.signature = (float(saved["rho"]), keys, weights)
+            self.accel.load(arrays, meta, (len(keys) + 1) * size)  # x = (z, y_1..y_N)
+        self.z_before, self.y_before, self.cached_before = [], {}, frozenset()
 
 
 def _flatten(parts: list[Arrays], scales: list[float]) -> Vector:

@@ -412,13 +412,17 @@ class ConsensusADMM:
 
         Array names: z.j, sum_nsw.j (S_w), sum_ny.j (S_y), w.i.j, y.i.j (clients in
         natural key order); metadata: rho, schedule_state, clients (key, n_i, s_i),
-        sum_ns (S_s), sum_n (N), shapes.
+        sum_ns (S_s), sum_n (N), shapes. Fast ADMM adds accel_* arrays and
+        "acceleration", Anderson acceleration anderson_* arrays and "anderson".
         """
         arrays, meta = dump_state(
             SavedState(self.z, self.rho, self.schedule_state, self.records, self.sums)
         )
         if self.fast is not None:
             extra, meta["acceleration"] = self.fast.dump(sorted(self.records, key=natural_key))
+            arrays.update(extra)
+        if self.anderson is not None:
+            extra, meta["anderson"] = self.anderson.dump()
             arrays.update(extra)
         return arrays, meta
 
@@ -431,3 +435,11 @@ class ConsensusADMM:
             self.fast = FastADMM.load(
                 arrays, meta["acceleration"], self.fast.eta, len(self.z), self.state_dtype
             )
+        if self.anderson is not None:
+            if "anderson" not in meta:
+                raise ValueError(
+                    "checkpoint: no Anderson memory (written before flwr-admm saved it); a "
+                    "resume would restart it and not continue the run bit for bit: resume it "
+                    "with the version that wrote it, or move it away to start fresh"
+                )
+            self.anderson.load(arrays, meta["anderson"], self.num_parameters)

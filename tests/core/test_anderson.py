@@ -160,7 +160,7 @@ def test_patience_waits_that_many_plain_steps_after_a_rejection() -> None:
     assert accel.extrapolated  # the wait is over
 
 
-def test_a_restored_checkpoint_restarts_the_memory_and_still_converges() -> None:
+def test_a_restored_checkpoint_keeps_the_memory_and_still_converges() -> None:
     data = clients([30, 50, 20, 40], d=6, seed=3)
     admm = ConsensusADMM([np.zeros(6)], rho=1.0, acceleration="anderson")
     assert _rounds_to(admm, data, 0.05, 10) is None  # 10 rounds: memory filled
@@ -169,7 +169,12 @@ def test_a_restored_checkpoint_restarts_the_memory_and_still_converges() -> None
     resumed = ConsensusADMM([np.zeros(6)], rho=1.0, acceleration="anderson")
     resumed.load_state_dict(arrays, meta)
     assert np.array_equal(resumed.z[0], admm.z[0])
-    assert resumed.anderson is not None and not resumed.anderson.accel.dg
+    assert resumed.anderson is not None and len(resumed.anderson.accel.dg) == len(
+        admm.anderson.accel.dg
+    )
+    for kept, saved in zip(resumed.anderson.accel.dg, admm.anderson.accel.dg, strict=True):
+        assert np.array_equal(kept, saved)
+    assert resumed.anderson.signature == admm.anderson.signature
     assert _rounds_to(resumed, data, 0.05, 400) is not None
 
 
@@ -188,3 +193,40 @@ def test_a_state_that_stopped_moving_takes_the_plain_step() -> None:
     for _ in range(4):  # dG = 0: the Gram matrix is 0, least squares gives gamma = 0
         out = accel.step(x, x.copy())
         assert np.array_equal(out, x)
+
+
+def test_checkpoint_round_trip_keeps_the_memory_bit_for_bit() -> None:
+    data = clients([30, 50, 20], d=4, seed=5)
+    every = ["c0", "c1", "c2"]
+    unbroken = ConsensusADMM([np.zeros(4)], rho=0.5, acceleration="anderson")
+    for k in range(6):
+        ridge_round(unbroken, data, 0.1, every, k + 1)
+    assert unbroken.anderson is not None and unbroken.anderson.accel.dx  # a memory to keep
+    arrays, meta = unbroken.state_dict()
+    arrays = {name: a.copy() for name, a in arrays.items()}
+    resumed = ConsensusADMM([np.zeros(4)], rho=0.5, acceleration="anderson")
+    resumed.load_state_dict(arrays, meta)
+    for k in range(6, 12):
+        ridge_round(unbroken, data, 0.1, every if k % 3 else every[:2], k + 1)
+        ridge_round(resumed, data, 0.1, every if k % 3 else every[:2], k + 1)
+        assert np.array_equal(unbroken.z[0], resumed.z[0])
+    assert resumed.anderson is not None
+    assert resumed.anderson.accel.accepted == unbroken.anderson.accel.accepted
+
+
+def test_a_checkpoint_missing_anderson_arrays_or_memory_is_refused() -> None:
+    data = clients([30, 50, 20], d=4, seed=5)
+    admm = ConsensusADMM([np.zeros(4)], rho=0.5, acceleration="anderson")
+    for k in range(4):
+        ridge_round(admm, data, 0.1, ["c0", "c1", "c2"], k + 1)
+    arrays, meta = admm.state_dict()
+    fresh = ConsensusADMM([np.zeros(4)], rho=0.5, acceleration="anderson")
+    missing = {name: a for name, a in arrays.items() if name != "anderson_dx.0"}
+    with pytest.raises(ValueError, match="Anderson memory"):
+        fresh.load_state_dict(missing, meta)
+    short = {**arrays, "anderson_g_prev": arrays["anderson_g_prev"][:-1]}
+    with pytest.raises(ValueError, match="Anderson memory"):
+        fresh.load_state_dict(short, meta)
+    old = {k: v for k, v in meta.items() if k != "anderson"}  # written before it was saved
+    with pytest.raises(ValueError, match="no Anderson memory"):
+        fresh.load_state_dict(arrays, old)
