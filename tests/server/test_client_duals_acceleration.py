@@ -40,27 +40,24 @@ def _restarts(strategy: Any) -> int:
     return int(fast.restarts if fast is not None else strategy.momentum.restarts)
 
 
+def _run(factory: Any, kind: str, rounds: int, **kwargs: Any) -> tuple[Any, list[int]]:
+    """Run `factory` with acceleration=kind; return its z recorder and restarts per round."""
+    restarts: list[int] = []
+    _, recorder, _ = run_seed(
+        factory,
+        rounds,
+        client_kwargs=CLIENT,
+        rho=0.1,
+        acceleration=kind,
+        on_round=lambda s, k: restarts.append(_restarts(s)),
+        **kwargs,
+    )
+    return recorder, restarts
+
+
 def _runs(kind: str, rounds: int, **kwargs: Any) -> tuple[Any, Any, list[int], list[int]]:
-    held_restarts: list[int] = []
-    client_restarts: list[int] = []
-    _, held, _ = run_seed(
-        textbook_fedadmm,
-        rounds,
-        client_kwargs=CLIENT,
-        rho=0.1,
-        acceleration=kind,
-        on_round=lambda s, k: held_restarts.append(_restarts(s)),
-        **kwargs,
-    )
-    _, client, _ = run_seed(
-        FedADMMClientDuals,
-        rounds,
-        client_kwargs=CLIENT,
-        rho=0.1,
-        acceleration=kind,
-        on_round=lambda s, k: client_restarts.append(_restarts(s)),
-        **kwargs,
-    )
+    held, held_restarts = _run(textbook_fedadmm, kind, rounds, **kwargs)
+    client, client_restarts = _run(FedADMMClientDuals, kind, rounds, **kwargs)
     return held, client, held_restarts, client_restarts
 
 
