@@ -105,8 +105,8 @@ def prepared(
     assert aggregated is not None
     for proxy in proxies[SAMPLED:]:  # what N / 10 rounds would leave behind
         key = f"partition-id:{proxy.cid}"
-        strategy.clients[key] = ClientEntry(examples(proxy), SETUP_ROUND)
-        strategy.total_examples += examples(proxy)
+        strategy.state.clients[key] = ClientEntry(examples(proxy), SETUP_ROUND)
+        strategy.state.total_examples += examples(proxy)
     sample = proxies[:: num_clients // SAMPLED][:SAMPLED]
     manager.next_sample = sample
     assert len(strategy.configure_fit(SETUP_ROUND + 1, aggregated, manager)) == SAMPLED
@@ -116,8 +116,8 @@ def prepared(
 
 def server_state_bytes(strategy: FedADMMClientDuals) -> int:
     """Z and S (float64), plus the per-key records (counted as 3 ints each)."""
-    arrays = [*(strategy.z or []), *(strategy.contribution_sum or [])]
-    return int(sum(a.nbytes for a in arrays)) + 24 * len(strategy.clients)
+    arrays = [*(strategy.z or []), *(strategy.state.contribution_sum or [])]
+    return int(sum(a.nbytes for a in arrays)) + 24 * len(strategy.state.clients)
 
 
 def measure(
@@ -132,7 +132,7 @@ def measure(
 
     def reset(name: str = "ClientDuals") -> None:
         for proxy in sample:  # the timed replies come from clients last seen at SETUP_ROUND
-            strategy.clients[f"partition-id:{proxy.cid}"].last_round = SETUP_ROUND
+            strategy.state.clients[f"partition-id:{proxy.cid}"].last_round = SETUP_ROUND
 
     def run_fedavg() -> Any:
         return fedavg.aggregate_fit(server_round, timed[next(turns["FedAvg"]) % 2], [])

@@ -87,44 +87,32 @@ from __future__ import annotations
 
 import io
 import os
-from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import FitIns, Parameters, Scalar, parameters_to_ndarrays
-from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.dual_momentum import fast_config, momentum_for
+from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
-    ACK_ROUND,
-    CONVERGED,
     MODE_CLIENT,
     MODE_KEY,
-    NUM_CLIENTS_CACHED,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PREVIOUS_ROUND,
-    REBUILD,
-    REBUILDING,
     RHO,
 )
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.client_duals_replies import (
-    ClientEntry,
     RoundStats,
     decoded_reply,
-    entries_from_arrays,
-    entry_arrays,
-    protocol_problem,
-    z_round,
 )
-from flwr_admm.server.client_duals_settings import check_client_duals_settings, checked_uplink
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.server.client_duals_settings import checked_uplink
+from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
@@ -220,33 +208,28 @@ class FedADMMClientDuals(ConsensusStrategy):
             checkpoint_every=checkpoint_every,
             **fedavg_kwargs,
         )
-        check_client_duals_settings(
+        self.state = ClientDualsState(
             rho=rho,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
-            acceleration=acceleration,
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
+            acceleration=acceleration,
             restart_eta=restart_eta,
+            rho_schedule=rho_schedule,
+            client_rho=client_rho,
+            relaxation=relaxation,
         )
-        self.acceleration = acceleration
-        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
-        self.rho = float(rho)
-        self.regularizer = regularizer
-        self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
-        self.z: Arrays | None = None
-        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
-        self.total_examples = 0  # N = sum_i n_i
-        self.clients: dict[str, ClientEntry] = {}
-        self.sweep = RebuildSweep()  # takes stale shares out of S
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
-        self._stats = RoundStats()  # of the round being folded in
         self._resume(resume)
 
     def __repr__(self) -> str:
-        return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
+        state = self.state
+        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"
+
+    @property
+    def z(self) -> Arrays | None:
+        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
+        return self.state.z
 
     # ------------------------------------------------------------------- fit
     def _fit_instructions(
@@ -257,24 +240,25 @@ class FedADMMClientDuals(ConsensusStrategy):
         ack = the round whose contribution S holds for the client's key (0: none);
         rebuild = 1 while a sweep needs that key's full share.
         """
-        common: dict[str, Scalar] = {**config, RHO: self.rho, MODE_KEY: MODE_CLIENT}
-        if self.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
-            common.update(fast_config(self.momentum))
-            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+        state = self.state
+        common: dict[str, Scalar] = {**config, RHO: state.rho, MODE_KEY: MODE_CLIENT}
+        if state.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
+            common.update(fast_config(state.momentum))
+            last = state.momentum.last  # none yet: z_k = z^ (g = 0)
             z_k = parameters.tensors if last is None else _serialize(last.z, self._dtypes).tensors
             parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
-        instructions = []
-        for client in clients:
-            key = self._key_of_cid.get(client.cid)
-            entry = None if key is None else self.clients.get(key)
-            ack = 0 if entry is None else entry.last_round
-            rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
-            own = {**common, ACK_ROUND: ack, REBUILD: int(rebuild)}
-            instructions.append((client, FitIns(parameters, own)))
-        return instructions
+        return [
+            (
+                client,
+                FitIns(
+                    parameters, {**common, **state.instructions(self._key_of_cid.get(client.cid))}
+                ),
+            )
+            for client in clients
+        ]
 
     def _open_round(self, keys: list[str]) -> None:
-        self._stats = RoundStats()
+        self.state.stats = RoundStats()
 
     def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
@@ -283,139 +267,76 @@ class FedADMMClientDuals(ConsensusStrategy):
         share goes stale and the sweep takes it out of S.
         """
         key, proxy, res = keyed
-        assert self.contribution_sum is not None
-        entry = self.clients.get(key)
-        report = protocol_problem(entry, res.metrics, res.num_examples)
+        state = self.state
+        assert state.contribution_sum is not None
+        report = state.problem(key, res.metrics, res.num_examples)
         if report is not None:
             problem, mismatch = report
             self._reject(key, problem, counts)
             counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + mismatch
             return False
-        reply = decoded_reply(self.channel, res, self.contribution_sum)
+        reply = decoded_reply(self.channel, res, state.contribution_sum)
         if reply.problem is not None:
             self._reject(key, reply.problem, counts)
             return False
         full = res.metrics[PREVIOUS_ROUND] == 0
-        if full and entry is not None:
-            log(INFO, "%s: %s resynchronized (its state was lost)", self.label, key)
+        n = int(res.num_examples)
+        if state.fold(key, reply.change, reply.share, n, server_round, res.metrics, full=full):
             counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
-        self.sweep.fold(key, self.contribution_sum, reply.change, reply.share, full=full)
-        self.total_examples += int(res.num_examples) - (0 if entry is None else entry.num_examples)
-        self.clients[key] = ClientEntry(int(res.num_examples), server_round)
         self._key_of_cid[proxy.cid] = key
-        self._stats.add(res.num_examples, res.metrics)
         return True
 
     def _evict(self, keys: list[str]) -> None:
         """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
-        for key in keys:
-            entry = self.clients.pop(key, None)
-            if entry is None or self.contribution_sum is None:
-                continue
-            self.total_examples -= entry.num_examples
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
-        self._end_sweep()
-
-    def _end_sweep(self) -> None:
-        """Set S := S_new once every key the server holds has rebuilt."""
-        rebuilt = self.sweep.finish(self.clients)
-        if rebuilt is not None:
-            self.contribution_sum = rebuilt
+        self.state.evict(keys)
 
     def _discard_round(self) -> dict[str, Scalar]:
-        return {
-            RHO: self.rho,
-            NUM_CLIENTS_CACHED: len(self.clients),
-            REBUILDING: int(self.sweep.active),
-        }
+        return self.state.discard_metrics()
 
     def _finish_round(self, server_round: int) -> dict[str, Scalar]:
-        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals.
-
-        (N_stale = 0 unless a sweep is still on: S := S_new first if it is complete.)
-        """
-        self._end_sweep()
-        assert self.z is not None and self.contribution_sum is not None
-        weight = self.total_examples + self.sweep.stale_examples
-        self.z, metrics, converged = z_round(
-            self, self._stats, weight, len(self.clients), self.sweep.active
-        )
-        self.converged = converged and not self.sweep.active  # not while S holds a stale share
-        metrics[CONVERGED] = int(self.converged)
-        metrics[NUM_CLIENTS_CACHED] = len(self.clients)
-        return {**metrics, REBUILDING: int(self.sweep.active)}
+        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals."""
+        metrics, self.converged = self.state.finish_round()
+        return metrics
 
     # ----------------------------------------------------------------- state
     def _consensus(self) -> Arrays | None:
-        return self.z
+        return self.state.z
 
     def _serialized_consensus(self) -> Parameters:
-        assert self.z is not None
-        self._broadcast = _serialize(self.z, self._dtypes)
+        assert self.state.z is not None
+        self._broadcast = _serialize(self.state.z, self._dtypes)
         return self._broadcast
 
     def _adopt(self, parameters: Parameters) -> None:
         """Take the broadcast z as z^k (decoded unless it is what we returned)."""
-        if parameters is self._broadcast and self.z is not None:
+        if parameters is self._broadcast and self.state.z is not None:
             return
         received = parameters_to_ndarrays(parameters)
         z = [np.array(t, dtype=np.float64) for t in received]
-        if self.z is None:
+        if self.state.z is None:
             self._dtypes = [np.asarray(t).dtype for t in received]
-            self.contribution_sum = [np.zeros_like(t) for t in z]
-        elif [t.shape for t in z] != [t.shape for t in self.z]:
+        elif [t.shape for t in z] != [t.shape for t in self.state.z]:
             raise ValueError(
-                f"parameters: expected shapes {[t.shape for t in self.z]}, "
+                f"parameters: expected shapes {[t.shape for t in self.state.z]}, "
                 f"got {[t.shape for t in z]}"
             )
-        self.z = z
+        self.state.adopt(z)
 
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return the configuration a checkpoint must agree with (JSON)."""
-        return {
-            "strategy": STRATEGY,
-            "rho": self.rho,
-            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
-            "eps_abs": self.eps_abs,
-            "eps_rel": self.eps_rel,
-            **({} if self.momentum is None else {"acceleration": self.acceleration}),
-        }
+        return self.state.configuration(STRATEGY)
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
-        assert self.z is not None and self.contribution_sum is not None
-        arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
-        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
-        arrays.update(entry_arrays(self.clients))
-        sweep_arrays, sweep_manifest = self.sweep.state_dict()
-        manifest = {
-            "num_tensors": len(self.z),
-            "total_examples": int(self.total_examples),
-            "keys": list(self.clients),
-            **sweep_manifest,
-        }
-        if self.momentum is not None:
-            accel_arrays, manifest["acceleration"] = self.momentum.dump()
-            arrays.update(accel_arrays)
-        return {**arrays, **sweep_arrays}, manifest
+        return self.state.state_dict()
 
     def _load_state_dict(
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
     ) -> None:
-        count = int(manifest["num_tensors"])
-        z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
-        s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
-        if [t.shape for t in s] != [t.shape for t in z] or len(dtypes) != count:
+        if len(dtypes) != int(manifest["num_tensors"]):
             raise ValueError("z, S and dtypes disagree")
-        clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
-        total = int(manifest["total_examples"])
-        self.sweep.load_state_dict(arrays, manifest, s)
-        self.z, self.contribution_sum = z, s
-        self.total_examples, self.clients = total, clients
-        if self.momentum is not None:
-            self.momentum.load(arrays, manifest["acceleration"], count)
+        self.state.load_state_dict(arrays, manifest)
         self._broadcast = None
 
 

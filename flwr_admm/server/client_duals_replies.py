@@ -350,7 +350,7 @@ def z_round(
 
 
 class ZRoundState(Protocol):
-    """What `z_round` reads of a client-held-dual strategy (both APIs)."""
+    """What `z_round` reads: `flwr_admm.server.client_duals_state.ClientDualsState`."""
 
     @property
     def z(self) -> Arrays | None: ...  # noqa: D102

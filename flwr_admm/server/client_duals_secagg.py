@@ -68,7 +68,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.server.base import Results
 from flwr_admm.server.client_duals import FedADMMClientDuals
-from flwr_admm.server.client_duals_replies import ClientEntry, RoundStats, protocol_problem
+from flwr_admm.server.client_duals_replies import RoundStats, protocol_problem
 from flwr_admm.server.identity import client_key_of
 from flwr_admm.server.sampling import keyed_replies
 
@@ -137,7 +137,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         super().__init__(**client_duals_kwargs)
 
     def __repr__(self) -> str:
-        return f"FedADMMClientDualsSecAgg(rho={self.rho}, grid={self.grid!r})"
+        return f"FedADMMClientDualsSecAgg(rho={self.state.rho}, grid={self.grid!r})"
 
     def workflow(
         self,
@@ -166,7 +166,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
                 f"quantization_range: {len(clients)} clients x {self.grid.quantization_range} "
                 f"levels overflow modulus_range {self.modulus_range}; lower it or sample fewer"
             )
-        self._sweep_sent = self.sweep.new_sum
+        self._sweep_sent = self.state.sweep.new_sum
         secure: dict[str, Scalar] = {
             SECAGG_SCALE: float(self.grid.scale),
             SECAGG_CLIP: float(self.grid.clipping_range),
@@ -193,7 +193,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             keyed, lambda key, why, conflict: self._reject(key, why, counts, conflict)
         )
         for key, _, res in admitted:
-            entry = None if key in freed else self.clients.get(key)
+            entry = None if key in freed else self.state.clients.get(key)
             report = protocol_problem(entry, res.metrics, res.num_examples, secure=True)
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0
@@ -217,12 +217,14 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         for key, proxy, res in admitted:
             self._fold_metadata(key, proxy, res, server_round, counts)
         change, new_block, stats = aggregate
-        same_sweep = self.sweep.new_sum is not None and self.sweep.new_sum is self._sweep_sent
-        assert self.contribution_sum is not None
-        self.sweep.fold_sum(
-            incoming, self.contribution_sum, change, new_block if same_sweep else None
+        same_sweep = (
+            self.state.sweep.new_sum is not None and self.state.sweep.new_sum is self._sweep_sent
         )
-        self._stats = _round_stats([res for _, _, res in admitted], stats)
+        assert self.state.contribution_sum is not None
+        self.state.sweep.fold_sum(
+            incoming, self.state.contribution_sum, change, new_block if same_sweep else None
+        )
+        self.state.stats = _round_stats([res for _, _, res in admitted], stats)
         return [(proxy, res) for _, proxy, res in admitted]
 
     def _fold_metadata(
@@ -234,21 +236,17 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         counts: dict[str, Scalar],
     ) -> None:
         """N += n_i' - n_i, record (n_i', round); a resync's old share goes stale."""
-        assert self.contribution_sum is not None
-        entry = self.clients.get(key)
-        if res.metrics[PREVIOUS_ROUND] == 0 and entry is not None:
-            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
         n = int(res.metrics[SECAGG_EXAMPLES])  # type: ignore[arg-type]
-        self.total_examples += n - (0 if entry is None else entry.num_examples)
-        self.clients[key] = ClientEntry(n, server_round)
+        full = res.metrics[PREVIOUS_ROUND] == 0
+        if self.state.record(key, n, server_round, full=full):
+            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
         self.binding.bind(key, proxy.cid, self._clock)
 
     def _aggregate(
         self, results: Results
     ) -> tuple[tuple[Arrays, Arrays | None, list[float]] | None, str | None]:
         """Return (sum Delta, the S_new block's sum or None, summed statistics), or why not."""
-        assert self.contribution_sum is not None
+        assert self.state.contribution_sum is not None
         if not results:
             return None, "no results"
         first = results[0][1].parameters
@@ -258,7 +256,10 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             mean = [np.asarray(t, dtype=np.float64) for t in parameters_to_ndarrays(first)]
         except Exception as error:  # a malformed aggregate must not stop the server
             return None, f"unreadable aggregate ({error!r})"
-        count, shapes = len(self.contribution_sum), [t.shape for t in self.contribution_sum]
+        count, shapes = (
+            len(self.state.contribution_sum),
+            [t.shape for t in self.state.contribution_sum],
+        )
         stats_shape = (NUM_STATS * self.grid.num_limbs,)
         blocks = 2 if self._sweep_sent is not None else 1
         if [t.shape for t in mean] != shapes * blocks + [stats_shape]:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from logging import INFO
 from typing import Any, ClassVar
 
-import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -20,39 +19,29 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.dual_momentum import fast_config, momentum_for
+from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
-    ACK_ROUND,
-    CONVERGED,
     MESSAGE_SERVER_ROUND,
     MODE_CLIENT,
     MODE_KEY,
-    NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PAYLOAD_RECORD,
     PREVIOUS_ROUND,
-    REBUILD,
-    REBUILDING,
     RHO,
     SHARE_RECORD,
 )
 from flwr_admm.server.client_duals import STRATEGY
 from flwr_admm.server.client_duals_replies import (
-    ClientEntry,
     RoundStats,
-    entries_from_arrays,
-    entry_arrays,
-    protocol_problem,
-    z_round,
 )
-from flwr_admm.server.client_duals_settings import check_client_duals_settings, checked_uplink
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.server.client_duals_settings import checked_uplink
+from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
 from flwr_admm.serverapp.payloads import decoded
@@ -192,39 +181,34 @@ class FedADMMClientDuals(ConsensusStrategy):
             max_client_age=max_client_age,
             max_clients=max_clients,
         )
-        check_client_duals_settings(
+        self.state = ClientDualsState(
             rho=rho,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
-            acceleration=acceleration,
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
+            acceleration=acceleration,
             restart_eta=restart_eta,
+            rho_schedule=rho_schedule,
+            client_rho=client_rho,
+            relaxation=relaxation,
         )
-        self.acceleration = acceleration
-        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
         self.channel = UplinkChannel(checked_uplink(uplink))
-        self.rho = float(rho)
-        self.regularizer = regularizer
-        self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
-        self.z: Arrays | None = None
-        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
-        self.total_examples = 0  # N = sum_i n_i
-        self.clients: dict[str, ClientEntry] = {}
-        self.sweep = RebuildSweep()  # takes stale shares out of S
         self._sent_record: ArrayRecord | None = None  # what we returned last (z in the layout)
-        self._stats = RoundStats()  # of the round being folded in
         self._resume(resume)
 
     def __repr__(self) -> str:
-        return f"FedADMMClientDuals(rho={self.rho}, regularizer={self.regularizer!r})"
+        state = self.state
+        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"
+
+    @property
+    def z(self) -> Arrays | None:
+        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
+        return self.state.z
 
     def summary(self) -> None:
         """Log the ADMM settings, then FedAvg's."""
         log(INFO, "\t├──> FedADMMClientDuals settings (duals held by the nodes):")
-        log(INFO, "\t│\t└── rho: %s, regularizer: %s", self.rho, self.regularizer)
+        log(INFO, "\t│\t└── rho: %s, regularizer: %s", self.state.rho, self.state.regularizer)
         super().summary()
 
     # ------------------------------------------------------------------ train
@@ -235,24 +219,22 @@ class FedADMMClientDuals(ConsensusStrategy):
         common = {
             **user,
             **self.channel.config(),
-            RHO: self.rho,
+            RHO: self.state.rho,
             MODE_KEY: MODE_CLIENT,
             MESSAGE_SERVER_ROUND: server_round,
         }
         extra: dict[str, ArrayRecord] = {}
-        if self.momentum is not None:  # fast ADMM: g, the restart kind and z_k
+        momentum = self.state.momentum
+        if momentum is not None:  # fast ADMM: g, the restart kind and z_k
             assert self.layout is not None
-            common.update(fast_config(self.momentum))
-            last = self.momentum.last  # none yet: z_k = z^ (g = 0)
+            common.update(fast_config(momentum))
+            last = momentum.last  # none yet: z_k = z^ (g = 0)
             extra[ACCEL_Z_RECORD] = arrays if last is None else self.layout.record(last.z)
         self.channel.sampled(len(sampled), len(sampled))  # resets the round's byte count
         messages = []
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
-            entry = None if key is None else self.clients.get(key)
-            ack = 0 if entry is None else entry.last_round
-            rebuild = key is not None and entry is not None and self.sweep.wants_share(key)
-            config = ConfigRecord({**common, ACK_ROUND: ack, REBUILD: int(rebuild)})
+            config = ConfigRecord({**common, **self.state.instructions(key)})
             content = RecordDict(
                 {self.arrayrecord_key: arrays, self.configrecord_key: config, **extra}
             )
@@ -270,7 +252,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         """Read Delta_i (decoded from ``admm-payload`` when compressed) and sigma_i'."""
         assert self.layout is not None
         try:
-            z = self.z
+            z = self.state.z
             assert z is not None
             message = decoded(message, self.layout, self.channel, lambda: z, self.arrayrecord_key)
         except Exception as error:  # a malformed payload must not stop the server
@@ -282,7 +264,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         )
 
     def _open_round(self, keys: list[str]) -> None:
-        self._stats = RoundStats()
+        self.state.stats = RoundStats()
 
     def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
         """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
@@ -290,83 +272,45 @@ class FedADMMClientDuals(ConsensusStrategy):
         A full contribution (previous round 0) for a key S holds is a resync: its old
         share goes stale and the sweep takes it out of S.
         """
-        assert self.contribution_sum is not None
         key, metrics, n = reply.key, reply.metrics, reply.num_examples
-        entry = self.clients.get(key)
-        report = protocol_problem(entry, metrics, n)
+        report = self.state.problem(key, metrics, n)
         if report is not None:
             problem, mismatch = report
             self._reject(key, problem, counts)
             counts[NUM_STATE_MISMATCH] += mismatch
             return False
         full = metrics[PREVIOUS_ROUND] == 0
-        if full and entry is not None:
-            log(INFO, "%s: %s resynchronized (its state was lost)", self.label, key)
-            counts[NUM_RESYNCED] += 1
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
         with single_thread_blas():
-            self.sweep.fold(key, self.contribution_sum, reply.arrays, reply.share, full=full)
-        self.total_examples += n - (0 if entry is None else entry.num_examples)
-        self.clients[key] = ClientEntry(n, server_round)
-        self._stats.add(n, metrics)
+            resync = self.state.fold(
+                key, reply.arrays, reply.share, n, server_round, metrics, full=full
+            )
+        counts[NUM_RESYNCED] += int(resync)
         return True
 
     def _evict(self, keys: list[str]) -> int:
         """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
-        evicted = 0
-        for key in keys:
-            entry = self.clients.pop(key, None)
-            if entry is None or self.contribution_sum is None:
-                continue
-            evicted += 1
-            self.total_examples -= entry.num_examples
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
-        self._end_sweep()
-        return evicted
-
-    def _end_sweep(self) -> None:
-        """Set S := S_new once every key the server holds has rebuilt."""
-        rebuilt = self.sweep.finish(self.clients)
-        if rebuilt is not None:
-            self.contribution_sum = rebuilt
+        return self.state.evict(keys)
 
     def _discard_round(self) -> dict[str, Any]:
-        return {
-            RHO: self.rho,
-            NUM_CLIENTS_CACHED: len(self.clients),
-            REBUILDING: int(self.sweep.active),
-            **self.channel.round_metrics(aggregated=False),
-        }
+        return {**self.state.discard_metrics(), **self.channel.round_metrics(aggregated=False)}
 
     def _finish_round(self, server_round: int) -> dict[str, Any]:
         """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals."""
-        self._end_sweep()
-        assert self.z is not None and self.contribution_sum is not None
-        weight = self.total_examples + self.sweep.stale_examples
-        self.z, metrics, converged = z_round(
-            self, self._stats, weight, len(self.clients), self.sweep.active
-        )
-        self.converged = converged and not self.sweep.active  # not while S holds a stale share
-        metrics[CONVERGED] = int(self.converged)
-        metrics[NUM_CLIENTS_CACHED] = len(self.clients)
-        uplink = self.channel.round_metrics(aggregated=True)
-        return {**metrics, REBUILDING: int(self.sweep.active), **uplink}
+        metrics, self.converged = self.state.finish_round()
+        return {**metrics, **self.channel.round_metrics(aggregated=True)}
 
     # ------------------------------------------------------------------ state
     def _adopt(self, arrays: ArrayRecord) -> None:
         """Take the broadcast z as z^k (read unless it is what we returned)."""
-        if arrays is self._sent_record and self.z is not None:
+        if arrays is self._sent_record and self.state.z is not None:
             return
         if self.layout is None:
             self.layout = Layout.of(arrays)
-        z = self.layout.read(arrays)
-        if self.contribution_sum is None:
-            self.contribution_sum = [np.zeros_like(t) for t in z]
-        self.z = z
+        self.state.adopt(self.layout.read(arrays))
 
     def _broadcast(self) -> ArrayRecord:
-        assert self.z is not None and self.layout is not None
-        self._sent_record = self.layout.record(self.z)
+        assert self.state.z is not None and self.layout is not None
+        self._sent_record = self.layout.record(self.state.z)
         return self._sent_record
 
     def _restored_record(self) -> ArrayRecord:
@@ -375,46 +319,17 @@ class FedADMMClientDuals(ConsensusStrategy):
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return the configuration a checkpoint must agree with (JSON)."""
+        compressor = self.channel.compressor
         return {
-            "strategy": STRATEGY,
-            "rho": self.rho,
-            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
-            "eps_abs": self.eps_abs,
-            "eps_rel": self.eps_rel,
-            "uplink": None if self.channel.compressor is None else self.channel.compressor.config(),
-            **({} if self.momentum is None else {"acceleration": self.acceleration}),
+            **self.state.configuration(STRATEGY),
+            "uplink": None if compressor is None else compressor.config(),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
-        assert self.z is not None and self.contribution_sum is not None
-        arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
-        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
-        arrays.update(entry_arrays(self.clients))
-        sweep_arrays, sweep_manifest = self.sweep.state_dict()
-        manifest = {
-            "num_tensors": len(self.z),
-            "total_examples": int(self.total_examples),
-            "keys": list(self.clients),
-            **sweep_manifest,
-        }
-        if self.momentum is not None:
-            accel_arrays, manifest["acceleration"] = self.momentum.dump()
-            arrays.update(accel_arrays)
-        return {**arrays, **sweep_arrays}, manifest
+        return self.state.state_dict()
 
     def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
         assert self.layout is not None
-        count = int(manifest["num_tensors"])
-        z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
-        s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
-        shapes = [t.shape for t in z]
-        if [t.shape for t in s] != shapes or shapes != list(self.layout.shapes):
-            raise ValueError("z, S and the model's shapes disagree")
-        clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
-        self.sweep.load_state_dict(arrays, manifest, s)
-        self.z, self.contribution_sum = z, s
-        self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        if self.momentum is not None:
-            self.momentum.load(arrays, manifest["acceleration"], count)
+        self.state.load_state_dict(arrays, manifest, list(self.layout.shapes))
         self._sent_record = None

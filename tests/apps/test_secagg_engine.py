@@ -49,7 +49,7 @@ class Spy(FedADMMClientDualsSecAgg):
         self.seen: list[dict[str, Any]] = []
 
     def aggregate_fit(self, server_round: int, results: list[Any], failures: list[Any]) -> Any:
-        entry = self.clients.get(f"partition-id:{DROPOUT[0]}")
+        entry = self.state.clients.get(f"partition-id:{DROPOUT[0]}")
         self.seen.append(
             {
                 "arrays": [parameters_to_ndarrays(res.parameters) for _, res in results],

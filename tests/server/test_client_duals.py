@@ -113,7 +113,7 @@ def test_partial_participation_reaches_the_optimum() -> None:
     assert reach_client is not None and reach_client <= 62  # measured: 57
     assert reach_held is not None and reach_held <= 52  # measured: 49
     assert gaps(client.matrix)[-1] <= 2e-7  # measured: 6.7e-8 at round 70
-    assert len(strategy.clients) == NUM_CLIENTS
+    assert len(strategy.state.clients) == NUM_CLIENTS
 
 
 # ------------------------------------------------------------ bad replies, lost state
@@ -143,9 +143,9 @@ def _protocol(partition: int, previous_round: int) -> dict[str, Any]:
 
 def test_bad_replies_are_rejected_without_touching_s() -> None:
     strategy, proxies = _run(3, 2)
-    assert strategy.contribution_sum is not None
-    before = [s.copy() for s in strategy.contribution_sum]
-    entries = {k: (e.num_examples, e.last_round) for k, e in strategy.clients.items()}
+    assert strategy.state.contribution_sum is not None
+    before = [s.copy() for s in strategy.state.contribution_sum]
+    entries = {k: (e.num_examples, e.last_round) for k, e in strategy.state.clients.items()}
     good = np.full(20, 0.25)
     nan = np.full(20, 0.25)
     nan[3] = np.nan
@@ -157,22 +157,22 @@ def test_bad_replies_are_rejected_without_touching_s() -> None:
     aggregated, metrics = strategy.aggregate_fit(3, results, [])
     assert aggregated is not None
     assert metrics["num_rejected"] == 2 and metrics["num_replies"] == 1
-    np.testing.assert_array_equal(strategy.contribution_sum[0], before[0] + good)
-    assert strategy.clients["partition-id:1"].last_round == entries["partition-id:1"][1]
-    assert strategy.clients["partition-id:0"].last_round == 3
+    np.testing.assert_array_equal(strategy.state.contribution_sum[0], before[0] + good)
+    assert strategy.state.clients["partition-id:1"].last_round == entries["partition-id:1"][1]
+    assert strategy.state.clients["partition-id:0"].last_round == 3
     # A round of only bad replies (or a FedProx client without the protocol metrics)
     # leaves S, N, z as they were.
-    z, n = [t.copy() for t in strategy.z or []], strategy.total_examples
-    after = [s.copy() for s in strategy.contribution_sum]
+    z, n = [t.copy() for t in strategy.z or []], strategy.state.total_examples
+    after = [s.copy() for s in strategy.state.contribution_sum]
     results = [
         _reply(proxies[1], [nan], **_protocol(1, 2)),
         _reply(proxies[2], [good], **{"partition-id": 2, "loss": 0.1}),
     ]
     aggregated, metrics = strategy.aggregate_fit(4, results, [])
     assert aggregated is None and metrics["num_rejected"] == 2
-    np.testing.assert_array_equal(strategy.contribution_sum[0], after[0])
+    np.testing.assert_array_equal(strategy.state.contribution_sum[0], after[0])
     np.testing.assert_array_equal((strategy.z or [])[0], z[0])
-    assert strategy.total_examples == n
+    assert strategy.state.total_examples == n
 
 
 def _shares(proxies: list[Any], d: int) -> np.ndarray:
@@ -202,16 +202,16 @@ def test_lost_client_state_resyncs_and_the_sweep_rebuilds_s(
     assert metrics["num_resynced"] == 1 and metrics["num_rejected"] == 0
     assert metrics["num_replies"] == 4 and metrics["rebuilding"] == 1
     assert any("partition-id:1 resynchronized" in r.getMessage() for r in caplog.records)
-    assert strategy.contribution_sum is not None
-    stale = strategy.contribution_sum[0] - _shares(proxies, 20)
+    assert strategy.state.contribution_sum is not None
+    stale = strategy.state.contribution_sum[0] - _shares(proxies, 20)
     assert np.abs(stale).max() > 1.0  # S still holds the old share
-    assert strategy.total_examples == 4 * 500 and strategy.sweep.stale_examples == 500
+    assert strategy.state.total_examples == 4 * 500 and strategy.state.sweep.stale_examples == 500
     # Round 5: every key but the resynced one sends its full share too; S := S_new.
     instructions, metrics = _one_round(strategy, proxies, 5)
     assert [ins.config["admm-rebuild"] for _, ins in instructions] == [1, 0, 1, 1]
     assert metrics["rebuilding"] == 0 and metrics["num_resynced"] == 0
-    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
-    assert strategy.sweep.stale_examples == 0 and not strategy.sweep.active
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
+    assert strategy.state.sweep.stale_examples == 0 and not strategy.state.sweep.active
     instructions, metrics = _one_round(strategy, proxies, 6)  # back to plain replies
     assert [ins.config["admm-rebuild"] for _, ins in instructions] == [0] * 4
     assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
@@ -229,8 +229,8 @@ def test_a_duplicated_reply_is_rejected_and_its_client_comes_back() -> None:
     instructions, metrics = _one_round(strategy, proxies, 4)
     assert [ins.config["admm-ack-round"] for _, ins in instructions] == [2, 3, 3]
     assert metrics["num_rejected"] == 0 and metrics["num_replies"] == 3
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], _shares(proxies, 20), atol=1e-10)
 
 
 def test_supernodes_restarted_under_new_node_ids_rejoin() -> None:
@@ -240,22 +240,22 @@ def test_supernodes_restarted_under_new_node_ids_rejoin() -> None:
     instructions, metrics = _one_round(strategy, fresh, 4)
     assert [ins.config["admm-ack-round"] for _, ins in instructions] == [0] * 4
     assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
-    assert metrics["rebuilding"] == 0 and strategy.total_examples == 4 * 500
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], _shares(fresh, 20), atol=1e-10)
+    assert metrics["rebuilding"] == 0 and strategy.state.total_examples == 4 * 500
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], _shares(fresh, 20), atol=1e-10)
 
 
 def test_an_evicted_keys_share_leaves_s() -> None:
     strategy, proxies = _run(4, 3)
-    assert strategy.contribution_sum is not None
+    assert strategy.state.contribution_sum is not None
     strategy._evict(["partition-id:3"])
     strategy.min_available_clients = 3  # its node is gone too
-    assert strategy.total_examples == 3 * 500 and strategy.sweep.active
+    assert strategy.state.total_examples == 3 * 500 and strategy.state.sweep.active
     _, metrics = _one_round(strategy, proxies[:3], 4)
     assert metrics["rebuilding"] == 0 and metrics["num_replies"] == 3
-    assert sorted(strategy.clients) == [f"partition-id:{i}" for i in range(3)]
+    assert sorted(strategy.state.clients) == [f"partition-id:{i}" for i in range(3)]
     np.testing.assert_allclose(
-        strategy.contribution_sum[0], _shares(proxies[:3], 20), rtol=0, atol=1e-10
+        strategy.state.contribution_sum[0], _shares(proxies[:3], 20), rtol=0, atol=1e-10
     )
 
 
@@ -269,10 +269,10 @@ def test_max_client_age_evicts_and_the_sweep_takes_the_shares_out_of_s() -> None
     metrics = [_one_round(strategy, proxies[:5], r)[1] for r in range(3, 9)]  # 5-9 left
     assert [m["num_evicted"] for m in metrics] == [0, 0, 0, 5, 0, 0]  # at round 6
     assert [m["rebuilding"] for m in metrics] == [0] * 6  # all 5 sent their shares
-    assert sorted(strategy.clients) == [f"partition-id:{i}" for i in range(5)]
-    assert strategy.total_examples == 5 * 500 and strategy.contribution_sum is not None
+    assert sorted(strategy.state.clients) == [f"partition-id:{i}" for i in range(5)]
+    assert strategy.state.total_examples == 5 * 500 and strategy.state.contribution_sum is not None
     np.testing.assert_allclose(
-        strategy.contribution_sum[0], _shares(proxies[:5], 20), rtol=0, atol=1e-10
+        strategy.state.contribution_sum[0], _shares(proxies[:5], 20), rtol=0, atol=1e-10
     )
 
 
@@ -288,9 +288,9 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
     flags = [_one_round(strategy, proxies[:9], r)[1] for r in range(51, 71)]
     rebuilding = [m for m in flags if m["rebuilding"]]
     assert rebuilding and all(m["converged"] == 0 for m in rebuilding)
-    assert flags[-1]["rebuilding"] == 0 and strategy.contribution_sum is not None
+    assert flags[-1]["rebuilding"] == 0 and strategy.state.contribution_sum is not None
     np.testing.assert_allclose(
-        strategy.contribution_sum[0], _shares(proxies[:9], 20), rtol=0, atol=1e-9
+        strategy.state.contribution_sum[0], _shares(proxies[:9], 20), rtol=0, atol=1e-9
     )
 
 
@@ -406,7 +406,7 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
     largest_residual = 0.0
     for server_round in range(1, 9):
         _one_round(strategy, proxies, server_round)
-        assert strategy.contribution_sum is not None
+        assert strategy.state.contribution_sum is not None
         expected = np.zeros(d)
         for proxy in proxies:
             kept = load_states(proxy.context.state, [(d,)])
@@ -417,7 +417,7 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
             assert state.residual is not None
             expected -= state.residual[0]
             largest_residual = max(largest_residual, float(np.abs(state.residual[0]).max()))
-        np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-12)
     assert largest_residual > 1e-3  # measured 17.6 (TopK); S matches to 3.6e-15
 
 
@@ -437,7 +437,7 @@ def _one_round(
 
 def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
     strategy, proxies = _run(4, 2, uplink=StochasticQuantizer(bits=8))
-    assert strategy.contribution_sum is not None
+    assert strategy.state.contribution_sum is not None
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
@@ -452,12 +452,14 @@ def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None
     wrong = StochasticQuantizer(bits=8).encode([np.ones(21)], np.random.default_rng(0))
     results[3][1].parameters = wrong
     decoded = StochasticQuantizer(bits=8).decode(results[0][1].parameters, [(20,)])
-    before = [s.copy() for s in strategy.contribution_sum]
+    before = [s.copy() for s in strategy.state.contribution_sum]
     _, metrics = strategy.aggregate_fit(3, results, [])
     assert metrics["num_rejected"] == 3 and metrics["num_replies"] == 1
-    np.testing.assert_allclose(strategy.contribution_sum[0], before[0] + decoded[0], atol=1e-14)
-    assert strategy.clients["partition-id:0"].last_round == 3
-    assert all(strategy.clients[f"partition-id:{i}"].last_round == 2 for i in (1, 2, 3))
+    np.testing.assert_allclose(
+        strategy.state.contribution_sum[0], before[0] + decoded[0], atol=1e-14
+    )
+    assert strategy.state.clients["partition-id:0"].last_round == 3
+    assert all(strategy.state.clients[f"partition-id:{i}"].last_round == 2 for i in (1, 2, 3))
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -565,7 +567,7 @@ def test_server_state_does_not_grow_with_the_number_of_clients() -> None:
             rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=num_clients
         )
         run_rounds(strategy, make_proxies(client_fn, num_clients), 3)
-        assert len(strategy.clients) == num_clients
+        assert len(strategy.state.clients) == num_clients
         assert strategy.history[-1]["num_replies"] == num_clients
         held.append(_model_sized(strategy, d, set()))
     assert held == [3, 3]  # z, S and the serialized z it broadcast last
@@ -604,7 +606,7 @@ def test_run_simulation_matches_in_process_driver() -> None:
         },
     )
     assert [h["num_replies"] for h in strategy.history] == [NUM_CLIENTS] * rounds
-    assert sorted(strategy.clients) == sorted(f"partition-id:{i}" for i in range(NUM_CLIENTS))
+    assert sorted(strategy.state.clients) == sorted(f"partition-id:{i}" for i in range(NUM_CLIENTS))
     _, reference, _ = run_seed(FedADMMClientDuals, rounds, client_kwargs=CLIENT, rho=0.1)
     z_ray = recorder.matrix[-rounds:]  # Flower also evaluates round 0
     assert relative_errors(z_ray, reference.matrix).max() <= 1e-12

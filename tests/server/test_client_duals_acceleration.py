@@ -37,7 +37,7 @@ PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 1
 
 def _restarts(strategy: Any) -> int:
     fast = getattr(getattr(strategy, "admm", None), "fast", None)
-    return int(fast.restarts if fast is not None else strategy.momentum.restarts)
+    return int(fast.restarts if fast is not None else strategy.state.momentum.restarts)
 
 
 def _run(factory: Any, kind: str, rounds: int, **kwargs: Any) -> tuple[Any, list[int]]:
@@ -85,7 +85,7 @@ def test_s_is_the_sum_of_the_clients_extrapolated_contributions() -> None:
     )
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     run_rounds(strategy, proxies, 12)
-    shapes = [t.shape for t in strategy.contribution_sum]
+    shapes = [t.shape for t in strategy.state.contribution_sum]
     total = [np.zeros(s) for s in shapes]
     for proxy in proxies:
         kept = load_states(proxy.context.state, shapes)
@@ -97,9 +97,9 @@ def test_s_is_the_sum_of_the_clients_extrapolated_contributions() -> None:
         for acc, part in zip(total, state.share, strict=True):
             acc += part
     scale = max(float(np.abs(t).max()) for t in total)
-    for ours, theirs in zip(strategy.contribution_sum, total, strict=True):
+    for ours, theirs in zip(strategy.state.contribution_sum, total, strict=True):
         assert np.abs(ours - theirs).max() <= 1e-12 * scale
-    assert strategy.momentum is not None and strategy.momentum.restarts >= 1
+    assert strategy.state.momentum is not None and strategy.state.momentum.restarts >= 1
 
 
 def test_without_acceleration_it_is_plain_admm_and_sends_no_fast_admm_key() -> None:
@@ -114,7 +114,7 @@ def test_without_acceleration_it_is_plain_admm_and_sends_no_fast_admm_key() -> N
     _, held, _ = run_seed(textbook_fedadmm, 25, client_kwargs=CLIENT, rho=0.1)
     strategy, client, _ = run_seed(FedADMMClientDuals, 25, client_kwargs=CLIENT, rho=0.1)
     assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
-    assert strategy.momentum is None
+    assert strategy.state.momentum is None
     assert not any("restarts" in key for h in strategy.history for key in h)
 
 
@@ -141,7 +141,7 @@ def test_faults_with_acceleration_still_converge(
     """The recovery suite's faults with u_i,prev in the committed/pending states."""
     strategy, recorder, result = run(faults, acceleration="nesterov")
     assert assert_recovers(recorder, result) == expected  # without acceleration: 17
-    assert strategy.momentum.u_sum is None  # an incomplete round: the test lags from then
+    assert strategy.state.momentum.u_sum is None  # an incomplete round: the test lags from then
 
 
 def test_the_client_extrapolates_its_own_dual() -> None:
@@ -208,7 +208,7 @@ def test_resume_with_acceleration_is_bit_identical(kind: str, tmp_path: Path) ->
     _, before = checkpointed(tmp_path / "ckpt", proxies, 6)
     resumed, after = checkpointed(tmp_path / "ckpt", proxies, 4)
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)
-    assert resumed.momentum.restarts == straight.momentum.restarts >= 1
+    assert resumed.state.momentum.restarts == straight.state.momentum.restarts >= 1
     with pytest.raises(ValueError, match="acceleration"):  # the fingerprint holds it
         FedADMMClientDuals(
             rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path / "ckpt"

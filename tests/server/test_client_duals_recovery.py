@@ -169,8 +169,8 @@ def test_lost_state_and_a_truncated_payload_under_8_bit_compression() -> None:
         kept = load_states(proxy.context.state, [(20,)])
         assert kept.pending is not None  # every last reply was used
         expected += kept.pending.share[0]
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
 
 
 def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) -> None:
@@ -186,11 +186,14 @@ def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) ->
         rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=before, checkpoint_dir=tmp_path
     )
     run_rounds(first, proxies, 6)
-    assert first.sweep.active  # round 6's resync started it
+    assert first.state.sweep.active  # round 6's resync started it
     second = FedADMMClientDuals(
         rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=after, checkpoint_dir=tmp_path
     )
-    assert second.sweep.rebuilt == {"partition-id:4"} and second.sweep.stale_examples == 500
+    assert (
+        second.state.sweep.rebuilt == {"partition-id:4"}
+        and second.state.sweep.stale_examples == 500
+    )
     run_rounds(second, proxies, 3)
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), straight.matrix)
     assert [int(h["rebuilding"]) for h in second.history] == [0, 0, 0]

@@ -50,7 +50,7 @@ def held_shares(strategy: FedADMMClientDuals, proxies: list[InProcessClientProxy
     """Return sum_i sigma_i = n_i c_i - e_i over the states S holds (per the server's acks)."""
     total = np.zeros(20)
     for i, proxy in enumerate(proxies):
-        entry = strategy.clients[f"partition-id:{i}"]
+        entry = strategy.state.clients[f"partition-id:{i}"]
         kept = load_states(proxy.context.state, [(20,)])
         states = [s for s in kept if s is not None and s.server_round == entry.last_round]
         total += states[0].share[0]
@@ -65,7 +65,7 @@ def test_sum_stays_exact_up_to_the_residuals_and_converges_like_without_secagg()
         if server_round == 0:
             return
         shares = held_shares(strategy, proxies)
-        errors.append(float(np.linalg.norm(strategy.contribution_sum[0] - shares)))
+        errors.append(float(np.linalg.norm(strategy.state.contribution_sum[0] - shares)))
         states = [load_states(p.context.state, [(20,)]).pending for p in proxies]
         residuals.append(max(float(np.abs(s.residual[0]).max()) for s in states))
 
@@ -132,7 +132,7 @@ def test_a_claim_on_another_nodes_key_drops_the_round_and_spares_the_owner() -> 
     seen: dict[int, int] = {}
 
     def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
-        seen[server_round] = strategy.clients["partition-id:6"].last_round
+        seen[server_round] = strategy.state.clients["partition-id:6"].last_round
 
     _, recorder, result, _ = run_secure(25, faults={5: {3: "steal"}}, on_round=check)
     assert result.fit_metrics[2]["num_key_conflicts"] == 1
@@ -156,9 +156,9 @@ def test_a_lost_state_resyncs_through_a_secure_sweep() -> None:
     errors: list[float] = []
 
     def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
-        if server_round >= 8 and not strategy.sweep.active:
+        if server_round >= 8 and not strategy.state.sweep.active:
             shares = held_shares(strategy, proxies)
-            errors.append(float(np.linalg.norm(strategy.contribution_sum[0] - shares)))
+            errors.append(float(np.linalg.norm(strategy.state.contribution_sum[0] - shares)))
 
     _strategy, recorder, result, _ = run_secure(40, faults={4: {6: "wipe"}}, on_round=check)
     assert result.fit_metrics[5]["num_resynced"] == 1
@@ -179,7 +179,7 @@ def test_replies_that_are_not_one_aggregate_are_refused() -> None:
     result = run_rounds(strategy, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 2)
     assert [m["num_secure_dropped"] for m in result.fit_metrics] == [1, 1]
     assert np.all(recorder.matrix == 0.0)
-    assert strategy.clients == {}
+    assert strategy.state.clients == {}
 
 
 @pytest.mark.parametrize("bad", [np.nan, 9.0])
@@ -280,7 +280,9 @@ def test_without_the_residual_the_sum_drifts() -> None:
 
     def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
         errors.append(
-            float(np.linalg.norm(strategy.contribution_sum[0] - held_shares(strategy, proxies)))
+            float(
+                np.linalg.norm(strategy.state.contribution_sum[0] - held_shares(strategy, proxies))
+            )
         )
 
     original = SecureGrid.quantize

@@ -55,7 +55,9 @@ def configured(strategy: Any, cids: list[str]) -> Any:
 
 
 def client_keys(strategy: Any) -> list[str]:
-    return sorted(strategy.admm.records if isinstance(strategy, FedADMM) else strategy.clients)
+    return sorted(
+        strategy.admm.records if isinstance(strategy, FedADMM) else strategy.state.clients
+    )
 
 
 # ------------------------------------------------------------------ the rules

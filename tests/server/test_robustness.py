@@ -80,7 +80,7 @@ def test_a_hostile_client_key_never_raises_and_never_collides(
         1, [(Proxy("1"), honest), (Proxy("2"), hostile)], []
     )
     assert parameters is not None
-    keys = strategy.admm.records if strategy_class is FedADMM else strategy.clients
+    keys = strategy.admm.records if strategy_class is FedADMM else strategy.state.clients
     # The honest client 1 is filed alone under its own key.
     assert "partition-id:1" in keys
     assert round_metrics["num_replies"] + round_metrics["num_rejected"] == 2

@@ -132,7 +132,7 @@ def test_resume_refuses_initial_arrays_of_another_model(tmp_path: Path) -> None:
 def test_max_clients_evicts_the_least_recently_heard(name: str) -> None:
     strategy = STRATEGIES[name](**{**SETTINGS, "fraction_train": 0.3}, max_clients=6)
     z = run(strategy, grid(), 30)
-    held = strategy.admm.records if name == "FedADMM" else strategy.clients
+    held = strategy.admm.records if name == "FedADMM" else strategy.state.clients
     assert len(held) <= 6
     assert sum(h["num_evicted"] for h in strategy.history) > 0
     assert all(h["num_clients_cached"] <= 6 for h in strategy.history)
@@ -148,14 +148,14 @@ def test_an_evicted_keys_share_leaves_s() -> None:
     away = {3, 4}  # nodes 3 and 4 leave: their replies never arrive again
     nodes.offline = away
     run(strategy, nodes, 8)
-    assert "partition-id:2" not in strategy.clients and not strategy.sweep.active
-    assert strategy.total_examples == 8 * 500
+    assert "partition-id:2" not in strategy.state.clients and not strategy.state.sweep.active
+    assert strategy.state.total_examples == 8 * 500
     expected = np.zeros(20)
     for node_id, context in nodes.contexts.items():
         if node_id not in away:
             kept = load_states(context.state, [(20,)])
             assert kept.pending is not None
             expected += kept.pending.share[0]
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
     assert gaps(np.array([strategy.z[0]]))[-1] > 0  # optimum of the 8 remaining nodes

@@ -68,10 +68,12 @@ def test_legacy_and_message_api_client_duals_give_identical_z_sequences(case: st
     message, z_message = message_run(CASES[case], make_client_app(admm_client_fn(**CLIENT)))
     np.testing.assert_array_equal(z_message, z_legacy)
     for name in ("contribution_sum", "z"):
-        for ours, theirs in zip(getattr(message, name), getattr(legacy, name), strict=True):
+        for ours, theirs in zip(
+            getattr(message.state, name), getattr(legacy.state, name), strict=True
+        ):
             np.testing.assert_array_equal(ours, theirs)
-    assert message.total_examples == legacy.total_examples
-    assert message.clients == legacy.clients
+    assert message.state.total_examples == legacy.state.total_examples
+    assert message.state.clients == legacy.state.clients
     replies = [h["num_replies"] for h in legacy.history]
     assert [h["num_replies"] for h in message.history] == replies
     for ours, theirs in zip(message.history, legacy.history, strict=True):
@@ -109,8 +111,10 @@ def test_fast_admm_gives_the_legacy_z_sequence_on_both_client_sides(kind: str, c
     for app in (make_client_app(admm_client_fn(**CLIENT)), steps_app):
         message, z_message = message_run(setting, app, acceleration=kind)
         np.testing.assert_array_equal(z_message, z_legacy)
-        for ours, theirs in zip(message.contribution_sum, legacy.contribution_sum, strict=True):
+        for ours, theirs in zip(
+            message.state.contribution_sum, legacy.state.contribution_sum, strict=True
+        ):
             np.testing.assert_array_equal(ours, theirs)
-        assert message.momentum is not None and legacy.momentum is not None
-        assert message.momentum.restarts == legacy.momentum.restarts
-    assert legacy.momentum.restarts >= 1  # the restart path is exercised
+        assert message.state.momentum is not None and legacy.state.momentum is not None
+        assert message.state.momentum.restarts == legacy.state.momentum.restarts
+    assert legacy.state.momentum.restarts >= 1  # the restart path is exercised

@@ -76,8 +76,8 @@ def test_a_node_that_lost_its_state_resyncs_and_the_sweep_rebuilds_s() -> None:
         kept = load_states(context.state, [(20,)])
         assert kept.pending is not None
         expected += kept.pending.share[0]
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
 
 
 def test_lost_state_under_partial_participation() -> None:
@@ -102,6 +102,6 @@ def test_lost_state_under_8_bit_compression_keeps_s_the_sum_of_shares() -> None:
         kept = load_states(context.state, [(20,)])
         assert kept.pending is not None and kept.pending.residual is not None
         expected += kept.pending.share[0]
-    assert strategy.contribution_sum is not None
-    np.testing.assert_allclose(strategy.contribution_sum[0], expected, rtol=0, atol=1e-9)
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
     assert all(h["uplink_bytes"] < 10 * 20 * 8 for h in strategy.history)

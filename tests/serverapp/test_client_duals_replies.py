@@ -82,12 +82,12 @@ def test_bad_replies_are_rejected_counted_and_never_touch_s() -> None:
     assert metrics["num_rejected"] == len(bad)
     assert metrics["num_state_mismatch"] == 1
     assert metrics["num_replies"] == 2
-    assert strategy.contribution_sum is not None
+    assert strategy.state.contribution_sum is not None
     expected = [delta(0)["w"] + delta(1)["w"], delta(0)["b"] + delta(1)["b"]]
-    for ours, theirs in zip(strategy.contribution_sum, expected, strict=True):
+    for ours, theirs in zip(strategy.state.contribution_sum, expected, strict=True):
         np.testing.assert_array_equal(ours, theirs)
-    assert strategy.total_examples == 20
-    assert sorted(strategy.clients) == ["partition-id:0", "partition-id:1"]
+    assert strategy.state.total_examples == 20
+    assert sorted(strategy.state.clients) == ["partition-id:0", "partition-id:1"]
     np.testing.assert_array_equal(z["w"].numpy(), np.full((2, 3), 1.5, dtype=np.float32))
     assert z["w"].numpy().dtype == np.float32 and z["b"].numpy().shape == ()
 
@@ -97,9 +97,9 @@ def test_a_round_of_bad_replies_only_changes_nothing(name: str) -> None:
     strategy = started()
     z, metrics = strategy.aggregate_train(1, [bad_replies()[name]])
     assert z is None and metrics is not None and metrics["num_rejected"] == 1
-    assert strategy.contribution_sum is not None
-    assert all(not t.any() for t in strategy.contribution_sum)
-    assert strategy.clients == {} and strategy.total_examples == 0
+    assert strategy.state.contribution_sum is not None
+    assert all(not t.any() for t in strategy.state.contribution_sum)
+    assert strategy.state.clients == {} and strategy.state.total_examples == 0
 
 
 def test_next_round_acknowledges_what_s_holds() -> None:
@@ -162,6 +162,6 @@ def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None
     assert metrics["num_rejected"] == 3 and metrics["num_replies"] == 1
     assert metrics["uplink_bytes"] > 0
     decoded = quantizer.decode(good_payload, [(2, 3), ()])
-    assert strategy.contribution_sum is not None
-    for ours, theirs in zip(strategy.contribution_sum, decoded, strict=True):
+    assert strategy.state.contribution_sum is not None
+    for ours, theirs in zip(strategy.state.contribution_sum, decoded, strict=True):
         np.testing.assert_array_equal(ours, theirs)

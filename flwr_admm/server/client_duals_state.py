@@ -1,0 +1,249 @@
+"""The server's state with client-held duals: z, S, N, the per-key entries and the sweep.
+
+Every `FedADMMClientDuals` (legacy `flwr_admm.server`, Message API `flwr_admm.serverapp`,
+SecAgg+ `flwr_admm.server.client_duals_secagg`) holds one `ClientDualsState` and only
+translates messages; the protocol's server arithmetic lives here once (the math is in
+the legacy module's docstring, `flwr_admm.server.client_duals`):
+
+    fold     S += Delta_i,  N += n_i' - n_i,  entry_i = (n_i', k)
+             (a resync, a full share for a key S holds: its old share goes stale)
+    evict    N -= n_i; the rebuild sweep takes the key's share out of S
+    z-round  z_k = prox_{g/rho}(S / (N + N_stale)), residuals, fast ADMM's z^_{k+1}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+from numpy.typing import NDArray
+
+from flwr_admm.core.dual_momentum import momentum_for
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import ACK_ROUND, CONVERGED, NUM_CLIENTS_CACHED, REBUILD, REBUILDING, RHO
+from flwr_admm.server.client_duals_replies import (
+    ClientEntry,
+    RoundStats,
+    entries_from_arrays,
+    entry_arrays,
+    protocol_problem,
+    z_round,
+)
+from flwr_admm.server.client_duals_settings import check_client_duals_settings
+from flwr_admm.server.client_duals_sweep import RebuildSweep
+
+__all__ = ["ClientDualsState"]
+
+
+class ClientDualsState:
+    """z, S = sum_i n_i c_i, N = sum_i n_i, (n_i, last round) per key, the rebuild sweep.
+
+    Parameters
+    ----------
+    rho, regularizer, eps_abs, eps_rel, acceleration, restart_eta :
+        As in `FedADMMClientDuals`; with `rho_schedule`, `client_rho` and `relaxation`
+        checked by `check_client_duals_settings` (ValueError naming the field).
+
+    Attributes
+    ----------
+    z : list of ndarray or None
+        What the next round sends (z^_{k+1} with fast ADMM); None before the first round.
+    contribution_sum : list of ndarray or None
+        S; sized (zeros) by the first z.
+    total_examples : int
+        N.
+    clients : dict
+        key -> `ClientEntry` (n_i in S, the round it was added): the acknowledgement.
+    sweep : RebuildSweep
+        Takes stale shares out of S.
+    stats : RoundStats
+        Of the round being folded in.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        rho: float,
+        regularizer: Regularizer | None,
+        eps_abs: float,
+        eps_rel: float,
+        acceleration: str | None,
+        restart_eta: float,
+        rho_schedule: Any = None,
+        client_rho: str = "uniform",
+        relaxation: float = 1.0,
+    ) -> None:
+        check_client_duals_settings(
+            rho=rho,
+            rho_schedule=rho_schedule,
+            client_rho=client_rho,
+            relaxation=relaxation,
+            acceleration=acceleration,
+            regularizer=regularizer,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            restart_eta=restart_eta,
+        )
+        self.acceleration = acceleration
+        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
+        self.rho = float(rho)
+        self.regularizer = regularizer
+        self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
+        self.z: Arrays | None = None
+        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
+        self.total_examples = 0  # N = sum_i n_i
+        self.clients: dict[str, ClientEntry] = {}
+        self.sweep = RebuildSweep()
+        self.stats = RoundStats()
+
+    # ------------------------------------------------------------------ rounds
+    def adopt(self, z: Arrays) -> None:
+        """Take z as z^k; the first z also sizes S (zeros)."""
+        if self.contribution_sum is None:
+            self.contribution_sum = [np.zeros_like(t) for t in z]
+        self.z = z
+
+    def instructions(self, key: str | None) -> dict[str, int]:
+        """Return `key`'s ack round a (0: S holds none of it) and its rebuild flag."""
+        entry = None if key is None else self.clients.get(key)
+        if key is None or entry is None:
+            return {ACK_ROUND: 0, REBUILD: 0}
+        return {ACK_ROUND: entry.last_round, REBUILD: int(self.sweep.wants_share(key))}
+
+    def problem(
+        self, key: str, metrics: Mapping[str, Any], num_examples: object, *, secure: bool = False
+    ) -> tuple[str, int] | None:
+        """Return (why, 1 if a state mismatch) if the reply breaks the protocol, else None."""
+        return protocol_problem(self.clients.get(key), metrics, num_examples, secure=secure)
+
+    def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
+        """N += n_i' - n_i, entry_i = (n_i', k); True for a resync (its old share goes stale)."""
+        assert self.contribution_sum is not None
+        entry = self.clients.get(key)
+        resync = full and entry is not None
+        if entry is not None and resync:
+            log(INFO, "FedADMMClientDuals: %s resynchronized (its state was lost)", key)
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        self.total_examples += num_examples - (0 if entry is None else entry.num_examples)
+        self.clients[key] = ClientEntry(num_examples, server_round)
+        return resync
+
+    def fold(
+        self,
+        key: str,
+        change: Sequence[NDArray[np.generic]],
+        share: Sequence[NDArray[np.generic]] | None,
+        num_examples: int,
+        server_round: int,
+        metrics: Mapping[str, Any],
+        *,
+        full: bool,
+    ) -> bool:
+        """S += Delta_i (and S_new += sigma_i' in a sweep), then `record`; True for a resync."""
+        assert self.contribution_sum is not None
+        resync = self.record(key, num_examples, server_round, full=full)
+        self.sweep.fold(key, self.contribution_sum, change, share, full=full)
+        self.stats.add(num_examples, metrics)
+        return resync
+
+    def evict(self, keys: Iterable[str]) -> int:
+        """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
+        evicted = 0
+        for key in keys:
+            entry = self.clients.pop(key, None)
+            if entry is None or self.contribution_sum is None:
+                continue
+            evicted += 1
+            self.total_examples -= entry.num_examples
+            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+        self.end_sweep()
+        return evicted
+
+    def end_sweep(self) -> None:
+        """Set S := S_new once every key the server holds has rebuilt."""
+        rebuilt = self.sweep.finish(self.clients)
+        if rebuilt is not None:
+            self.contribution_sum = rebuilt
+
+    def finish_round(self) -> tuple[dict[str, Any], bool]:
+        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return (metrics, converged).
+
+        Not converged while a sweep is on: S still holds a stale share.
+        """
+        self.end_sweep()
+        weight = self.total_examples + self.sweep.stale_examples
+        self.z, metrics, converged = z_round(
+            self, self.stats, weight, len(self.clients), self.sweep.active
+        )
+        converged = converged and not self.sweep.active
+        metrics[CONVERGED] = int(converged)
+        metrics[NUM_CLIENTS_CACHED] = len(self.clients)
+        metrics[REBUILDING] = int(self.sweep.active)
+        return metrics, converged
+
+    def discard_metrics(self) -> dict[str, Any]:
+        """Return the metrics of a round whose replies were all discarded."""
+        return {
+            RHO: self.rho,
+            NUM_CLIENTS_CACHED: len(self.clients),
+            REBUILDING: int(self.sweep.active),
+        }
+
+    # -------------------------------------------------------------- checkpoints
+    def configuration(self, strategy: str) -> dict[str, Any]:
+        """Return the configuration a checkpoint must agree with (JSON)."""
+        return {
+            "strategy": strategy,
+            "rho": self.rho,
+            "regularizer": None if self.regularizer is None else self.regularizer.describe(),
+            "eps_abs": self.eps_abs,
+            "eps_rel": self.eps_rel,
+            **({} if self.momentum is None else {"acceleration": self.acceleration}),
+        }
+
+    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return z, S, N, the per-key entries (n_i, last round), the sweep, fast ADMM's state."""
+        assert self.z is not None and self.contribution_sum is not None
+        arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
+        arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
+        arrays.update(entry_arrays(self.clients))
+        sweep_arrays, sweep_manifest = self.sweep.state_dict()
+        manifest = {
+            "num_tensors": len(self.z),
+            "total_examples": int(self.total_examples),
+            "keys": list(self.clients),
+            **sweep_manifest,
+        }
+        if self.momentum is not None:
+            accel_arrays, manifest["acceleration"] = self.momentum.dump()
+            arrays.update(accel_arrays)
+        return {**arrays, **sweep_arrays}, manifest
+
+    def load_state_dict(
+        self,
+        arrays: dict[str, NDArray[Any]],
+        manifest: dict[str, Any],
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> None:
+        """Restore `state_dict` output.
+
+        ValueError, with nothing changed, if z and S disagree, or z's shapes are not
+        `shapes` (the model's, when the caller knows them).
+        """
+        count = int(manifest["num_tensors"])
+        z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
+        s = [np.asarray(arrays[f"s_{i}"], dtype=np.float64) for i in range(count)]
+        z_shapes = [t.shape for t in z]
+        if [t.shape for t in s] != z_shapes or (shapes is not None and list(shapes) != z_shapes):
+            raise ValueError("z, S and the model's shapes disagree")
+        clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
+        self.sweep.load_state_dict(arrays, manifest, s)
+        self.z, self.contribution_sum = z, s
+        self.total_examples, self.clients = int(manifest["total_examples"]), clients
+        if self.momentum is not None:
+            self.momentum.load(arrays, manifest["acceleration"], count)
