@@ -55,7 +55,7 @@ from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientEntry:
     """All the server keeps per client key: n_i in S, and the round it was added."""
 
