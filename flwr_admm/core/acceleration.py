@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.backend import compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
@@ -82,24 +83,26 @@ class FastADMM:
         *,
         c: float,
         rho_changed: bool,
+        fused: bool = False,
     ) -> Arrays:
         """Return z^_{k+1}; move the replying duals to y^_i and S_y = sum n_i y_i with them.
 
         `z` is z_k (unextrapolated), `z_hat` the z^_k it was computed from (only read
         on the first round, as z_{k-1} = z^_0); `replied` the replying clients' records
-        in key order, whose y hold y_i,k.
+        in key order, whose y hold y_i,k; `fused`: numba's one-pass kernel for the
+        float64 duals' extrapolation (`flwr_admm.core.backend`).
         """
         if self.z_prev is None:
             self.z_prev = [t.copy() for t in z_hat]
         restart = self.c_prev is not None and not c < self.eta * self.c_prev
         if rho_changed or not math.isfinite(c):
             self.a, self.c_prev = 1.0, None
-            self._shift(z, replied, sum_ny, 0.0)
+            self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
         if restart and not self.to_previous:
             self.a, self.c_prev = 1.0, c
             self.restarts += 1
-            self._shift(z, replied, sum_ny, 0.0)
+            self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
         if restart:
             assert self.c_prev is not None
@@ -115,7 +118,7 @@ class FastADMM:
         gamma = (self.a - 1.0) / a_next
         self.a, self.c_prev = a_next, c
         z_hat_next = [t + gamma * (t - p) for t, p in zip(z, self.z_prev, strict=True)]
-        self._shift(z, replied, sum_ny, gamma)
+        self._shift(z, replied, sum_ny, gamma, fused)
         return z_hat_next
 
     def _shift(
@@ -124,6 +127,7 @@ class FastADMM:
         replied: Sequence[tuple[str, ClientRecord]],
         sum_ny: Arrays,
         gamma: float,
+        fused: bool = False,
     ) -> None:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
@@ -143,6 +147,9 @@ class FastADMM:
             weight = float(record.num_examples)
             for y, p, acc in zip(record.y, prev, sum_ny, strict=True):
                 y_flat, p_flat, acc_flat = y.reshape(-1), p.reshape(-1), acc.reshape(-1)
+                if fused and fusable(y, p, acc):
+                    compiled().shift(y_flat, p_flat, acc_flat, gamma, weight)
+                    continue
                 for block in blocks(y_flat.size):
                     step = scratch[: block.stop - block.start]
                     y_block, p_block = y_flat[block], p_flat[block]

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.backend import compiled, fusable
 from flwr_admm.core.kernels import axpy, fold_in
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, natural_key
 
@@ -95,13 +96,15 @@ class RunningSums:
         old: ClientRecord | None,
         shares: Arrays | None,
         store: list[NDArray[np.floating]] | None = None,
+        fused: bool = False,
     ) -> float | None:
         """Fold a reply in, S_w += n w - n_old w_old (R += n w); return ||w||^2 or None.
 
         `old` is the record the reply replaces (incremental rounds), None when S_w is
         being rebuilt. None flags NaN/inf: S_w (and R) are then spoilt, see `roll_back`.
         With `store` (float32 state) w is rounded into it in the same pass, and the
-        sums and the norm take the rounded w.
+        sums and the norm take the rounded w. `fused`: numba's one-pass kernel for
+        float64 C-contiguous arrays (`flwr_admm.core.backend`).
         """
         n_old = old.num_examples if old is not None else 0
         total = 0.0
@@ -109,6 +112,11 @@ class RunningSums:
             w_old = None if old is None else old.w[j]
             share = None if shares is None else shares[j]
             kept = None if store is None else store[j]
+            if fused and kept is None and fusable(acc, w_new, w_old, share):
+                flat = [None if t is None else t.reshape(-1) for t in (w_old, share)]
+                args = (acc.reshape(-1), float(n), w_new.reshape(-1), float(n_old), *flat)
+                total += compiled().fold(*args)
+                continue
             total += fold_in(acc, float(n), w_new, float(n_old), w_old, share, kept)
         if not math.isfinite(total):
             return None
