@@ -274,7 +274,7 @@ class ConsensusADMM:
             sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept, self._fused)
             w = stored
             if sq_norm is None:
-                self.sums.roll_back(rnd, self.records)
+                self.sums.roll_back(rnd, self.records, self._fused)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
         if sq_norm is None or not math.isfinite(sq_norm):
             raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")

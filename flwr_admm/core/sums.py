@@ -129,11 +129,14 @@ class RunningSums:
         for acc, y_i in zip(self.ny, y, strict=True):
             axpy(float(change), y_i, acc)
 
-    def roll_back(self, rnd: OpenRound, records: dict[str, ClientRecord]) -> None:
+    def roll_back(
+        self, rnd: OpenRound, records: dict[str, ClientRecord], fused: bool = False
+    ) -> None:
         """Undo a half-folded reply: S_w as the absorbed replies (or all records) left it.
 
-        "full": re-sum the replies absorbed so far, in the same order (bit for bit the
-        S_w before the bad reply); "incremental": the exact sum over the records.
+        "full": re-sum the replies absorbed so far, in the same order and with the
+        kernels that folded them (`fused`), bit for bit the S_w before the bad reply;
+        "incremental": the exact sum over the records.
         """
         if rnd.mode == "incremental":
             self.recompute(records, duals=False)
@@ -147,8 +150,12 @@ class RunningSums:
         for acc in self.nsw:
             acc.fill(0.0)
         for done in rnd.absorbed:
+            n = float(done.num_examples)
             for acc, w in zip(self.nsw, records[done.key].w, strict=True):
-                axpy(float(done.num_examples), w, acc)
+                if fused and fusable(acc, w):  # acc + n w, as the fused fold added it
+                    compiled().fold(acc.reshape(-1), n, w.reshape(-1), 0.0, None, None)
+                else:
+                    axpy(n, w, acc)
 
     def complete(self, rnd: OpenRound, records: dict[str, ClientRecord]) -> None:
         """Bring S_w, S_s and N up to date with every cached client before the z-step."""
