@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.backend import compiled, fusable
+from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
@@ -132,7 +132,8 @@ class FastADMM:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
         One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k. With
-        float32 state S_y moves by the stored (rounded) change of y_i.
+        float32 state S_y moves by the stored (rounded) change of y_i. `fused`:
+        numba's kernel, blocks outer and replies inner (`_fused_shift`).
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -140,16 +141,17 @@ class FastADMM:
         else:
             self.z_prev = [t.copy() for t in z]
         scratch = np.empty(min(BLOCK, max((t.size for t in z), default=1)))
-        for key, record in replied:
-            prev = self.y_prev.get(key)
-            if prev is None:  # first reply: y_i,prev = 0
-                prev = self.y_prev[key] = [np.zeros_like(y) for y in record.y]
+        for key, record in replied:  # first reply: y_i,prev = 0
+            if key not in self.y_prev:
+                self.y_prev[key] = [np.zeros_like(y) for y in record.y]
+        pairs = [(record, self.y_prev[key]) for key, record in replied]
+        if fused and fusable(*sum_ny, *(t for r, p in pairs for t in (*r.y, *p))):
+            _fused_shift(pairs, sum_ny, gamma)
+            return
+        for record, prev in pairs:
             weight = float(record.num_examples)
             for y, p, acc in zip(record.y, prev, sum_ny, strict=True):
                 y_flat, p_flat, acc_flat = y.reshape(-1), p.reshape(-1), acc.reshape(-1)
-                if fused and fusable(y, p, acc):
-                    compiled().shift(y_flat, p_flat, acc_flat, gamma, weight)
-                    continue
                 for block in blocks(y_flat.size):
                     step = scratch[: block.stop - block.start]
                     y_block, p_block = y_flat[block], p_flat[block]
@@ -214,3 +216,22 @@ class FastADMM:
             k: take(f"accel_y_prev.{i}", state_dtype) for i, k in enumerate(meta["y_prev_keys"])
         }
         return state
+
+
+def _fused_shift(
+    pairs: Sequence[tuple[ClientRecord, Arrays]], sum_ny: Arrays, gamma: float
+) -> None:
+    """Run `FastADMM._shift`'s per-reply pass on numba's kernel, blocks outer.
+
+    Each S_y block stays in cache while every reply's y_i, y_i,prev blocks pass; each
+    S_y element still takes the replies' steps in key order.
+    """
+    shift = compiled().shift
+    for j, acc in enumerate(sum_ny):
+        acc_flat = acc.reshape(-1)
+        ys = [(record.y[j].reshape(-1), prev[j].reshape(-1)) for record, prev in pairs]
+        weights = [float(record.num_examples) for record, _ in pairs]
+        for block in blocks(acc_flat.size, FUSED_BLOCK):
+            acc_block = acc_flat[block]
+            for (y, prev), weight in zip(ys, weights, strict=True):
+                shift(y[block], prev[block], acc_block, gamma, weight)

@@ -21,9 +21,20 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.types import Kernels
 
-__all__ = ["KERNELS", "FusedKernels", "Kernels", "check_kernels", "compiled", "fusable"]
+__all__ = [
+    "FUSED_BLOCK",
+    "KERNELS",
+    "FusedKernels",
+    "Kernels",
+    "check_kernels",
+    "compiled",
+    "fusable",
+]
 
 KERNELS = ("auto", "numpy", "numba")
+# values per block when the fused kernels run blocks outer, replies inner: the blocks
+# of the sums (and z', dz) stay in the core's L2 cache (256 KiB per array)
+FUSED_BLOCK = 1 << 15
 
 
 class FusedKernels(NamedTuple):

@@ -59,8 +59,9 @@ def fold(
             if old_m is not None:
                 value -= b * old_m[r, k]
             acc_m[r, k] = value + a * x
-            if acc2_m is not None:
-                acc2_m[r, k] += a * x
+        if acc2_m is not None:  # its own loop over the row (in L1): still vectorized
+            for k in range(LANES):
+                acc2_m[r, k] += a * w_m[r, k]
     for i in range(body, w.size):  # element i into lane i mod LANES
         x = w[i]
         lanes[i - body] += x * x
@@ -80,45 +81,45 @@ def dual(
     w: NDArray[np.float64],
     y: NDArray[np.float64],
     z: NDArray[np.float64],
-    dz: NDArray[np.float64],
-    acc: NDArray[np.float64],
+    dz: NDArray[np.float64] | None,
+    acc: NDArray[np.float64] | None,
     c_d: float,
     c_dz: float,
     c_s: float,
 ) -> tuple[float, float]:
     """Dual step of one reply: y_i += c_d d + c_dz dz, S_y += c_s d, d = w_i - z'.
 
-    With c_d = rho_i alpha, c_dz = rho_i (1 - alpha) (0: dz is not read), c_s =
-    n_i rho_i alpha (0: S_y is left alone, the caller adds the replies' part at
-    once). Returns (||w_i - z'||^2, ||y_i'||^2). One read of w_i, z', dz; y_i and
-    S_y read and written once.
+    With c_d = rho_i alpha, c_dz = rho_i (1 - alpha), c_s = n_i rho_i alpha; dz is
+    None when alpha = 1, acc (S_y) None when the caller adds the replies' part at
+    once (a None drops its term at compile time). Returns (||w_i - z'||^2,
+    ||y_i'||^2). One read of w_i, z', dz; y_i and S_y read and written once.
     """
     rows = w.size // LANES
     body, shape = rows * LANES, (rows, LANES)  # the rows; then the tail, body..size
     r_lanes, y_lanes = np.zeros(LANES), np.zeros(LANES)
-    relaxed, summed = c_dz != 0.0, c_s != 0.0
     w_m, y_m, z_m = w[:body].reshape(shape), y[:body].reshape(shape), z[:body].reshape(shape)
-    dz_m, acc_m = dz[:body].reshape(shape), acc[:body].reshape(shape)
+    dz_m = None if dz is None else dz[:body].reshape(shape)
+    acc_m = None if acc is None else acc[:body].reshape(shape)
     for r in range(rows):
         for k in range(LANES):
             d = w_m[r, k] - z_m[r, k]
             r_lanes[k] += d * d
             value = y_m[r, k] + c_d * d
-            if relaxed:
+            if dz_m is not None:
                 value += c_dz * dz_m[r, k]
             y_m[r, k] = value
             y_lanes[k] += value * value
-            if summed:
+            if acc_m is not None:
                 acc_m[r, k] += c_s * d
     for i in range(body, w.size):  # element i into lane i mod LANES
         d = w[i] - z[i]
         r_lanes[i - body] += d * d
         value = y[i] + c_d * d
-        if relaxed:
+        if dz is not None:
             value += c_dz * dz[i]
         y[i] = value
         y_lanes[i - body] += value * value
-        if summed:
+        if acc is not None:
             acc[i] += c_s * d
     r_sq = y_sq = 0.0
     for k in range(LANES):

@@ -16,13 +16,11 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.backend import compiled, fusable
+from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, RoundReport
-
-FUSED_BLOCK = 1 << 15  # values per block of the fused dual step: 256 KiB per array
 
 
 class DualStats(NamedTuple):
@@ -194,14 +192,15 @@ def _fused_blocks(
             for k, record in enumerate(chosen):
                 rho_i = rho * record.scale
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
+                c_dz = rho_i * (1.0 - alpha)
                 r_value, y_value = dual(
                     ws[k][block],
                     ys[k][block],
                     z_block,
-                    shift_block,
-                    acc_block,
+                    shift_block if c_dz != 0.0 else None,  # None: no dz term
+                    acc_block if to_sum != 0.0 else None,  # None: S_y added at once
                     rho_i * alpha,
-                    rho_i * (1.0 - alpha),
+                    c_dz,
                     to_sum,
                 )
                 r_parts[k].append(r_value)

@@ -16,9 +16,9 @@ import pytest
 
 from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
 from flwr_admm.core import backend
+from flwr_admm.core.backend import FUSED_BLOCK
 from flwr_admm.core.consensus import NonFiniteReplyError
 from flwr_admm.core.settings import ConsensusSettings
-from flwr_admm.core.steps import FUSED_BLOCK
 
 pytest.importorskip("numba")
 
