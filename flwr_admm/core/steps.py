@@ -177,8 +177,8 @@ def _fused_blocks(
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Run the block loop of `_numpy_blocks` on numba's fused kernel (float64 state only).
 
-    Blocks of FUSED_BLOCK values: those of z', dz and S_y stay in the core's L2
-    cache while every reply's block passes.
+    Blocks of FUSED_BLOCK values: those of z', dz and S_y stay in cache while every
+    reply's block passes.
     """
     dual = compiled().dual
     r_parts: list[list[float]] = [[] for _ in chosen]

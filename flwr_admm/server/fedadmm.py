@@ -33,7 +33,6 @@ from flwr.common import (
     NDArrays,
     Parameters,
     Scalar,
-    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
@@ -68,6 +67,7 @@ from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
+from flwr_admm.uplink.wire import to_parameters
 
 __all__ = ["FedADMM"]
 
@@ -402,9 +402,7 @@ class FedADMM(ConsensusStrategy):
         return consensus if self.tensors is None else self.tensors.merge(consensus)
 
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
-        return ndarrays_to_parameters(
-            [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
-        )
+        return to_parameters(arrays, self._dtypes)  # Flower's bytes, one copy
 
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from flwr_admm.core.settings import ConsensusSettings
 
 pytest.importorskip("numba")
 
-# Two fused blocks and a tail that is not a multiple of the 64 lanes, a matrix, a scalar
-SHAPES = [(2 * FUSED_BLOCK + 77,), (7, 3), ()]
+# A fused block and a tail that is not a multiple of the 64 lanes, a matrix, a scalar
+SHAPES = [(FUSED_BLOCK + 77,), (7, 3), ()]
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {"rho": 1.0},
     "relaxed": {"rho": 1.0, "relaxation": 1.6},
