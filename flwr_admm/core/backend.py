@@ -44,6 +44,7 @@ class FusedKernels(NamedTuple):
     fold: Callable[..., float]
     dual: Callable[..., tuple[float, float]]
     shift: Callable[..., None]
+    center: Callable[..., None]
 
 
 def numba_installed() -> bool:
@@ -75,7 +76,12 @@ def compiled() -> FusedKernels:
     from flwr_admm.core import fused
 
     jit = njit(cache=True, nogil=True, fastmath=False, boundscheck=False)
-    return FusedKernels(fold=jit(fused.fold), dual=jit(fused.dual), shift=jit(fused.shift))
+    return FusedKernels(
+        fold=jit(fused.fold),
+        dual=jit(fused.dual),
+        shift=jit(fused.shift),
+        center=jit(fused.center),
+    )
 
 
 def fusable(*arrays: NDArray[np.generic] | None) -> bool:

@@ -356,7 +356,7 @@ class ConsensusADMM:
         relaxed = self.relaxation != 1.0
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
         # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
-        self.z = z_step(
+        self.z, dz = z_step(  # z' and dz = z - z'
             self.sums,
             shares,
             weight,
@@ -364,8 +364,8 @@ class ConsensusADMM:
             rho=self.rho,
             relaxation=self.relaxation,
             regularizer=self.regularizer,
+            fused=self._fused and not self._compact,  # float32 state: numpy throughout
         )
-        dz = [a - b for a, b in zip(z, self.z, strict=True)]  # z - z'
         # y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
             ordered,

@@ -2,12 +2,13 @@
 
 numpy runs each term of an update as its own pass (and each squared norm as one
 more); here every element of a reply, dual or sum is read and written once per
-kernel. Three kernels, each one pass over flat float64 arrays:
+kernel. Four kernels, each one pass over flat float64 arrays:
 
     fold:  S_w += a w - b w_old,  R += a w,  returns ||w||^2
     dual:  d = w_i - z',  y_i += c_d d + c_dz dz,  S_y += c_s d,
            returns (||d||^2, ||y_i'||^2)
     shift: t = gamma (y_i - y_i,prev),  y_i,prev = y_i,  y_i += t,  S_y += n_i t
+    center: z' = S_w / S_s + c_y S_y + c_r R + c_z z,  dz = z - z'
 
 The functions are plain Python over numpy arrays (readable, and runnable without
 numba as the reference); `flwr_admm.core.backend.compiled` jit-compiles them with
@@ -27,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["LANES", "dual", "fold", "shift"]
+__all__ = ["LANES", "center", "dual", "fold", "shift"]
 
 LANES = 64  # partial sums per squared norm: one row of the vectorized loop
 
@@ -149,3 +150,32 @@ def shift(
             step *= gamma
             y[i] = value + step
             acc[i] += weight * step
+
+
+def center(
+    nsw: NDArray[np.float64],
+    ny: NDArray[np.float64],
+    share: NDArray[np.float64] | None,
+    z: NDArray[np.float64],
+    z_new: NDArray[np.float64],
+    dz: NDArray[np.float64] | None,
+    ns: float,
+    c_y: float,
+    c_r: float,
+    c_z: float,
+) -> None:
+    """Set z' = S_w / S_s + c_y S_y + c_r R + c_z z (the z-step's average), dz = z - z'.
+
+    In the numpy path's order; `share` (R) None drops the relaxed terms c_r R + c_z z,
+    `dz` None skips dz = z - z' (a prox follows). One read of S_w, S_y, R, z.
+    """
+    for i in range(z.size):
+        value = nsw[i] / ns
+        if c_y != 0.0:
+            value += c_y * ny[i]
+        if share is not None:
+            value += c_r * share[i]
+            value += c_z * z[i]
+        z_new[i] = value
+        if dz is not None:
+            dz[i] = z[i] - value

@@ -45,24 +45,48 @@ def z_step(
     rho: float,
     relaxation: float,
     regularizer: Regularizer | None,
-) -> Arrays:
-    """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)).
+    fused: bool = False,
+) -> tuple[Arrays, Arrays]:
+    """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)), z - z'.
 
     z is the round's center; R (`shares`) and W (`weight`) are the replies' part of
-    S_w and S_s (the relaxed term vanishes when alpha = 1).
+    S_w and S_s (the relaxed term vanishes when alpha = 1). `fused`: the average and
+    (without a regularizer) z - z' in one numba pass per tensor.
     """
     beta = 1.0 - relaxation
-    z_new = [acc / sums.ns for acc in sums.nsw]  # S_w / S_s
-    if rho != 0.0:
-        for t, acc in zip(z_new, sums.ny, strict=True):
-            axpy(1.0 / (rho * sums.ns), acc, t)  # + S_y / (rho S_s)
-    if beta != 0.0:
-        for t, share, center in zip(z_new, shares, z, strict=True):
-            axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
-            axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
+    c_y = 1.0 / (rho * sums.ns) if rho != 0.0 else 0.0
+    if fused and fusable(*sums.nsw, *sums.ny, *z, *(shares if beta != 0.0 else [])):
+        z_new = [np.empty_like(t) for t in z]
+        dz = [np.empty_like(t) for t in z] if regularizer is None else None
+        for j, (t, center) in enumerate(zip(z_new, z, strict=True)):
+            compiled().center(
+                sums.nsw[j].reshape(-1),
+                sums.ny[j].reshape(-1),
+                shares[j].reshape(-1) if beta != 0.0 else None,
+                center.reshape(-1),
+                t.reshape(-1),
+                None if dz is None else dz[j].reshape(-1),
+                sums.ns,
+                c_y,
+                -beta / sums.ns,
+                beta * weight / sums.ns,
+            )
+        if dz is not None:
+            return z_new, dz
+    else:
+        # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
+        # which the in-place terms below would silently leave alone
+        z_new = [np.divide(acc, sums.ns, out=np.empty_like(acc)) for acc in sums.nsw]
+        if rho != 0.0:
+            for t, acc in zip(z_new, sums.ny, strict=True):
+                axpy(c_y, acc, t)  # + S_y / (rho S_s)
+        if beta != 0.0:
+            for t, share, center in zip(z_new, shares, z, strict=True):
+                axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
+                axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
     if regularizer is not None:
         regularizer.prox_(z_new, sums.rho_bar(rho))
-    return z_new
+    return z_new, [a - b for a, b in zip(z, z_new, strict=True)]
 
 
 def dual_step(
