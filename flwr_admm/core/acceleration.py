@@ -131,9 +131,9 @@ class FastADMM:
     ) -> None:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
-        One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k. With
-        float32 state S_y moves by the stored (rounded) change of y_i. `fused`:
-        numba's kernel, blocks outer and replies inner (`_fused_shift`).
+        One pass per reply, in place (y_i,prev's buffer takes y_i,k), blocks outer and
+        replies inner. With float32 state S_y moves by the stored (rounded) change of
+        y_i. `fused`: numba's kernel (`_fused_shift`).
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -148,13 +148,15 @@ class FastADMM:
         if fused and fusable(*sum_ny, *(t for r, p in pairs for t in (*r.y, *p))):
             _fused_shift(pairs, sum_ny, gamma)
             return
-        for record, prev in pairs:
-            weight = float(record.num_examples)
-            for y, p, acc in zip(record.y, prev, sum_ny, strict=True):
-                y_flat, p_flat, acc_flat = y.reshape(-1), p.reshape(-1), acc.reshape(-1)
-                for block in blocks(y_flat.size):
-                    step = scratch[: block.stop - block.start]
-                    y_block, p_block = y_flat[block], p_flat[block]
+        # Blocks outer, replies inner (each S_y block stays in cache); every element
+        # takes the same steps in the same reply order as replies outer: same bits.
+        for j, acc in enumerate(sum_ny):
+            acc_flat = acc.reshape(-1)
+            for block in blocks(acc_flat.size):
+                step = scratch[: block.stop - block.start]
+                for record, prev in pairs:
+                    y_block = record.y[j].reshape(-1)[block]
+                    p_block = prev[j].reshape(-1)[block]
                     np.subtract(y_block, p_block, out=step, dtype=np.float64)  # y_i,k - y_i,prev
                     p_block[...] = y_block  # y_i,prev <- y_i,k
                     if gamma != 0.0:
@@ -162,7 +164,7 @@ class FastADMM:
                         y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
                         if y_block.dtype != np.float64:  # float32 state: the rounded step
                             np.subtract(y_block, p_block, out=step, dtype=np.float64)
-                        axpy(weight, step, acc_flat[block])  # S_y += n_i gamma (...)
+                        axpy(float(record.num_examples), step, acc_flat[block])  # S_y += ...
 
     def _prev(self, key: str, like: Arrays) -> Arrays:
         """Return y_i,prev (zeros for a client's first reply)."""
