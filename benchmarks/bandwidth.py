@@ -33,6 +33,10 @@ bytes / bandwidth, and the achieved bandwidth is bytes / measured time (FedADMM'
 arrays of 8 MB at 1e6 parameters partly stay in the cache, so the achieved figure can
 exceed the copy's).
 
+Each variant runs with ``kernels="numpy"`` and the plain and default strategies also
+with ``kernels="numba"`` (the fused one-pass kernels, `flwr_admm.core.fused`): the
+same bytes, fewer passes.
+
     python -m benchmarks.bandwidth [--quick] [--params 1000000] [--clients 100]
 """
 
@@ -56,6 +60,7 @@ from benchmarks.common import (
 from benchmarks.server_cost import measure
 from benchmarks.server_setup import FLOAT, SAMPLED
 from flwr_admm import FedADMM
+from flwr_admm.core.backend import compiled
 
 
 def copy_bandwidth(num_bytes: int, repeats: int) -> float:
@@ -91,24 +96,19 @@ def bytes_per_reply(
     return num_parameters * (per_reply + per_round / m)
 
 
-# label: (strategy keywords, bytes of one cached value)
+PLAIN = {"acceleration": None, "relaxation": 1.0, "rho_schedule": "constant"}
+FAST = {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"}
+NUMPY, NUMBA = {"kernels": "numpy"}, {"kernels": "numba"}
+# label: (strategy keywords, bytes of one cached value); "numba": the fused kernels
+# (float32 state takes the numpy path whatever `kernels` says)
 VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
-    "FedADMM": ({"acceleration": None, "relaxation": 1.0, "rho_schedule": "constant"}, FLOAT),
-    "FedADMM float32": (
-        {
-            "acceleration": None,
-            "relaxation": 1.0,
-            "rho_schedule": "constant",
-            "state_dtype": "float32",
-        },
-        4,
-    ),
-    "FedADMM fast": (
-        {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"},
-        FLOAT,
-    ),
-    "FedADMM (defaults)": ({}, FLOAT),
-    "FedADMM (defaults) float32": ({"state_dtype": "float32"}, 4),
+    "FedADMM": ({**PLAIN, **NUMPY}, FLOAT),
+    "FedADMM numba": ({**PLAIN, **NUMBA}, FLOAT),
+    "FedADMM float32": ({**PLAIN, **NUMPY, "state_dtype": "float32"}, 4),
+    "FedADMM fast": ({**FAST, **NUMPY}, FLOAT),
+    "FedADMM (defaults)": (NUMPY, FLOAT),
+    "FedADMM (defaults) numba": (NUMBA, FLOAT),
+    "FedADMM (defaults) float32": ({**NUMPY, "state_dtype": "float32"}, 4),
 }
 
 
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     copies: list[float] = []
     with threadpool_limits(BLAS_THREADS):
         copies.append(copy_bandwidth(256 * 2**20, 7))
+        if any(kwargs.get("kernels") == "numba" for kwargs, _ in VARIANTS.values()):
+            compiled()  # numba's compilation (or cache load) is not timed
         for label, (kwargs, state) in VARIANTS.items():
             row = measure(num_parameters, args.clients, repeats, False, partial(FedADMM, **kwargs))
             rows.append({"variant": label, "state_bytes_per_value": state, **row})

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
@@ -82,24 +83,26 @@ class FastADMM:
         *,
         c: float,
         rho_changed: bool,
+        fused: bool = False,
     ) -> Arrays:
         """Return z^_{k+1}; move the replying duals to y^_i and S_y = sum n_i y_i with them.
 
         `z` is z_k (unextrapolated), `z_hat` the z^_k it was computed from (only read
         on the first round, as z_{k-1} = z^_0); `replied` the replying clients' records
-        in key order, whose y hold y_i,k.
+        in key order, whose y hold y_i,k; `fused`: numba's one-pass kernel for the
+        float64 duals' extrapolation (`flwr_admm.core.backend`).
         """
         if self.z_prev is None:
             self.z_prev = [t.copy() for t in z_hat]
         restart = self.c_prev is not None and not c < self.eta * self.c_prev
         if rho_changed or not math.isfinite(c):
             self.a, self.c_prev = 1.0, None
-            self._shift(z, replied, sum_ny, 0.0)
+            self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
         if restart and not self.to_previous:
             self.a, self.c_prev = 1.0, c
             self.restarts += 1
-            self._shift(z, replied, sum_ny, 0.0)
+            self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
         if restart:
             assert self.c_prev is not None
@@ -115,7 +118,7 @@ class FastADMM:
         gamma = (self.a - 1.0) / a_next
         self.a, self.c_prev = a_next, c
         z_hat_next = [t + gamma * (t - p) for t, p in zip(z, self.z_prev, strict=True)]
-        self._shift(z, replied, sum_ny, gamma)
+        self._shift(z, replied, sum_ny, gamma, fused)
         return z_hat_next
 
     def _shift(
@@ -124,11 +127,13 @@ class FastADMM:
         replied: Sequence[tuple[str, ClientRecord]],
         sum_ny: Arrays,
         gamma: float,
+        fused: bool = False,
     ) -> None:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
-        One blocked pass per reply, in place: y_i,prev's buffer takes y_i,k. With
-        float32 state S_y moves by the stored (rounded) change of y_i.
+        One pass per reply, in place (y_i,prev's buffer takes y_i,k), blocks outer and
+        replies inner. With float32 state S_y moves by the stored (rounded) change of
+        y_i. `fused`: numba's kernel (`_fused_shift`).
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -136,16 +141,22 @@ class FastADMM:
         else:
             self.z_prev = [t.copy() for t in z]
         scratch = np.empty(min(BLOCK, max((t.size for t in z), default=1)))
-        for key, record in replied:
-            prev = self.y_prev.get(key)
-            if prev is None:  # first reply: y_i,prev = 0
-                prev = self.y_prev[key] = [np.zeros_like(y) for y in record.y]
-            weight = float(record.num_examples)
-            for y, p, acc in zip(record.y, prev, sum_ny, strict=True):
-                y_flat, p_flat, acc_flat = y.reshape(-1), p.reshape(-1), acc.reshape(-1)
-                for block in blocks(y_flat.size):
-                    step = scratch[: block.stop - block.start]
-                    y_block, p_block = y_flat[block], p_flat[block]
+        for key, record in replied:  # first reply: y_i,prev = 0
+            if key not in self.y_prev:
+                self.y_prev[key] = [np.zeros_like(y) for y in record.y]
+        pairs = [(record, self.y_prev[key]) for key, record in replied]
+        if fused and fusable(*sum_ny, *(t for r, p in pairs for t in (*r.y, *p))):
+            _fused_shift(pairs, sum_ny, gamma)
+            return
+        # Blocks outer, replies inner (each S_y block stays in cache); every element
+        # takes the same steps in the same reply order as replies outer: same bits.
+        for j, acc in enumerate(sum_ny):
+            acc_flat = acc.reshape(-1)
+            for block in blocks(acc_flat.size):
+                step = scratch[: block.stop - block.start]
+                for record, prev in pairs:
+                    y_block = record.y[j].reshape(-1)[block]
+                    p_block = prev[j].reshape(-1)[block]
                     np.subtract(y_block, p_block, out=step, dtype=np.float64)  # y_i,k - y_i,prev
                     p_block[...] = y_block  # y_i,prev <- y_i,k
                     if gamma != 0.0:
@@ -153,7 +164,7 @@ class FastADMM:
                         y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
                         if y_block.dtype != np.float64:  # float32 state: the rounded step
                             np.subtract(y_block, p_block, out=step, dtype=np.float64)
-                        axpy(weight, step, acc_flat[block])  # S_y += n_i gamma (...)
+                        axpy(float(record.num_examples), step, acc_flat[block])  # S_y += ...
 
     def _prev(self, key: str, like: Arrays) -> Arrays:
         """Return y_i,prev (zeros for a client's first reply)."""
@@ -207,3 +218,22 @@ class FastADMM:
             k: take(f"accel_y_prev.{i}", state_dtype) for i, k in enumerate(meta["y_prev_keys"])
         }
         return state
+
+
+def _fused_shift(
+    pairs: Sequence[tuple[ClientRecord, Arrays]], sum_ny: Arrays, gamma: float
+) -> None:
+    """Run `FastADMM._shift`'s per-reply pass on numba's kernel, blocks outer.
+
+    Each S_y block stays in cache while every reply's y_i, y_i,prev blocks pass; each
+    S_y element still takes the replies' steps in key order.
+    """
+    shift = compiled().shift
+    for j, acc in enumerate(sum_ny):
+        acc_flat = acc.reshape(-1)
+        ys = [(record.y[j].reshape(-1), prev[j].reshape(-1)) for record, prev in pairs]
+        weights = [float(record.num_examples) for record, _ in pairs]
+        for block in blocks(acc_flat.size, FUSED_BLOCK):
+            acc_block = acc_flat[block]
+            for (y, prev), weight in zip(ys, weights, strict=True):
+                shift(y[block], prev[block], acc_block, gamma, weight)

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
 from flwr_admm.core.anderson import AndersonADMM
+from flwr_admm.core.backend import Kernels, check_kernels
 from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
@@ -34,8 +35,10 @@ from flwr_admm.core.types import (
     Reply,
     RoundReport,
     StateDtype,
+    check_relaxation,
     check_rho,
     check_state_dtype,
+    check_tolerances,
     natural_key,
 )
 
@@ -117,6 +120,10 @@ class ConsensusADMM:
         the fixed point is the optimum up to float32 rounding (~1e-7 relative).
         Replies with entries beyond float32's range (~3.4e38) are refused as
         non-finite.
+    kernels : {"auto", "numpy", "numba"}
+        numba's fused one-pass kernels ("auto": when installed) or numpy's
+        (`flwr_admm.core.backend`); same iteration up to rounding, so not part of a
+        checkpoint's fingerprint.
 
     """
 
@@ -131,6 +138,7 @@ class ConsensusADMM:
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
     state_dtype: StateDtype = "float64"
+    kernels: Kernels = "auto"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     sums: RunningSums = field(init=False, repr=False, compare=False)
@@ -138,6 +146,7 @@ class ConsensusADMM:
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
     anderson: AndersonADMM | None = field(init=False, default=None, repr=False, compare=False)
     _compact: bool = field(init=False, default=False, repr=False, compare=False)
+    _fused: bool = field(init=False, default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -147,16 +156,11 @@ class ConsensusADMM:
             )
         if self.rho == 0 and (self.regularizer is not None or self.client_rho != "uniform"):
             raise ValueError("rho: must be > 0 with a regularizer or client_rho='data_size', got 0")
-        for name in ("eps_abs", "eps_rel"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-        alpha = self.relaxation
-        if isinstance(alpha, bool) or not (isinstance(alpha, int | float) and 0 < alpha < 2):
-            raise ValueError(f"relaxation: must be a number in (0, 2), got {alpha!r}")
-        self.relaxation = float(alpha)
+        check_tolerances(self.eps_abs, self.eps_rel)
+        self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
         self._compact = check_state_dtype(self.state_dtype) == np.float32
+        self._fused = check_kernels(self.kernels)
         if self.acceleration == "anderson":
             self.anderson = AndersonADMM()
         elif self.acceleration is not None:
@@ -267,10 +271,10 @@ class ConsensusADMM:
         else:
             replaced = record if rnd.mode == "incremental" else None
             # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
-            sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept)
+            sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept, self._fused)
             w = stored
             if sq_norm is None:
-                self.sums.roll_back(rnd, self.records)
+                self.sums.roll_back(rnd, self.records, self._fused)
                 raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
         if sq_norm is None or not math.isfinite(sq_norm):
             raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
@@ -352,7 +356,7 @@ class ConsensusADMM:
         relaxed = self.relaxation != 1.0
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
         # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
-        self.z = z_step(
+        self.z, dz = z_step(  # z' and dz = z - z'
             self.sums,
             shares,
             weight,
@@ -360,8 +364,8 @@ class ConsensusADMM:
             rho=self.rho,
             relaxation=self.relaxation,
             regularizer=self.regularizer,
+            fused=self._fused and not self._compact,  # float32 state: numpy throughout
         )
-        dz = [a - b for a, b in zip(z, self.z, strict=True)]  # z - z'
         # y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
             ordered,
@@ -373,22 +377,21 @@ class ConsensusADMM:
             weight,
             rho=self.rho,
             relaxation=self.relaxation,
+            fused=self._fused,
         )
         return dz, stats
 
     def _accelerate(
         self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float
     ) -> None:
-        """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew).
-
-        c_k = rho_bar (sum p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2), over the replies.
-        """
+        """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew)."""
         assert self.fast is not None
-        c = self.sums.rho_bar(rho) * (stats.r_sq + dz_sq)
+        c = self.sums.rho_bar(rho) * (stats.r_sq + dz_sq)  # rho_bar (r^2 + ||z_k - z^_k||^2)
         replied = [(r.key, self.records[r.key]) for r in ordered]
         with single_thread_blas():
+            changed = self.rho != rho
             self.z = self.fast.step(
-                self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=self.rho != rho
+                self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=changed, fused=self._fused
             )
 
     def _next_rho(self, report: RoundReport, server_round: int) -> float:

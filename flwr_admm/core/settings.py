@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 import numpy as np
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
@@ -68,6 +69,12 @@ class ConsensusSettings:
     state_dtype : {"float64", "float32"}
         Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
         float64); "float32" halves its memory and traffic (`ConsensusADMM`).
+    kernels : {"auto", "numpy", "numba"}
+        Array kernels of the server's hot loop (`flwr_admm.core.backend`): numba's
+        fused one-pass kernels ("auto": when numba is installed) or numpy's. Both run
+        the same iteration up to rounding (~1e-16 relative), so the choice is not in
+        `describe` (not part of a checkpoint's fingerprint): a run may resume on the
+        other backend.
 
     Raises
     ------
@@ -86,6 +93,7 @@ class ConsensusSettings:
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
     state_dtype: StateDtype = "float64"
+    kernels: Kernels = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -115,10 +123,14 @@ class ConsensusSettings:
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
             state_dtype=self.state_dtype,
+            kernels=self.kernels,
         )
 
     def describe(self) -> dict[str, Any]:
-        """Return the settings as JSON: schedule and regularizer by their `describe`."""
+        """Return the settings as JSON: schedule and regularizer by their `describe`.
+
+        Without `kernels`: both backends compute the same iteration up to rounding.
+        """
         return {
             "rho": self.rho,
             "rho_schedule": self.rho_schedule.describe(),

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.sums import RunningSums
@@ -44,24 +45,48 @@ def z_step(
     rho: float,
     relaxation: float,
     regularizer: Regularizer | None,
-) -> Arrays:
-    """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)).
+    fused: bool = False,
+) -> tuple[Arrays, Arrays]:
+    """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)), z - z'.
 
     z is the round's center; R (`shares`) and W (`weight`) are the replies' part of
-    S_w and S_s (the relaxed term vanishes when alpha = 1).
+    S_w and S_s (the relaxed term vanishes when alpha = 1). `fused`: the average and
+    (without a regularizer) z - z' in one numba pass per tensor.
     """
     beta = 1.0 - relaxation
-    z_new = [acc / sums.ns for acc in sums.nsw]  # S_w / S_s
-    if rho != 0.0:
-        for t, acc in zip(z_new, sums.ny, strict=True):
-            axpy(1.0 / (rho * sums.ns), acc, t)  # + S_y / (rho S_s)
-    if beta != 0.0:
-        for t, share, center in zip(z_new, shares, z, strict=True):
-            axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
-            axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
+    c_y = 1.0 / (rho * sums.ns) if rho != 0.0 else 0.0
+    if fused and fusable(*sums.nsw, *sums.ny, *z, *(shares if beta != 0.0 else [])):
+        z_new = [np.empty_like(t) for t in z]
+        dz = [np.empty_like(t) for t in z] if regularizer is None else None
+        for j, (t, center) in enumerate(zip(z_new, z, strict=True)):
+            compiled().center(
+                sums.nsw[j].reshape(-1),
+                sums.ny[j].reshape(-1),
+                shares[j].reshape(-1) if beta != 0.0 else None,
+                center.reshape(-1),
+                t.reshape(-1),
+                None if dz is None else dz[j].reshape(-1),
+                sums.ns,
+                c_y,
+                -beta / sums.ns,
+                beta * weight / sums.ns,
+            )
+        if dz is not None:
+            return z_new, dz
+    else:
+        # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
+        # which the in-place terms below would silently leave alone
+        z_new = [np.divide(acc, sums.ns, out=np.empty_like(acc)) for acc in sums.nsw]
+        if rho != 0.0:
+            for t, acc in zip(z_new, sums.ny, strict=True):
+                axpy(c_y, acc, t)  # + S_y / (rho S_s)
+        if beta != 0.0:
+            for t, share, center in zip(z_new, shares, z, strict=True):
+                axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
+                axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
     if regularizer is not None:
         regularizer.prox_(z_new, sums.rho_bar(rho))
-    return z_new
+    return z_new, [a - b for a, b in zip(z, z_new, strict=True)]
 
 
 def dual_step(
@@ -75,6 +100,7 @@ def dual_step(
     *,
     rho: float,
     relaxation: float,
+    fused: bool = False,
 ) -> DualStats:
     """Update y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
 
@@ -83,7 +109,8 @@ def dual_step(
     otherwise each reply adds n_i rho_i alpha (w_i - z') while its block is in cache,
     and the dz part is added once. Works block by block, every reply's block while
     the blocks of z', dz and S_y are in cache, so that w_i and y_i are read from
-    memory once per reply and z', S_y once per round.
+    memory once per reply and z', S_y once per round. `fused`: numba's one-pass
+    kernel per block and reply for float64 C-contiguous state (`flwr_admm.core.backend`).
     """
     alpha, beta = relaxation, 1.0 - relaxation
     total = float(sum(r.num_examples for r in ordered))
@@ -91,19 +118,50 @@ def dual_step(
     # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
     compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
     everyone = len(ordered) == len(records) and not compact
-    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
-    rounded = np.empty_like(scratch) if compact else scratch
     r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
+    arrays = [*z_new, *dz, *sums.ny, *(t for record in chosen for t in (*record.w, *record.y))]
+    if fused and fusable(*arrays):
+        r_parts, y_parts = _fused_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
+    else:
+        r_parts, y_parts = _numpy_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
+    for record, r_part, y_part in zip(chosen, r_parts, y_parts, strict=True):
+        p = record.num_examples / total
+        for r_value, y_value in zip(r_part, y_part, strict=True):
+            r_sq += p * r_value
+            y_sq += p * y_value
+    if rho != 0.0 and not compact:
+        for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
+            if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary
+                axpy(rho * alpha, share, acc)
+                axpy(-rho * alpha * weight, z, acc)
+            axpy(rho * beta * weight, shift, acc)  # S_y += rho (1 - alpha) W dz
+    return DualStats(r_sq, w_sq, y_sq)
+
+
+def _numpy_blocks(
+    chosen: Sequence[ClientRecord],
+    z_new: Arrays,
+    dz: Arrays,
+    ny: Arrays,
+    rho: float,
+    alpha: float,
+    everyone: bool,
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Run the dual step's block loop in numpy; per reply, ||w_i - z'||^2, ||y_i'||^2 by block."""
+    beta = 1.0 - alpha
+    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
+    scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
+    rounded = np.empty_like(scratch) if compact else scratch
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
     # summed afterwards in replies-outer order, so the result is bit for bit the same.
-    r_parts: list[list[float]] = [[] for _ in ordered]
-    y_parts: list[list[float]] = [[] for _ in ordered]
-    for j, (z, acc, shift) in enumerate(zip(z_new, sums.ny, dz, strict=True)):
+    r_parts: list[list[float]] = [[] for _ in chosen]
+    y_parts: list[list[float]] = [[] for _ in chosen]
+    for j, (z, acc, shift) in enumerate(zip(z_new, ny, dz, strict=True)):
         z_flat, acc_flat, shift_flat = z.reshape(-1), acc.reshape(-1), shift.reshape(-1)
         for block in blocks(z_flat.size):
             d = scratch[: block.stop - block.start]
@@ -129,18 +187,49 @@ def dual_step(
                 axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
                 axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
-    for record, r_part, y_part in zip(chosen, r_parts, y_parts, strict=True):
-        p = record.num_examples / total
-        for r_value, y_value in zip(r_part, y_part, strict=True):
-            r_sq += p * r_value
-            y_sq += p * y_value
-    if rho != 0.0 and not compact:
-        for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
-            if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary
-                axpy(rho * alpha, share, acc)
-                axpy(-rho * alpha * weight, z, acc)
-            axpy(rho * beta * weight, shift, acc)  # S_y += rho (1 - alpha) W dz
-    return DualStats(r_sq, w_sq, y_sq)
+    return r_parts, y_parts
+
+
+def _fused_blocks(
+    chosen: Sequence[ClientRecord],
+    z_new: Arrays,
+    dz: Arrays,
+    ny: Arrays,
+    rho: float,
+    alpha: float,
+    everyone: bool,
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Run the block loop of `_numpy_blocks` on numba's fused kernel (float64 state only).
+
+    Blocks of FUSED_BLOCK values: those of z', dz and S_y stay in cache while every
+    reply's block passes.
+    """
+    dual = compiled().dual
+    r_parts: list[list[float]] = [[] for _ in chosen]
+    y_parts: list[list[float]] = [[] for _ in chosen]
+    for j, (z, acc, shift) in enumerate(zip(z_new, ny, dz, strict=True)):
+        z_flat, acc_flat, shift_flat = z.reshape(-1), acc.reshape(-1), shift.reshape(-1)
+        ws = [record.w[j].reshape(-1) for record in chosen]
+        ys = [record.y[j].reshape(-1) for record in chosen]
+        for block in blocks(z_flat.size, FUSED_BLOCK):
+            z_block, acc_block, shift_block = z_flat[block], acc_flat[block], shift_flat[block]
+            for k, record in enumerate(chosen):
+                rho_i = rho * record.scale
+                to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
+                c_dz = rho_i * (1.0 - alpha)
+                r_value, y_value = dual(
+                    ws[k][block],
+                    ys[k][block],
+                    z_block,
+                    shift_block if c_dz != 0.0 else None,  # None: no dz term
+                    acc_block if to_sum != 0.0 else None,  # None: S_y added at once
+                    rho_i * alpha,
+                    c_dz,
+                    to_sum,
+                )
+                r_parts[k].append(r_value)
+                y_parts[k].append(y_value)
+    return r_parts, y_parts
 
 
 def _compact_dual(

@@ -23,6 +23,7 @@ ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
 StateDtype = Literal["float64", "float32"]
 STATE_DTYPES = ("float64", "float32")
+Kernels = Literal["auto", "numpy", "numba"]  # flwr_admm.core.backend
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 
@@ -54,6 +55,20 @@ def check_rho(rho: float, field_name: str = "rho") -> float:
     if not (isinstance(rho, int | float) and math.isfinite(rho) and rho >= 0):
         raise ValueError(f"{field_name}: must be a finite number >= 0, got {rho!r}")
     return float(rho)
+
+
+def check_tolerances(eps_abs: object, eps_rel: object) -> None:
+    """Raise ValueError naming the field unless eps_abs, eps_rel are finite and >= 0."""
+    for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+
+
+def check_relaxation(alpha: object) -> float:
+    """Return alpha as a float; ValueError unless it is a number in (0, 2)."""
+    if isinstance(alpha, bool) or not (isinstance(alpha, int | float) and 0 < alpha < 2):
+        raise ValueError(f"relaxation: must be a number in (0, 2), got {alpha!r}")
+    return float(alpha)
 
 
 def check_state_dtype(state_dtype: object) -> np.dtype[np.floating]:

@@ -85,7 +85,6 @@ reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStr
 
 from __future__ import annotations
 
-import io
 import os
 from typing import Any, ClassVar
 
@@ -116,7 +115,7 @@ from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
-from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
+from flwr_admm.uplink.wire import to_parameters
 
 __all__ = ["FedADMMClientDuals"]
 
@@ -245,7 +244,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         if state.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
             common.update(fast_config(state.momentum))
             last = state.momentum.last  # none yet: z_k = z^ (g = 0)
-            z_k = parameters.tensors if last is None else _serialize(last.z, self._dtypes).tensors
+            z_k = (
+                parameters.tensors if last is None else to_parameters(last.z, self._dtypes).tensors
+            )
             parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
         return [
             (
@@ -304,7 +305,7 @@ class FedADMMClientDuals(ConsensusStrategy):
 
     def _serialized_consensus(self) -> Parameters:
         assert self.state.z is not None
-        self._broadcast = _serialize(self.state.z, self._dtypes)
+        self._broadcast = to_parameters(self.state.z, self._dtypes)
         return self._broadcast
 
     def _adopt(self, parameters: Parameters) -> None:
@@ -338,16 +339,3 @@ class FedADMMClientDuals(ConsensusStrategy):
             raise ValueError("z, S and dtypes disagree")
         self.state.load_state_dict(arrays, manifest)
         self._broadcast = None
-
-
-def _serialize(arrays: Arrays, dtypes: list[np.dtype[Any]]) -> Parameters:
-    """`ndarrays_to_parameters` with one copy per tensor instead of ~two (same bytes)."""
-    tensors = []
-    for array, dtype in zip(arrays, dtypes, strict=True):
-        array = np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            header, np.lib.format.header_data_from_array_1_0(array)
-        )
-        tensors.append(b"".join([header.getvalue(), array.reshape(-1).view(np.uint8).data]))
-    return Parameters(tensors=tensors, tensor_type=NUMPY_TENSOR_TYPE)

@@ -33,7 +33,6 @@ from flwr.common import (
     NDArrays,
     Parameters,
     Scalar,
-    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
@@ -41,6 +40,7 @@ from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
@@ -67,6 +67,7 @@ from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
+from flwr_admm.uplink.wire import to_parameters
 
 __all__ = ["FedADMM"]
 
@@ -108,10 +109,11 @@ class FedADMM(ConsensusStrategy):
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     state_dtype : {"float64", "float32"}
-        Storage of the cached w_i, y_i (and fast ADMM's y_i,prev); z and the
-        running sums stay float64. "float32" halves the server's per-client memory
-        and the bytes `aggregate_*` moves per reply; the optimum is reached up to
+        Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
+        "float32" halves the server's per-client memory, the optimum is reached up to
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
+    kernels : {"auto", "numpy", "numba"}
+        numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -182,6 +184,7 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
+        kernels: Kernels = "auto",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -223,6 +226,7 @@ class FedADMM(ConsensusStrategy):
             acceleration=acceleration,
             restart_eta=restart_eta,
             state_dtype=state_dtype,
+            kernels=kernels,
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
@@ -398,9 +402,7 @@ class FedADMM(ConsensusStrategy):
         return consensus if self.tensors is None else self.tensors.merge(consensus)
 
     def _to_parameters(self, arrays: NDArrays) -> Parameters:
-        return ndarrays_to_parameters(
-            [np.asarray(a, dtype=d) for a, d in zip(arrays, self._dtypes, strict=True)]
-        )
+        return to_parameters(arrays, self._dtypes)  # Flower's bytes, one copy
 
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from flwr_admm.core.settings import (
     strategy_defaults,
 )
 from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError, StateDtype
+from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, NonFiniteReplyError, StateDtype
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -120,10 +120,11 @@ class FedADMM(ConsensusStrategy):
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     state_dtype : {"float64", "float32"}
-        Storage of the cached w_i, y_i (and fast ADMM's y_i,prev); z and the
-        running sums stay float64. "float32" halves the server's per-client memory
-        and the bytes `aggregate_*` moves per reply; the optimum is reached up to
+        Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
+        "float32" halves the server's per-client memory, the optimum is reached up to
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
+    kernels : {"auto", "numpy", "numba"}
+        numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -193,6 +194,7 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
+        kernels: Kernels = "auto",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -241,6 +243,7 @@ class FedADMM(ConsensusStrategy):
             acceleration=acceleration,
             restart_eta=restart_eta,
             state_dtype=state_dtype,
+            kernels=kernels,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
@@ -394,8 +397,7 @@ class FedADMM(ConsensusStrategy):
         return self._split().merge(consensus)
 
     def _restored_record(self) -> ArrayRecord:
-        assert self.admm is not None
-        return self._record(self._merge(self.admm.z))
+        return self._broadcast()
 
     def _broadcast(self) -> ArrayRecord:
         assert self.admm is not None
@@ -409,11 +411,9 @@ class FedADMM(ConsensusStrategy):
     def configuration(self) -> dict[str, Any]:
         """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
         channel, dp = self.channel, self.channel.local_dp
-        policy = (
-            {"tensor_policy": [list(r) for r in self.tensor_rules]} if self.tensor_rules else {}
-        )
+        rules = [list(r) for r in self.tensor_rules]
         return {
-            **policy,
+            **({"tensor_policy": rules} if rules else {}),
             "strategy": self.label,
             **self.admm_settings.describe(),
             "uplink": None if channel.compressor is None else channel.compressor.config(),

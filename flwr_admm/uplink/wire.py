@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -86,3 +87,20 @@ def parameters_to_views(
             f"tensor_type: must be {NUMPY_TENSOR_TYPE!r}, got {parameters.tensor_type!r}"
         )
     return [ndarray_view(t) for t in parameters.tensors]
+
+
+def to_parameters(arrays: Sequence[NDArray[Any]], dtypes: Sequence[np.dtype[Any]]) -> Parameters:
+    """`ndarrays_to_parameters` of the arrays cast to `dtypes`, with one copy per tensor.
+
+    The same bytes as Flower's `np.save` (tests/uplink/test_wire.py), which copies each
+    tensor about three times (tobytes, the stream's write, getvalue).
+    """
+    tensors = []
+    for array, dtype in zip(arrays, dtypes, strict=True):
+        array = np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, np.lib.format.header_data_from_array_1_0(array)
+        )
+        tensors.append(b"".join([header.getvalue(), array.reshape(-1).view(np.uint8).data]))
+    return Parameters(tensors=tensors, tensor_type=NUMPY_TENSOR_TYPE)

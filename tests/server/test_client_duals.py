@@ -610,13 +610,3 @@ def test_run_simulation_matches_in_process_driver() -> None:
     _, reference, _ = run_seed(FedADMMClientDuals, rounds, client_kwargs=CLIENT, rho=0.1)
     z_ray = recorder.matrix[-rounds:]  # Flower also evaluates round 0
     assert relative_errors(z_ray, reference.matrix).max() <= 1e-12
-
-
-def test_broadcast_bytes_are_flowers_numpy_format() -> None:
-    from flwr_admm.server.client_duals import _serialize
-
-    arrays = [np.random.default_rng(0).standard_normal((5, 3)), np.array(2.5), np.zeros(0)]
-    for dtype in (np.float64, np.float32):
-        ours = _serialize(arrays, [np.dtype(dtype)] * 3)
-        theirs = ndarrays_to_parameters([a.astype(dtype) for a in arrays])
-        assert ours.tensors == theirs.tensors and ours.tensor_type == theirs.tensor_type

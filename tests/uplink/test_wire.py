@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from flwr_admm.uplink.wire import ndarray_view, parameters_to_views
+from flwr_admm.uplink.wire import ndarray_view, parameters_to_views, to_parameters
 
 ARRAYS = [
     np.arange(12.0).reshape(3, 4),
@@ -75,3 +75,12 @@ def test_tensor_type_is_checked_unless_told_otherwise() -> None:
     with pytest.raises(ValueError, match=r"^tensor_type: must be 'numpy\.ndarray'"):
         parameters_to_views(parameters)
     assert parameters_to_views(parameters, check_type=False)[0].shape == (3, 4)
+
+
+def test_to_parameters_writes_flowers_numpy_bytes() -> None:
+    arrays = [np.random.default_rng(0).standard_normal((5, 3)), np.array(2.5), np.zeros(0)]
+    arrays.append(np.arange(7.0)[::2])  # not contiguous: asarray(order="C") copies
+    for dtype in (np.float64, np.float32):
+        ours = to_parameters(arrays, [np.dtype(dtype)] * len(arrays))
+        theirs = ndarrays_to_parameters([a.astype(dtype) for a in arrays])
+        assert ours.tensors == theirs.tensors and ours.tensor_type == theirs.tensor_type
