@@ -8,10 +8,9 @@ dual step, residuals), `flwr_admm.core.persistence` (checkpoints) and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,7 +18,8 @@ from numpy.typing import NDArray
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
 from flwr_admm.core.anderson import AndersonADMM
 from flwr_admm.core.backend import Kernels, check_kernels
-from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
+from flwr_admm.core.intake import absorb_many, absorb_one
+from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
@@ -208,28 +208,27 @@ class ConsensusADMM:
     def step(self, replies: Sequence[Reply], server_round: int) -> RoundReport:
         """Run the z-step and the dual step on the accepted replies of one round.
 
-        Equivalent to `begin` + `absorb` of each reply in key order + `finish`.
+        Equivalent to `begin` + `absorb_all` of the replies in key order + `finish`. A
+        non-finite reply raises `NonFiniteReplyError` (the others are absorbed, the
+        round stays open: `finish` it without that reply).
         """
         if not replies:
             raise ValueError("replies: need at least one reply to aggregate")
-        if len({r.key for r in replies}) != len(replies):
-            raise ValueError("replies: client keys must be unique within a round")
-        for reply in replies:  # refuse the round before touching any state
-            self.check_shapes(reply.w, f"reply {reply.key!r}")
-            if reply.num_examples <= 0:
-                raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
+        self._check_replies(replies)  # refuse the round before touching any state
         self.begin([r.key for r in replies])
         with single_thread_blas():
-            for reply in sorted(replies, key=lambda r: natural_key(r.key)):
-                self.absorb(reply)
+            refused = self.absorb_all(sorted(replies, key=lambda r: natural_key(r.key)))
+        if refused:
+            raise NonFiniteReplyError(f"reply {refused[0]!r}: {NON_FINITE}")
         return self.finish(server_round)
 
     def begin(self, keys: Collection[str]) -> None:
         """Open a round whose replies will come from (at most) `keys`.
 
-        Replies are then folded in one at a time with `absorb`, so a server never holds
-        more than one reply besides its state. How S_w is kept meanwhile ("full",
-        "incremental" or "recompute") is told in `RunningSums.open_round`.
+        Replies are then folded in one at a time with `absorb` (a server never holds
+        more than one reply besides its state) or together with `absorb_all`. How S_w
+        is kept meanwhile ("full", "incremental" or "recompute") is told in
+        `RunningSums.open_round`.
         """
         uniform, relaxed = self.client_rho == "uniform", self.relaxation != 1.0
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
@@ -246,46 +245,41 @@ class ConsensusADMM:
         w_i into S_w; NaN/inf entries (or a squared norm that overflows) raise
         `NonFiniteReplyError` and leave the state as it was.
         """
+        rnd = self._open_for([reply])
+        absorb_one(self.sums, self.records, rnd, reply, compact=self._compact, fused=self._fused)
+
+    def absorb_all(self, replies: Sequence[Reply]) -> list[str]:
+        """Absorb `replies` in order, as `absorb` one after the other; return the refused keys.
+
+        A non-finite reply is refused (its key returned) and the state left as if it
+        had never arrived; the others are absorbed. Bad shapes, n_i or keys raise
+        ValueError before any state changes. With the fused kernels and float64
+        arrays one blocks-outer fold takes all the replies (`flwr_admm.core.batch`):
+        the same bits, fewer bytes from memory; the replies and the w_i they replace
+        are all held until it ends.
+        """
+        rnd = self._open_for(replies)
+        return absorb_many(
+            self.sums, self.records, rnd, replies, compact=self._compact, fused=self._fused
+        )
+
+    def _open_for(self, replies: Sequence[Reply]) -> OpenRound:
+        """Return the open round; ValueError for bad shapes, n_i or repeated keys."""
         rnd = self._round
         if rnd is None:
             raise ValueError("absorb: call begin() first")
-        self.check_shapes(reply.w, f"reply {reply.key!r}")
-        if reply.num_examples <= 0:
-            raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
-        if reply.key in rnd.keys:
+        self._check_replies(replies, rnd.keys)
+        return rnd
+
+    def _check_replies(self, replies: Sequence[Reply], taken: Collection[str] = ()) -> None:
+        """Raise ValueError unless keys are unique (and not `taken`), shapes match, n_i > 0."""
+        keys = {r.key for r in replies}
+        if len(keys) != len(replies) or not keys.isdisjoint(taken):
             raise ValueError("replies: client keys must be unique within a round")
-        # asarray(order="C"), not ascontiguousarray: that one turns 0-d tensors into (1,)
-        w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
-        n = int(reply.num_examples)
-        record = self.records.get(reply.key)
-        # float32 state: the stored w_i (Arrays names the float64 default's type)
-        kept = [np.empty(t.shape, np.float32) for t in w] if self._compact else None
-        stored = cast(Arrays, kept) if kept is not None else w
-        if rnd.mode == "recompute":
-            if kept is not None:
-                with np.errstate(over="ignore"):  # beyond float32's range: inf, refused
-                    for t, source in zip(kept, w, strict=True):
-                        t[...] = source
-            w = stored
-            sq_norm = finite_sq_norm(w) if reply.sq_norm is None or kept else reply.sq_norm
-        else:
-            replaced = record if rnd.mode == "incremental" else None
-            # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
-            sq_norm = self.sums.fold(w, n, replaced, rnd.shares, kept, self._fused)
-            w = stored
-            if sq_norm is None:
-                self.sums.roll_back(rnd, self.records, self._fused)
-                raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-        if sq_norm is None or not math.isfinite(sq_norm):
-            raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-        if record is None:
-            self.records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
-        else:
-            if n != record.num_examples:
-                self.sums.reweight_dual(record.y, n - record.num_examples)  # S_y += dn_i y_i
-            record.w, record.num_examples = w, n
-        rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
-        rnd.keys.add(reply.key)
+        for reply in replies:
+            self.check_shapes(reply.w, f"reply {reply.key!r}")
+            if reply.num_examples <= 0:
+                raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
 
     def cancel(self) -> None:
         """Close a round in which nothing was absorbed (the state is unchanged)."""

@@ -4,7 +4,7 @@ numpy runs each term of an update as its own pass (and each squared norm as one
 more); here every element of a reply, dual or sum is read and written once per
 kernel. Four kernels, each one pass over flat float64 arrays:
 
-    fold:  S_w += a w - b w_old,  R += a w,  returns ||w||^2
+    fold:  S_w += a w - b w_old,  R += a w,  returns ||w||^2 (lanes kept by the caller)
     dual:  d = w_i - z',  y_i += c_d d + c_dz dz,  S_y += c_s d,
            returns (||d||^2, ||y_i'||^2)
     shift: t = gamma (y_i - y_i,prev),  y_i,prev = y_i,  y_i += t,  S_y += n_i t
@@ -40,22 +40,26 @@ def fold(
     b: float,
     w_old: NDArray[np.float64] | None,
     acc2: NDArray[np.float64] | None,
+    lanes: NDArray[np.float64],
 ) -> float:
-    """S_w += a w - b w_old and R += a w (w_old, R optional); return ||w||^2.
+    """S_w += a w - b w_old and R += a w (w_old, R optional); return ||w||^2 so far.
 
     Elementwise acc = (acc - b w_old) + a w, the order of the numpy path's axpy
-    calls; `acc2` (R) = acc2 + a w. One read of w, w_old, acc, acc2.
+    calls; `acc2` (R) = acc2 + a w. One read of w, w_old, acc, acc2. The squares go
+    into the caller's LANES partial sums `lanes` (zeros for one call), and their
+    total in order is returned: a tensor folded block by block (blocks of a multiple
+    of LANES values, the same `lanes` throughout) gets the bits of one call.
     """
     rows = w.size // LANES
     body, shape = rows * LANES, (rows, LANES)  # the rows; then the tail, body..size
-    lanes = np.zeros(LANES)
+    sq = lanes.copy()  # a local copy: the compiler sees it alias none of the arrays
     acc_m, w_m = acc[:body].reshape(shape), w[:body].reshape(shape)
     old_m = None if w_old is None else w_old[:body].reshape(shape)
     acc2_m = None if acc2 is None else acc2[:body].reshape(shape)
     for r in range(rows):
         for k in range(LANES):
             x = w_m[r, k]
-            lanes[k] += x * x
+            sq[k] += x * x
             value = acc_m[r, k]
             if old_m is not None:
                 value -= b * old_m[r, k]
@@ -65,7 +69,7 @@ def fold(
                 acc2_m[r, k] += a * w_m[r, k]
     for i in range(body, w.size):  # element i into lane i mod LANES
         x = w[i]
-        lanes[i - body] += x * x
+        sq[i - body] += x * x
         value = acc[i]
         if w_old is not None:
             value -= b * w_old[i]
@@ -74,7 +78,8 @@ def fold(
             acc2[i] += a * x
     total = 0.0
     for k in range(LANES):
-        total += lanes[k]
+        lanes[k] = sq[k]
+        total += sq[k]
     return total
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.backend import compiled, fusable
+from flwr_admm.core.fused import LANES
 from flwr_admm.core.kernels import axpy, fold_in
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, natural_key
 
@@ -115,14 +116,18 @@ class RunningSums:
             if fused and kept is None and fusable(acc, w_new, w_old, share):
                 flat = [None if t is None else t.reshape(-1) for t in (w_old, share)]
                 args = (acc.reshape(-1), float(n), w_new.reshape(-1), float(n_old), *flat)
-                total += compiled().fold(*args)
+                total += compiled().fold(*args, np.zeros(LANES))
                 continue
             total += fold_in(acc, float(n), w_new, float(n_old), w_old, share, kept)
         if not math.isfinite(total):
             return None
-        self.ns += n - n_old  # S_s, N: s_i = 1 in the folding modes
-        self.n += n - n_old
+        self.count(n, n_old)
         return total
+
+    def count(self, n: int, n_old: int) -> None:
+        """Follow a folded reply: S_s += n - n_old, N += n - n_old (s_i = 1 when folding)."""
+        self.ns += n - n_old
+        self.n += n - n_old
 
     def reweight_dual(self, y: Arrays, change: int) -> None:
         """Follow a change of n_i: S_y += (n_i' - n_i) y_i."""
@@ -153,7 +158,8 @@ class RunningSums:
             n = float(done.num_examples)
             for acc, w in zip(self.nsw, records[done.key].w, strict=True):
                 if fused and fusable(acc, w):  # acc + n w, as the fused fold added it
-                    compiled().fold(acc.reshape(-1), n, w.reshape(-1), 0.0, None, None)
+                    lanes = np.zeros(LANES)
+                    compiled().fold(acc.reshape(-1), n, w.reshape(-1), 0.0, None, None, lanes)
                 else:
                     axpy(n, w, acc)
 
