@@ -16,7 +16,7 @@ the same bit for bit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.fused import LANES
 from flwr_admm.core.kernels import blocks
 from flwr_admm.core.sums import OpenRound, RunningSums
-from flwr_admm.core.types import Arrays, ClientRecord
+from flwr_admm.core.types import Arrays, ClientRecord, Reply
 
 __all__ = ["Pending", "batchable", "fold_all"]
 
@@ -44,14 +44,21 @@ class Pending(NamedTuple):
         return 0 if self.old is None else self.old.num_examples
 
 
-def batchable(sums: RunningSums, rnd: OpenRound, pending: Sequence[Pending]) -> bool:
-    """Return whether `fold_all` can fold `pending`: every array float64, C-contiguous."""
-    if rnd.mode == "recompute" or not pending:
+def batchable(
+    sums: RunningSums, rnd: OpenRound, replies: Sequence[Reply], records: dict[str, ClientRecord]
+) -> bool:
+    """Return whether `fold_all` can fold `replies` as they are (no conversion copies).
+
+    Every array (S_w, R, each w_i and the w_i it replaces) float64 and C-contiguous,
+    and a round that folds (not "recompute").
+    """
+    if rnd.mode == "recompute" or not replies:
         return False
-    arrays = [*sums.nsw, *(rnd.shares or [])]
-    for item in pending:
-        arrays += [*item.w, *(item.old.w if item.old is not None else [])]
-    return fusable(*arrays)
+    arrays: list[Any] = [*sums.nsw, *(rnd.shares or [])]
+    for reply in replies:
+        old = records.get(reply.key) if rnd.mode == "incremental" else None
+        arrays += [*reply.w, *(old.w if old is not None else [])]
+    return all(isinstance(a, np.ndarray) for a in arrays) and fusable(*arrays)
 
 
 def fold_all(sums: RunningSums, pending: Sequence[Pending], shares: Arrays | None) -> list[float]:

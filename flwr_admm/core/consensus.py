@@ -183,10 +183,13 @@ class ConsensusADMM:
         record = self.records.get(key) if key is not None else None
         return self.rho * (record.scale if record is not None else 1.0)
 
-    def center(self, key: str | None) -> Arrays:
-        """Return v_i = z - y_i / rho_i; z itself (not a copy) for an unseen client."""
+    def center(self, key: str | None, rho_i: float | None = None) -> Arrays:
+        """Return v_i = z - y_i / rho_i; z itself (not a copy) for an unseen client.
+
+        rho_i: the current `rho_for(key)` unless given (the one a center was sent with).
+        """
         record = self.records.get(key) if key is not None else None
-        rho_i = self.rho_for(key)
+        rho_i = self.rho_for(key) if rho_i is None else rho_i
         if record is None or rho_i == 0.0:
             return self.z
         return [z - y / rho_i for z, y in zip(self.z, record.y, strict=True)]

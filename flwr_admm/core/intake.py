@@ -71,22 +71,22 @@ def absorb_many(
     out non-finite, the replies before it are stored, S_w (and R) rebuilt exactly as
     `absorb_one`'s roll-back does, and the replies after it absorbed the same way.
     """
-    pending = [
-        Pending(
-            [np.asarray(t, dtype=np.float64, order="C") for t in reply.w],
-            int(reply.num_examples),
-            records.get(reply.key) if rnd.mode == "incremental" else None,
-        )
-        for reply in replies
-    ]
-    if not fused or compact or not batchable(sums, rnd, pending):
+    if not fused or compact or not batchable(sums, rnd, replies, records):
         refused = []
-        for reply in replies:
+        for reply in replies:  # one at a time: a float32 reply is widened when folded
             try:
                 absorb_one(sums, records, rnd, reply, compact=compact, fused=fused)
             except NonFiniteReplyError:
                 refused.append(reply.key)
         return refused
+    pending = [
+        Pending(
+            list(reply.w),  # float64, C-contiguous: taken as they are
+            int(reply.num_examples),
+            records.get(reply.key) if rnd.mode == "incremental" else None,
+        )
+        for reply in replies
+    ]
     norms = fold_all(sums, pending, rnd.shares)
     for index, (reply, item, sq_norm) in enumerate(zip(replies, pending, norms, strict=True)):
         if not math.isfinite(sq_norm):  # S_w, R spoilt: rebuilt over what came before

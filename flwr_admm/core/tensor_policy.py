@@ -19,19 +19,19 @@ core's `ConsensusADMM`, which sees the consensus tensors only.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays
+from flwr_admm.core.types import Arrays, Reply
 
 ROLES = ("consensus", "average", "keep")
 DEFAULT_RULES = (("*running_mean", "average"), ("*running_var", "average"))
 Rules = tuple[tuple[str, str], ...]
 
-__all__ = ["DEFAULT_RULES", "ROLES", "TensorSplit", "check_rules", "roles_of"]
+__all__ = ["DEFAULT_RULES", "ROLES", "TensorSplit", "absorb_together", "check_rules", "roles_of"]
 
 
 def check_rules(policy: Mapping[str, str] | None, field: str = "tensor_policy") -> Rules:
@@ -138,3 +138,24 @@ class TensorSplit:
     def describe(self, names: Sequence[str]) -> dict[str, str]:
         """Return {name: role} of the non-consensus tensors (for logs and checkpoints)."""
         return {names[i]: self.roles[i] for i in self.held}
+
+
+def absorb_together(
+    absorb_all: Callable[[Sequence[Reply]], list[str]],
+    split: TensorSplit,
+    replies: Sequence[tuple[Reply, Sequence[NDArray[Any]]]],
+    refuse: Callable[[str], object],
+) -> list[bool]:
+    """Absorb the replies' consensus parts at once, then each accepted one's averaged tensors.
+
+    `absorb_all` is `ConsensusADMM.absorb_all` (it returns the keys refused as
+    non-finite, which go to `refuse`); each pair is (consensus part, all the arrays).
+    Return which replies were absorbed, in order.
+    """
+    refused = set(absorb_all([reply for reply, _ in replies]))
+    for reply, arrays in replies:
+        if reply.key in refused:
+            refuse(reply.key)
+        else:
+            split.absorb(arrays, reply.num_examples)  # FedAvg of the averaged tensors
+    return [reply.key not in refused for reply, _ in replies]

@@ -247,11 +247,18 @@ class ConsensusStrategy(FedAvg):
             self._evict_keys(crowded, "least recently heard beyond max_clients")
         self._open_round(incoming)
         accepted: Results = []
-        for reply in admitted:
-            if self._fold_reply(reply, server_round, counts):
+        folded = self._fold_all(admitted, server_round, counts)
+        for reply, ok in zip(admitted, folded, strict=True):
+            if ok:
                 self.binding.bind(reply.key, reply.proxy.cid, self._clock)
                 accepted.append((reply.proxy, reply.res))
         return accepted
+
+    def _fold_all(
+        self, replies: list[KeyedReply], server_round: int, counts: dict[str, Scalar]
+    ) -> list[bool]:
+        """Fold the admitted replies in order, `_fold_reply` each; which were folded."""
+        return [self._fold_reply(reply, server_round, counts) for reply in replies]
 
     def _evict_keys(self, keys: list[str], reason: str) -> None:
         """Drop the state and the bindings of `keys` (`_evict`); count them."""

@@ -27,14 +27,7 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.common import (
-    FitIns,
-    FitRes,
-    NDArrays,
-    Parameters,
-    Scalar,
-    parameters_to_ndarrays,
-)
+from flwr.common import FitIns, NDArrays, Parameters, Scalar, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
@@ -51,8 +44,8 @@ from flwr_admm.core.settings import (
     SettingView,
     strategy_defaults,
 )
-from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, Arrays, NonFiniteReplyError, Reply, StateDtype
+from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
     LOSS,
@@ -267,14 +260,35 @@ class FedADMM(ConsensusStrategy):
 
     def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Absorb w_i, n_i (and f_i(w_i)) of one checked reply into the open round."""
+        return self._fold_all([keyed], server_round, counts)[0]
+
+    def _fold_all(
+        self, replies: list[KeyedReply], server_round: int, counts: dict[str, Scalar]
+    ) -> list[bool]:
+        """Check every reply, then absorb the usable ones together (`absorb_together`).
+
+        A compressed reply decodes into a new model-sized array: those are folded one
+        at a time, each before the next is decoded.
+        """
+        if self.channel.compressor is not None and len(replies) > 1:
+            return super()._fold_all(replies, server_round, counts)
+        assert self.admm is not None and self.tensors is not None
+        prepared = [self._prepared(keyed, counts) for keyed in replies]
+        usable = [p for p in prepared if p is not None]
+        refuse = partial(self._reject, problem=NON_FINITE, counts=counts)
+        folded = iter(absorb_together(self.admm.absorb_all, self.tensors, usable, refuse))
+        return [p is not None and next(folded) for p in prepared]
+
+    def _prepared(
+        self, keyed: KeyedReply, counts: dict[str, Scalar]
+    ) -> tuple[Reply, NDArrays] | None:
+        """Return a checked reply's consensus part and all its arrays; None if rejected."""
         key, proxy, res = keyed
-        admm = self.admm
-        assert admm is not None
-        split = self.tensors
-        assert split is not None
-        checked = self._checked(key, proxy, res, split.shapes, counts)
+        admm, split = self.admm, self.tensors
+        assert admm is not None and split is not None
+        checked = self._checked(keyed, split.shapes, counts)
         if checked is None:
-            return False
+            return None
         if admm.rho > 0 and key in admm.records and self._sent_key.get(proxy.cid) != key:
             # It trained around a center that was not its own (key_binding="reported",
             # new node id after a restart): keep its dual and cached share, send the
@@ -282,7 +296,7 @@ class FedADMM(ConsensusStrategy):
             log(INFO, "%s: %s re-identified under cid %s; resynced", self.label, key, proxy.cid)
             self.binding.bind(key, proxy.cid, self._clock)
             counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
-            return False
+            return None
         loss = res.metrics.get(LOSS)
         finite = isinstance(loss, int | float) and math.isfinite(loss)
         objective = float(loss) if finite and isinstance(loss, int | float) else None
@@ -290,31 +304,20 @@ class FedADMM(ConsensusStrategy):
         if not split.trivial:  # only the consensus tensors go to the core
             if not split.finite(arrays):
                 self._reject(key, NON_FINITE, counts)
-                return False
+                return None
             sq_norm = None
-        try:
-            admm.absorb(
-                Reply(key, split.consensus(arrays), int(res.num_examples), objective, sq_norm)
-            )
-        except NonFiniteReplyError:  # found while folding it in; state rolled back
-            self._reject(key, NON_FINITE, counts)
-            return False
-        split.absorb(arrays, int(res.num_examples))  # FedAvg of the averaged tensors
-        return True
+        n = int(res.num_examples)
+        return Reply(key, split.consensus(arrays), n, objective, sq_norm), arrays
 
     def _checked(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        shapes: list[tuple[int, ...]],
-        counts: dict[str, Scalar],
+        self, keyed: KeyedReply, shapes: list[tuple[int, ...]], counts: dict[str, Scalar]
     ) -> tuple[NDArrays, float | None] | None:
         """Decode a reply against its center and check its structure; None if rejected.
 
-        NaN/inf entries are left to `ConsensusADMM.absorb`, which finds them in the
-        pass that folds the reply in.
+        NaN/inf entries are left to `ConsensusADMM.absorb_all`, which finds them in
+        the pass that folds the reply in.
         """
+        key, proxy, res = keyed
         try:
             arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
             problem, sq_norm = check_reply(arrays, res.num_examples, shapes, finite=False)
@@ -328,19 +331,13 @@ class FedADMM(ConsensusStrategy):
     def _sent(self, cid: str) -> NDArrays:
         """Return the center client `cid` was sent this round, as it received it.
 
-        (z, the client's dual and the dtypes do not change between configure_fit and
-        aggregate_fit, so the center can be recomputed instead of stored; rho_i is
-        the one it was sent, which an eviction under ``client_rho="data_size"`` may
-        have changed since.)
+        Recomputed: z, the dual and the dtypes stay within a round; rho_i is the one
+        sent (an eviction under ``client_rho="data_size"`` may have changed it since).
         """
         admm = self.admm
         assert admm is not None
         key = self._sent_key.get(cid)
-        record = admm.records.get(key) if key is not None else None
-        rho_i = self._sent_rho.get(cid, admm.rho_for(key))
-        center = admm.z
-        if record is not None and rho_i != 0.0:  # v_i = z - y_i / rho_i, as sent
-            center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
+        center = admm.center(key, self._sent_rho.get(cid, admm.rho_for(key)))  # as sent
         return [
             np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
             for c, d in zip(self._merge(center), self._dtypes, strict=True)

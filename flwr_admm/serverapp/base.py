@@ -180,8 +180,8 @@ class ConsensusStrategy(FedAvg):
             self._evict_keys(crowded, "least recently heard beyond max_clients")
         self._open_round(incoming)
         accepted = []
-        for r in admitted:
-            if self._fold_reply(r, server_round, counts):
+        for r, folded in zip(admitted, self._fold_all(admitted, server_round, counts), strict=True):
+            if folded:
                 self.binding.bind(r.key, str(r.node_id), self._clock)
                 accepted.append(r)
         counts[NUM_EVICTED] = self._evicted
@@ -196,6 +196,12 @@ class ConsensusStrategy(FedAvg):
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
         return self._broadcast(), metrics
+
+    def _fold_all(
+        self, replies: list[ReadReply], server_round: int, counts: dict[str, int]
+    ) -> list[bool]:
+        """Fold the admitted replies in order, `_fold_reply` each; which were folded."""
+        return [self._fold_reply(r, server_round, counts) for r in replies]
 
     def _evict_keys(self, keys: list[str], reason: str) -> None:
         """Drop the state and the bindings of `keys` (`_evict`); count them."""

@@ -9,14 +9,7 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -30,8 +23,8 @@ from flwr_admm.core.settings import (
     SettingView,
     strategy_defaults,
 )
-from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, NonFiniteReplyError, StateDtype
+from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
+from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -309,16 +302,11 @@ class FedADMM(ConsensusStrategy):
     def _center_sent_to(self, node: str) -> list[Any]:
         """Return the center node `node` was sent this round, as it received it.
 
-        (z, its dual and the dtypes do not change between configure_train and
-        aggregate_train; rho_i is the one it was sent.)
+        Recomputed: z, the dual and the dtypes stay within a round; rho_i as sent.
         """
         assert self.admm is not None and self.layout is not None
         admm, key = self.admm, self._sent_key.get(node)
-        record = admm.records.get(key) if key is not None else None
-        rho_i = self._sent_rho.get(node, admm.rho_for(key))
-        center = admm.z
-        if record is not None and rho_i != 0.0:  # v_i = z - y_i / rho_i, as sent
-            center = [z - y / rho_i for z, y in zip(admm.z, record.y, strict=True)]
+        center = admm.center(key, self._sent_rho.get(node, admm.rho_for(key)))  # as sent
         return [
             np.asarray(np.asarray(c, dtype=d), dtype=np.float64)
             for c, d in zip(self._merge(center), self.layout.dtypes, strict=True)
@@ -331,28 +319,36 @@ class FedADMM(ConsensusStrategy):
 
     def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
         """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
+        return self._fold_all([reply], server_round, counts)[0]
+
+    def _fold_all(
+        self, replies: list[ReadReply], server_round: int, counts: dict[str, int]
+    ) -> list[bool]:
+        """Check every reply, then absorb the usable ones together (`absorb_together`)."""
         assert self.admm is not None
-        r = reply
-        if self.admm.rho > 0 and r.key in self.admm.records:
-            if self._sent_key.get(str(r.node_id)) != r.key:
-                # It trained around a center that was not its own (key_binding="reported",
-                # a new node id): keep its dual and cached share, send its center next round.
-                log(INFO, "FedADMM: %s re-identified under node %s; resynced", r.key, r.node_id)
-                self.binding.bind(r.key, str(r.node_id), self._clock)
-                counts[NUM_RESYNCED] += 1
-                return False
+        prepared = [self._prepared(r, counts) for r in replies]
+        usable = [p for p in prepared if p is not None]
+        refuse = partial(self._reject, problem=NON_FINITE, counts=counts)
+        folded = iter(absorb_together(self.admm.absorb_all, self._split(), usable, refuse))
+        return [p is not None and next(folded) for p in prepared]
+
+    def _prepared(self, r: ReadReply, counts: dict[str, int]) -> tuple[Reply, list[Any]] | None:
+        """Return a reply's consensus part and all its arrays; None if skipped or rejected."""
+        assert self.admm is not None
+        cached = self.admm.rho > 0 and r.key in self.admm.records
+        if cached and self._sent_key.get(str(r.node_id)) != r.key:
+            # It trained around a center that was not its own (key_binding="reported",
+            # a new node id): keep its dual and cached share, send its center next round.
+            log(INFO, "FedADMM: %s re-identified under node %s; resynced", r.key, r.node_id)
+            self.binding.bind(r.key, str(r.node_id), self._clock)
+            counts[NUM_RESYNCED] += 1
+            return None
         split = self._split()
         if not split.finite(r.arrays):  # the core checks the consensus tensors only
             self._reject(r.key, NON_FINITE, counts)
-            return False
-        arrays, sq_norm = split.consensus(r.arrays), r.sq_norm if split.trivial else None
-        try:
-            self.admm.absorb(Reply(r.key, arrays, r.num_examples, r.loss, sq_norm))
-        except NonFiniteReplyError:  # found while folding it in; state rolled back
-            self._reject(r.key, NON_FINITE, counts)
-            return False
-        split.absorb(r.arrays, r.num_examples)  # FedAvg of the averaged tensors
-        return True
+            return None
+        sq_norm = r.sq_norm if split.trivial else None
+        return Reply(r.key, split.consensus(r.arrays), r.num_examples, r.loss, sq_norm), r.arrays
 
     def _finish_round(self, server_round: int) -> dict[str, Any]:
         """Take the z-step and the dual step; return the residuals and the next rho."""
