@@ -47,17 +47,18 @@ class Pending(NamedTuple):
 def batchable(
     sums: RunningSums, rnd: OpenRound, replies: Sequence[Reply], records: dict[str, ClientRecord]
 ) -> bool:
-    """Return whether `fold_all` can fold `replies` as they are (no conversion copies).
+    """Return whether `fold_all` can take `replies` without model-sized conversion copies.
 
-    Every array (S_w, R, each w_i and the w_i it replaces) float64 and C-contiguous,
-    and a round that folds (not "recompute").
+    Every array (S_w, R, each w_i and the w_i it replaces) float64 and C-contiguous
+    (numpy scalars, e.g. a 0-d tensor's arithmetic, are fine), in a folding round.
     """
     if rnd.mode == "recompute" or not replies:
         return False
     arrays: list[Any] = [*sums.nsw, *(rnd.shares or [])]
     for reply in replies:
         old = records.get(reply.key) if rnd.mode == "incremental" else None
-        arrays += [*reply.w, *(old.w if old is not None else [])]
+        arrays += [t for t in reply.w if not isinstance(t, np.generic)]
+        arrays += old.w if old is not None else []
     return all(isinstance(a, np.ndarray) for a in arrays) and fusable(*arrays)
 
 

@@ -81,7 +81,7 @@ def absorb_many(
         return refused
     pending = [
         Pending(
-            list(reply.w),  # float64, C-contiguous: taken as they are
+            [np.asarray(t, dtype=np.float64, order="C") for t in reply.w],  # no copies
             int(reply.num_examples),
             records.get(reply.key) if rnd.mode == "incremental" else None,
         )

@@ -201,3 +201,154 @@ def test_importing_flwr_admm_does_not_import_numba() -> None:
         "assert 'numba' not in sys.modules, 'numba imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------- the batch fold
+def spy_on_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the replies of every blocks-outer fold (`intake.fold_all`) from now on."""
+    from flwr_admm.core import intake
+
+    sizes: list[int] = []
+    real = intake.fold_all
+
+    def spy(sums: Any, pending: Any, shares: Any) -> list[float]:
+        sizes.append(len(pending))
+        return real(sums, pending, shares)
+
+    monkeypatch.setattr(intake, "fold_all", spy)
+    return sizes
+
+
+def one_by_one(admm: ConsensusADMM, replies: list[Reply], server_round: int) -> Any:
+    """`step` without `absorb_all`: begin, absorb each reply in order, finish."""
+    admm.begin([r.key for r in replies])
+    for reply in replies:
+        admm.absorb(reply)
+    return admm.finish(server_round)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+@pytest.mark.parametrize("name", ["plain", "relaxed", "defaults"])
+def test_the_batch_fold_gives_the_bits_of_absorbing_one_reply_after_the_other(
+    compiled: backend.FusedKernels, monkeypatch: pytest.MonkeyPatch, name: str, partial: bool
+) -> None:
+    batched, single = (
+        ConsensusADMM([np.zeros(s) for s in SHAPES], **SCENARIOS[name], kernels="numba")
+        for _ in range(2)
+    )
+    sizes = spy_on_batches(monkeypatch)
+    rng = np.random.default_rng(5)
+    for k in range(5):
+        chosen = sorted(rng.choice(6, 3, replace=False)) if partial and k > 0 else list(range(6))
+        replies = replies_for(batched, rng, chosen)
+        want = one_by_one(single, replies, k + 1)
+        got = batched.step(replies, k + 1)
+        assert got == want  # every residual, scale and rho, bit for bit
+        assert state_bytes(batched) == state_bytes(single)
+    assert sizes[-1] == (3 if partial else 6)  # the step took the batch path
+
+
+def poisoned_round(bad: float, position: int, keys: str) -> tuple[ConsensusADMM, list[Reply]]:
+    """A numba server after a round of a..d, and fresh replies of `keys`, one poisoned."""
+    rng = np.random.default_rng(17)
+    shapes = [(2 * FUSED_BLOCK + 9,), (3,)]
+    admm = ConsensusADMM([np.zeros(s) for s in shapes], rho=0.7, relaxation=1.5, kernels="numba")
+    admm.step(
+        [Reply(k, [rng.normal(size=s) for s in shapes], 3 + i) for i, k in enumerate("abcd")], 1
+    )
+    replies = [Reply(k, [rng.normal(size=s) for s in shapes], 5 + i) for i, k in enumerate(keys)]
+    replies[position].w[0][FUSED_BLOCK + 3] = bad  # in the second block: the first is folded
+    return admm, replies
+
+
+@pytest.mark.parametrize("keys", ["abcd", "abd"], ids=["full", "incremental"])
+@pytest.mark.parametrize("position", [0, 1, -1], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [np.nan, -np.inf, 1e200])
+def test_a_bad_reply_in_a_batch_is_refused_as_absorb_refuses_it(
+    compiled: backend.FusedKernels,
+    monkeypatch: pytest.MonkeyPatch,
+    keys: str,
+    position: int,
+    bad: float,
+) -> None:
+    batched, replies = poisoned_round(bad, position, keys)
+    single, _ = poisoned_round(bad, position, keys)
+    never, _ = poisoned_round(bad, position, keys)
+    poisoned = replies[position]
+    old = batched.records[poisoned.key]
+    old_w, old_y, old_n = list(old.w), [t.copy() for t in old.y], old.num_examples
+    sizes = spy_on_batches(monkeypatch)
+    batched.begin(list(keys))
+    assert batched.absorb_all(replies) == [poisoned.key]
+    assert sizes[0] == len(keys)  # the batch path, then the rest after the bad reply
+    single.begin(list(keys))
+    for reply in replies:  # the existing one-by-one behaviour, refusal included
+        if reply is poisoned:
+            with pytest.raises(NonFiniteReplyError, match=rf"^reply '{reply.key}': contains NaN"):
+                single.absorb(reply)
+        else:
+            single.absorb(reply)
+    never.begin(list(keys))
+    for reply in replies:
+        if reply is not poisoned:
+            never.absorb(reply)
+    # the refused client's state is untouched: its old w_i (the same arrays), y_i, n_i
+    record = batched.records[poisoned.key]
+    assert all(a is b for a, b in zip(record.w, old_w, strict=True))
+    assert record.num_examples == old_n
+    assert all(np.array_equal(a, b) for a, b in zip(record.y, old_y, strict=True))
+    assert poisoned.key not in batched._round.keys  # type: ignore[union-attr]
+    assert state_bytes(batched) == state_bytes(single)  # S_w, R, S_s, N as absorb leaves them
+    assert batched.sums.ns == single.sums.ns and batched.sums.n == single.sums.n
+    shares = batched._round.shares  # type: ignore[union-attr]
+    if shares is not None:
+        assert all(np.array_equal(a, b) for a, b in zip(shares, single._round.shares, strict=True))  # type: ignore[union-attr]
+    reports = [admm.finish(2) for admm in (batched, single, never)]
+    assert reports[0] == reports[1]
+    assert state_bytes(batched) == state_bytes(single)
+    assert reports[0].num_replies == len(keys) - 1
+    if keys == "abcd":  # "full": as if the bad reply had never arrived, bit for bit
+        assert state_bytes(batched) == state_bytes(never) and reports[0] == reports[2]
+    else:  # "incremental": S_w re-summed exactly in key order, so equal to rounding
+        assert_close(batched.z, never.z, "z")
+        for key in "abcd":
+            assert_close(batched.records[key].y, never.records[key].y, f"y[{key}]")
+
+
+def test_two_bad_replies_and_a_batch_of_bad_replies_only(compiled: backend.FusedKernels) -> None:
+    batched, replies = poisoned_round(np.nan, 0, "abcd")
+    replies[2].w[1][0] = np.inf
+    batched.begin(list("abcd"))
+    assert batched.absorb_all(replies) == ["a", "c"]
+    assert batched._round is not None and sorted(batched._round.keys) == ["b", "d"]
+    everyone_bad, replies = poisoned_round(np.nan, 0, "ab")
+    single, _ = poisoned_round(np.nan, 0, "ab")
+    replies[1].w[0][0] = np.nan
+    for admm in (everyone_bad, single):
+        admm.begin(["a", "b"])
+    assert everyone_bad.absorb_all(replies) == ["a", "b"]
+    for reply in replies:
+        with pytest.raises(NonFiniteReplyError):
+            single.absorb(reply)
+    # "incremental": S_w re-summed exactly over the records, as absorb's roll-back does
+    assert state_bytes(everyone_bad) == state_bytes(single)
+    everyone_bad.cancel()  # nothing absorbed: the round closes
+
+
+def test_replies_that_need_a_conversion_are_folded_one_at_a_time(
+    compiled: backend.FusedKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 (or strided) reply would be widened into a new array: no batch of copies."""
+    admm = ConsensusADMM([np.zeros(s) for s in SHAPES], rho=1.0, kernels="numba")
+    sizes = spy_on_batches(monkeypatch)
+    rng = np.random.default_rng(2)
+    replies = [Reply(f"c{i}", [rng.normal(size=s) for s in SHAPES], 4) for i in range(3)]
+    admm.step(replies, 1)
+    assert sizes == [3]
+    narrow = [Reply(r.key, [t.astype(np.float32) for t in r.w], 4) for r in replies]
+    admm.step(narrow, 2)
+    strided = [
+        Reply(r.key, [np.repeat(t, 2)[::2].reshape(t.shape) for t in r.w], 4) for r in replies
+    ]
+    admm.step(strided, 3)
+    assert sizes == [3]
