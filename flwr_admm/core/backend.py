@@ -44,7 +44,7 @@ class FusedKernels(NamedTuple):
     fold: Callable[..., float]
     dual: Callable[..., tuple[float, float]]
     shift: Callable[..., None]
-    center: Callable[..., None]
+    center: Callable[..., tuple[float, float]]
 
 
 def numba_installed() -> bool:

@@ -319,8 +319,9 @@ class ConsensusADMM:
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_hat = self.rho, self.z
         with single_thread_blas():
-            dz, stats = self._update(rnd, ordered)
-        dz_sq = sum_sq_norm(dz)  # ||z - z'||^2, once for s and fast ADMM's c_k
+            dz, stats, norms = self._update(rnd, ordered)
+        # ||z'||^2 and ||z - z'||^2 (once for s and fast ADMM's c_k), if not fused
+        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz))
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
         report = round_report(
             ordered,
@@ -333,6 +334,7 @@ class ConsensusADMM:
             eps_rel=self.eps_rel,
             regularizer=self.regularizer,
             num_clients_cached=len(self.records),
+            z_sq=z_sq,
         )
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
@@ -344,8 +346,10 @@ class ConsensusADMM:
                 )
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
-    def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
-        """Run the z-step and the dual step; return z - z' and the dual step's sums."""
+    def _update(
+        self, rnd: OpenRound, ordered: list[Reply]
+    ) -> tuple[Arrays, DualStats, tuple[float, float] | None]:
+        """Run the z-step and the dual step; return z - z', the dual step's sums, norms."""
         z = self.z  # the round's center
         if rnd.mode == "recompute":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
@@ -353,7 +357,7 @@ class ConsensusADMM:
         relaxed = self.relaxation != 1.0
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
         # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
-        self.z, dz = z_step(  # z' and dz = z - z'
+        self.z, dz, norms = z_step(  # z', dz = z - z' (fused: ||z'||^2, ||dz||^2)
             self.sums,
             shares,
             weight,
@@ -376,7 +380,7 @@ class ConsensusADMM:
             relaxation=self.relaxation,
             fused=self._fused,
         )
-        return dz, stats
+        return dz, stats, norms
 
     def _accelerate(
         self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float

@@ -8,7 +8,8 @@ kernel. Four kernels, each one pass over flat float64 arrays:
     dual:  d = w_i - z',  y_i += c_d d + c_dz dz,  S_y += c_s d,
            returns (||d||^2, ||y_i'||^2)
     shift: t = gamma (y_i - y_i,prev),  y_i,prev = y_i,  y_i += t,  S_y += n_i t
-    center: z' = S_w / S_s + c_y S_y + c_r R + c_z z,  dz = z - z'
+    center: z' = S_w / S_s + c_y S_y + c_r R + c_z z,  dz = z - z',
+            returns (||z'||^2, ||dz||^2)
 
 The functions are plain Python over numpy arrays (readable, and runnable without
 numba as the reference); `flwr_admm.core.backend.compiled` jit-compiles them with
@@ -168,19 +169,34 @@ def center(
     c_y: float,
     c_r: float,
     c_z: float,
-) -> None:
+) -> tuple[float, float]:
     """Set z' = S_w / S_s + c_y S_y + c_r R + c_z z (the z-step's average), dz = z - z'.
 
     In the numpy path's order; `share` (R) None drops the relaxed terms c_r R + c_z z,
-    `dz` None skips dz = z - z' (a prox follows). One read of S_w, S_y, R, z.
+    `dz` None skips dz = z - z' (a prox follows). One read of S_w, S_y, R, z. Returns
+    (||z'||^2, ||z - z'||^2) in LANES partial sums (the second 0.0 without dz), so the
+    round report need not read z' and dz again.
     """
-    for i in range(z.size):
-        value = nsw[i] / ns
-        if c_y != 0.0:
-            value += c_y * ny[i]
-        if share is not None:
-            value += c_r * share[i]
-            value += c_z * z[i]
-        z_new[i] = value
-        if dz is not None:
-            dz[i] = z[i] - value
+    rows = z.size // LANES
+    z_lanes, dz_lanes = np.zeros(LANES), np.zeros(LANES)
+    for r in range(rows + 1):  # the rows, then the tail (element i into lane i mod LANES)
+        start = r * LANES
+        for k in range(min(LANES, z.size - start)):
+            i = start + k
+            value = nsw[i] / ns
+            if c_y != 0.0:
+                value += c_y * ny[i]
+            if share is not None:
+                value += c_r * share[i]
+                value += c_z * z[i]
+            z_new[i] = value
+            z_lanes[k] += value * value
+            if dz is not None:
+                step = z[i] - value
+                dz[i] = step
+                dz_lanes[k] += step * step
+    z_sq = dz_sq = 0.0
+    for k in range(LANES):
+        z_sq += z_lanes[k]
+        dz_sq += dz_lanes[k]
+    return z_sq, dz_sq

@@ -46,20 +46,22 @@ def z_step(
     relaxation: float,
     regularizer: Regularizer | None,
     fused: bool = False,
-) -> tuple[Arrays, Arrays]:
+) -> tuple[Arrays, Arrays, tuple[float, float] | None]:
     """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)), z - z'.
 
     z is the round's center; R (`shares`) and W (`weight`) are the replies' part of
     S_w and S_s (the relaxed term vanishes when alpha = 1). `fused`: the average and
-    (without a regularizer) z - z' in one numba pass per tensor.
+    (without a regularizer) z - z' in one numba pass per tensor, which also returns
+    (||z'||^2, ||z - z'||^2) as the third value (else None: `sum_sq_norm` them).
     """
     beta = 1.0 - relaxation
     c_y = 1.0 / (rho * sums.ns) if rho != 0.0 else 0.0
     if fused and fusable(*sums.nsw, *sums.ny, *z, *(shares if beta != 0.0 else [])):
         z_new = [np.empty_like(t) for t in z]
         dz = [np.empty_like(t) for t in z] if regularizer is None else None
+        z_sq = dz_sq = 0.0
         for j, (t, center) in enumerate(zip(z_new, z, strict=True)):
-            compiled().center(
+            tensor_sq = compiled().center(
                 sums.nsw[j].reshape(-1),
                 sums.ny[j].reshape(-1),
                 shares[j].reshape(-1) if beta != 0.0 else None,
@@ -71,8 +73,9 @@ def z_step(
                 -beta / sums.ns,
                 beta * weight / sums.ns,
             )
+            z_sq, dz_sq = z_sq + tensor_sq[0], dz_sq + tensor_sq[1]
         if dz is not None:
-            return z_new, dz
+            return z_new, dz, (z_sq, dz_sq)
     else:
         # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
         # which the in-place terms below would silently leave alone
@@ -86,7 +89,7 @@ def z_step(
                 axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
     if regularizer is not None:
         regularizer.prox_(z_new, sums.rho_bar(rho))
-    return z_new, [a - b for a, b in zip(z, z_new, strict=True)]
+    return z_new, [a - b for a, b in zip(z, z_new, strict=True)], None
 
 
 def dual_step(
@@ -272,16 +275,19 @@ def round_report(
     eps_rel: float,
     regularizer: Regularizer | None,
     num_clients_cached: int,
+    z_sq: float | None = None,
 ) -> RoundReport:
     """Return Boyd's residuals r, s and thresholds eps_pri, eps_dual of the round.
 
     r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2,
-    from `sum_sq_norm`); `next_rho` is `rho` until the schedule has run.
+    from `sum_sq_norm` or the fused z-step, as `z_sq` = ||z'||^2 if given);
+    `next_rho` is `rho` until the schedule has run.
     """
     total = float(sum(r.num_examples for r in ordered))
     dual = sums.rho_bar(rho) * math.sqrt(dz_sq)
     root_n = math.sqrt(int(sum(t.size for t in z_new)))
-    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(sum_sq_norm(z_new)))
+    z_sq = sum_sq_norm(z_new) if z_sq is None else z_sq
+    primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(z_sq))
     dual_scale = math.sqrt(stats.y_sq)
     losses = [(r.num_examples, r.loss) for r in ordered]
     objective = None

@@ -352,3 +352,28 @@ def test_replies_that_need_a_conversion_are_folded_one_at_a_time(
     ]
     admm.step(strided, 3)
     assert sizes == [3]
+
+
+@pytest.mark.parametrize("relaxation", [1.0, 1.6])
+def test_the_fused_z_step_returns_the_norms_of_z_and_dz(
+    compiled: backend.FusedKernels, relaxation: float
+) -> None:
+    from flwr_admm.core.steps import sum_sq_norm, z_step
+
+    admm = ConsensusADMM([np.zeros(s) for s in SHAPES], rho=0.8, relaxation=relaxation)
+    rng = np.random.default_rng(9)
+    for k in range(2):  # duals that are not zero, S_y too
+        admm.step(
+            [Reply(f"c{i}", [rng.normal(size=s) for s in SHAPES], 3 + i) for i in range(4)], k
+        )
+    shares = [3.0 * t for t in admm.sums.nsw]
+    z = [t + 0.5 for t in admm.z]
+    kwargs = {"rho": 0.8, "relaxation": relaxation, "regularizer": None}
+    z_new, dz, norms = z_step(admm.sums, shares, 7.0, z, **kwargs, fused=True)
+    want_z, want_dz, none = z_step(admm.sums, shares, 7.0, z, **kwargs, fused=False)
+    assert none is None and norms is not None
+    assert_close(z_new, want_z, "z'")
+    assert_close(dz, want_dz, "dz")
+    assert norms[0] == pytest.approx(sum_sq_norm(want_z), rel=1e-13)
+    assert norms[1] == pytest.approx(sum_sq_norm(want_dz), rel=1e-13)
+    assert norms[1] > 0.0
