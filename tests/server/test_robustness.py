@@ -269,6 +269,36 @@ def test_fit_metrics_aggregation_sees_only_the_accepted_replies() -> None:
     assert metrics["custom"] == 1.0
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_a_nan_reply_among_several_is_rejected_and_the_round_is_that_of_the_others(
+    kernels: str,
+) -> None:
+    """The replies are absorbed together (numba: one batch fold); the NaN one is refused."""
+    if kernels == "numba":
+        pytest.importorskip("numba")
+    rng = np.random.default_rng(4)
+    models = [rng.normal(size=D) for _ in range(4)]
+    poisoned = models[1].copy()
+    poisoned[3] = np.nan
+    got, proxies = started(
+        FedADMM(rho=0.5, initial_parameters=zeros_parameters(), kernels=kernels), 4
+    )
+    want, twins = started(
+        FedADMM(rho=0.5, initial_parameters=zeros_parameters(), kernels=kernels), 4
+    )
+    replies = [
+        (proxies[i], fit_res([m], 10 + i, {"partition-id": i})) for i, m in enumerate(models)
+    ]
+    replies[1] = (proxies[1], fit_res([poisoned], 11, {"partition-id": 1}))
+    _, metrics = got.aggregate_fit(1, replies, [])
+    others = [(twins[i], fit_res([models[i]], 10 + i, {"partition-id": i})) for i in (0, 2, 3)]
+    _, want_metrics = want.aggregate_fit(1, others, [])
+    assert metrics["num_rejected"] == 1 and want_metrics["num_rejected"] == 0
+    assert sorted(got.admm.records) == sorted(want.admm.records) and len(got.admm.records) == 3
+    np.testing.assert_array_equal(got.admm.z[0], want.admm.z[0])  # bit for bit
+    assert metrics["primal_residual"] == want_metrics["primal_residual"]
+
+
 def test_user_metrics_that_collide_with_ours_are_warned_and_ours_win(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
