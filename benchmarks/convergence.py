@@ -7,8 +7,8 @@ reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()`
 its defaults ("FedADMM (defaults)": fast ADMM, `ResidualBalancing` from rho0 = 1,
 alpha = 1.6; "FedADMM (defaults), local tuned" runs them over the local grid only,
 lr x steps, no server argument), plain ADMM at rho = 1 ("FedADMM-default (untuned)",
-the defaults before them) and `ResidualBalancing` from rho0 = 1. The grid rows are the textbook iteration
-(constant rho, no acceleration).
+the defaults before them) and `ResidualBalancing` from rho0 = 1. The grid rows are
+the textbook iteration (constant rho, no acceleration).
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS

@@ -27,7 +27,6 @@ def config_text(run: dict[str, Any] | None, steps_key: str) -> str:
     return text
 
 
-
 def report_table(result: dict[str, Any], steps_key: str) -> str:
     """Best rounds (and the configuration achieving it) per algorithm and target."""
     summary, max_rounds = result["summary"], result["max_rounds"]
