@@ -22,7 +22,7 @@ from flwr_admm.core.kernels import finite_sq_norm, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
-from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm, z_step
+from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm
 from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
@@ -38,6 +38,7 @@ from flwr_admm.core.types import (
     check_state_dtype,
     natural_key,
 )
+from flwr_admm.core.z_average import ZAverage, averaged_z_step, check_z_average
 
 __all__ = [
     "CLIENT_RHO_MODES",
@@ -106,8 +107,9 @@ class ConsensusADMM:
         "anderson": safeguarded type-II Anderson acceleration of the round map on
         x = (z, y_1..y_N) (`flwr_admm.core.anderson`), moving z and every cached y_i.
     restart_eta : float
-        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1]
-        (fast ADMM only).
+        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
+    z_average : {"cached", "replies"}
+        z-step over every cached w_i or the round's replies (`flwr_admm.core.z_average`).
     state_dtype : {"float64", "float32"}
         Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
         the running sums stay float64. "float32" halves that state's memory and
@@ -133,6 +135,7 @@ class ConsensusADMM:
     state_dtype: StateDtype = "float64"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
+    z_average: ZAverage = "cached"
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
@@ -157,6 +160,8 @@ class ConsensusADMM:
         self.relaxation = float(alpha)
         check_acceleration(self.acceleration, self.restart_eta)
         self._compact = check_state_dtype(self.state_dtype) == np.float32
+        self.z_average = check_z_average(self.z_average)  # R is then needed as with alpha != 1
+        self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration == "anderson":
             self.anderson = AndersonADMM()
         elif self.acceleration is not None:
@@ -227,7 +232,7 @@ class ConsensusADMM:
         more than one reply besides its state. How S_w is kept meanwhile ("full",
         "incremental" or "recompute") is told in `RunningSums.open_round`.
         """
-        uniform, relaxed = self.client_rho == "uniform", self.relaxation != 1.0
+        uniform, relaxed = self.client_rho == "uniform", self._shares_needed
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
         if self.anderson is not None:
             self.anderson.remember(self.z, self.records, keys)  # x_k's parts the round moves
@@ -349,14 +354,14 @@ class ConsensusADMM:
         if rnd.mode == "recompute":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
         self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
-        relaxed = self.relaxation != 1.0
-        shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
-        # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
-        self.z = z_step(
+        shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, self._shares_needed)
+        # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)) or replies'
+        self.z = averaged_z_step(
             self.sums,
             shares,
             weight,
             z,
+            z_average=self.z_average if len(ordered) < len(self.records) else "cached",
             rho=self.rho,
             relaxation=self.relaxation,
             regularizer=self.regularizer,

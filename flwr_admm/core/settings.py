@@ -20,6 +20,7 @@ from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
 from flwr_admm.core.types import Arrays, ClientRho, StateDtype
+from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
     "DEFAULT_ACCELERATION",
@@ -68,6 +69,10 @@ class ConsensusSettings:
     state_dtype : {"float64", "float32"}
         Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
         float64); "float32" halves its memory and traffic (`ConsensusADMM`).
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", the
+        textbook step) or only this round's replies ("replies", as FedDyn's server;
+        `flwr_admm.core.z_average`). The same with every client replying.
 
     Raises
     ------
@@ -86,6 +91,7 @@ class ConsensusSettings:
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
     state_dtype: StateDtype = "float64"
+    z_average: ZAverage = "cached"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -115,6 +121,7 @@ class ConsensusSettings:
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
             state_dtype=self.state_dtype,
+            z_average=self.z_average,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -130,6 +137,8 @@ class ConsensusSettings:
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
             "state_dtype": self.state_dtype,
+            # only when set: checkpoints written before the option keep their fingerprint
+            **({} if self.z_average == "cached" else {"z_average": self.z_average}),
         }
 
 

@@ -9,14 +9,7 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -32,6 +25,7 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, NonFiniteReplyError, StateDtype
+from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -124,6 +118,10 @@ class FedADMM(ConsensusStrategy):
         running sums stay float64. "float32" halves the server's per-client memory
         and the bytes `aggregate_*` moves per reply; the optimum is reached up to
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", default) or
+        only the round's replies (as FedDyn): faster with partial participation
+        (docs/peers.md), the same with every client replying. Fingerprinted if set.
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -193,6 +191,7 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
+        z_average: ZAverage = "cached",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -241,6 +240,7 @@ class FedADMM(ConsensusStrategy):
             acceleration=acceleration,
             restart_eta=restart_eta,
             state_dtype=state_dtype,
+            z_average=z_average,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
