@@ -9,14 +9,7 @@ from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -32,6 +25,7 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.tensor_policy import TensorSplit, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, NonFiniteReplyError, StateDtype
+from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -125,6 +119,10 @@ class FedADMM(ConsensusStrategy):
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
     kernels : {"auto", "numpy", "numba"}
         numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", default) or
+        only the round's replies (as FedDyn): faster with partial participation
+        (docs/peers.md), the same with every client replying. Fingerprinted if set.
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -195,6 +193,7 @@ class FedADMM(ConsensusStrategy):
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
         kernels: Kernels = "auto",
+        z_average: ZAverage = "cached",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -244,6 +243,7 @@ class FedADMM(ConsensusStrategy):
             restart_eta=restart_eta,
             state_dtype=state_dtype,
             kernels=kernels,
+            z_average=z_average,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None

@@ -35,6 +35,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "relaxation": 1.6,
         "schedule": ResidualBalancing(),
     },
+    "defaults, z over the replies": {
+        "rho": 1.0,
+        "acceleration": "nesterov",
+        "relaxation": 1.6,
+        "schedule": ResidualBalancing(),
+        "z_average": "replies",
+    },
 }
 
 
