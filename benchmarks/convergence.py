@@ -5,9 +5,10 @@ rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty) through the in-p
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
 its defaults ("FedADMM (defaults)": fast ADMM, `ResidualBalancing` from rho0 = 1,
-alpha = 1.6), plain ADMM at rho = 1 ("FedADMM-default (untuned)", the defaults before
-them) and `ResidualBalancing` from rho0 = 1. The grid rows are the textbook iteration
-(constant rho, no acceleration).
+alpha = 1.6; "FedADMM (defaults), local tuned" runs them over the local grid only,
+lr x steps, no server argument), plain ADMM at rho = 1 ("FedADMM-default (untuned)",
+the defaults before them) and `ResidualBalancing` from rho0 = 1. The grid rows are
+the textbook iteration (constant rho, no acceleration).
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -44,9 +45,9 @@ from benchmarks.peers import (
     peer_configs,
     peers_rows,
     peers_summary,
-    penalty_name,
 )
 from benchmarks.problems import Problem, build_problems
+from benchmarks.tables import ratio_text, report_table
 from flwr_admm import ADMMClient, Constant, FedADMM, ResidualBalancing
 from flwr_admm.models import Model
 from flwr_admm.testing import make_proxies, run_rounds
@@ -62,6 +63,10 @@ BASELINES = ("FedAvg", "FedProx")
 RELAXED = 1.6
 RELAXED_LABEL = f"FedADMM alpha={RELAXED:g}"
 DEFAULTS_LABEL = "FedADMM (defaults)"
+# FedADMM() with its server defaults over the task's local grid only (lr x steps):
+# separates what local tuning buys from what the algorithm does.
+LOCAL_TUNED_LABEL = "FedADMM (defaults), local tuned"
+PEER_LABELS = (*BASELINES, *PEERS)
 SWEEP = (1.0, 1.5, 1.6, 1.7, 1.8)
 
 
@@ -214,23 +219,6 @@ def best_runs(runs: list[dict[str, Any]], target: float) -> dict[str, Any] | Non
     return min(hits, key=lambda r: r["rounds_to"][str(target)]) if hits else None
 
 
-def _rounds_text(run: dict[str, Any] | None, target: float, max_rounds: int) -> str:
-    if run is None:
-        return f"> {max_rounds}"
-    return str(run["rounds_to"][str(target)])
-
-
-def _config_text(run: dict[str, Any] | None, steps_key: str) -> str:
-    if run is None:
-        return "-"
-    steps = "epochs" if steps_key == "local_epochs" else "steps"
-    text = f"lr={run['lr']:g} {steps}={run['steps']:g}"
-    name = penalty_name(run["algorithm"], run["schedule"])
-    if name is not None:
-        text += f" {name}={run['penalty']:g}"
-    return text
-
-
 def ratio(numerator: int | None, denominator: int | None, max_rounds: int) -> dict[str, Any]:
     """Return numerator / denominator; a target missed within the budget gives a bound."""
     if numerator is None:
@@ -262,6 +250,8 @@ def summarize(problem: Problem, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     reached = [r for r in (rounds(b) for b in BASELINES) if r is not None]
     baseline = min(reached, default=None)
+    peers = [r for r in (rounds(b) for b in PEER_LABELS if b in best) if r is not None]
+    best_peer = min(peers, default=None)
     by_lr: dict[str, dict[str, int | None]] = {}
     for label in ("FedAvg", "FedProx", "FedADMM", RELAXED_LABEL):
         for lr in problem.grid.learning_rates:
@@ -293,6 +283,10 @@ def summarize(problem: Problem, runs: list[dict[str, Any]]) -> dict[str, Any]:
             rounds(f"{RELAXED_LABEL}-RB (untuned)"), rounds(RELAXED_LABEL), problem.max_rounds
         ),
         "defaults_over_best_baseline": ratio(rounds(DEFAULTS_LABEL), baseline, problem.max_rounds),
+        "defaults_over_best_peer": ratio(rounds(DEFAULTS_LABEL), best_peer, problem.max_rounds),
+        "local_tuned_defaults_over_best_peer": ratio(
+            rounds(LOCAL_TUNED_LABEL), best_peer, problem.max_rounds
+        ),
         "best_rounds_by_learning_rate": by_lr,
     }
 
@@ -315,6 +309,9 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
     untuned = {**problem.defaults, "penalty": 1.0}
     runs.append({**run_one(problem, DEFAULTS_LABEL, untuned), "label": DEFAULTS_LABEL})
+    for config in problem.grid.configs(penalized=False):  # lr x steps; rho0 = 1 (default)
+        local = {**config, "penalty": 1.0}
+        runs.append({**run_one(problem, DEFAULTS_LABEL, local), "label": LOCAL_TUNED_LABEL})
     runs.append({**run_one(problem, "FedADMM", untuned), "label": "FedADMM-default (untuned)"})
     for alpha, label in ((1.0, "FedADMM-RB (untuned)"), (RELAXED, f"{RELAXED_LABEL}-RB (untuned)")):
         config = {**untuned, "relaxation": alpha}
@@ -357,42 +354,6 @@ def relaxation_sweep(problem: Problem, runs: list[dict[str, Any]]) -> list[dict[
     return out
 
 
-def report_table(result: dict[str, Any], steps_key: str) -> str:
-    """Best rounds (and the configuration achieving it) per algorithm and target."""
-    summary, max_rounds = result["summary"], result["max_rounds"]
-    metric = "gap <=" if result["metric"] == "gap" else "accuracy >="
-    headers = ["algorithm", "configs"]
-    for target in result["targets"]:
-        headers += [f"rounds {metric} {target:g}", "best config"]
-    final = str(result["targets"][-1])
-    # Runs stop at the last target, so the best value seen only ranks the algorithms
-    # when some of them never reach it.
-    show_best = any(per_target[final] is None for per_target in summary["best"].values())
-    if show_best:
-        metric_name = "lowest gap" if result["metric"] == "gap" else "best accuracy"
-        headers += [f"{metric_name} in {max_rounds} rounds", "its config"]
-    rows = []
-    for label, per_target in summary["best"].items():
-        count = sum(1 for r in result["runs"] if r["label"] == label)
-        row: list[object] = [label, count]
-        for target in result["targets"]:
-            run = per_target[str(target)]
-            row += [_rounds_text(run, target, max_rounds), _config_text(run, steps_key)]
-        if show_best:
-            top = summary["best_value"][label]
-            row += [None if top is None else top["best"], _config_text(top, steps_key)]
-        rows.append(row)
-    return format_table(headers, rows)
-
-
-def _ratio_text(entry: dict[str, Any]) -> str:
-    if entry["value"] is not None:
-        return f"{entry['value']:.3f}"
-    if entry["bound"] is not None:
-        return f"< {entry['bound']:.3f}"
-    return "n/a (not reached)"
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the tables and write JSON."""
     parser = base_parser(__doc__.splitlines()[0])
@@ -429,12 +390,15 @@ def _run_problem(problem: Problem, sweep: bool) -> dict[str, Any]:
     ):
         print(
             f"{prefix} / best baseline at {summary['final_target']:g}: "
-            f"{_ratio_text(summary[over])} (goal <= 0.333 on seed-logreg); "
-            f"untuned RB / tuned, same alpha: {_ratio_text(summary[rb])} (goal <= 1.5)"
+            f"{ratio_text(summary[over])} (goal <= 0.333 on seed-logreg); "
+            f"untuned RB / tuned, same alpha: {ratio_text(summary[rb])} (goal <= 1.5)"
         )
     print(
-        f"{DEFAULTS_LABEL} (no tuning) / best-tuned baseline at {summary['final_target']:g}: "
-        f"{_ratio_text(summary['defaults_over_best_baseline'])}"
+        f"{DEFAULTS_LABEL} (no tuning) / best-tuned FedAvg, FedProx at "
+        f"{summary['final_target']:g}: {ratio_text(summary['defaults_over_best_baseline'])}; "
+        f"/ best-tuned of all peers: {ratio_text(summary['defaults_over_best_peer'])}; "
+        f"{LOCAL_TUNED_LABEL} / best peer: "
+        f"{ratio_text(summary['local_tuned_defaults_over_best_peer'])}"
     )
     headers, rows = peers_rows(result, problem.steps_key)
     print(f"peers: rounds and bytes (both ways) to {summary['final_target']:g}:")

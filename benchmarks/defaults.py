@@ -8,6 +8,7 @@ sampled runs with twice the round budget. The candidate that `FedADMM()`
 uses is labelled "defaults".
 
     python -m benchmarks.defaults [--tasks seed-logreg,synthetic,digits] [--fraction 0.3]
+                                  [--candidates LABEL,...]
 """
 
 from __future__ import annotations
@@ -42,7 +43,24 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "relaxation": 1.6,
     },
     "defaults": {},
+    # z_average="replies" (docs/peers.md): the z-step averages this round's replies
+    # only; identical to the row above it with every client replying.
+    "RB alpha 1.6 z-replies": {
+        **PLAIN,
+        "rho_schedule": ResidualBalancing(),
+        "relaxation": 1.6,
+        "z_average": "replies",
+    },
+    "fast alpha 1.6 z-replies": {
+        **PLAIN,
+        "acceleration": "nesterov",
+        "relaxation": 1.6,
+        "z_average": "replies",
+    },
+    "defaults z-replies": {"z_average": "replies"},
 }
+# The candidates a plain run compares (the z_average rows: --candidates).
+CHOSEN = ",".join(label for label in CANDIDATES if "z-replies" not in label)
 
 
 def run_candidate(problem: Problem, kwargs: dict[str, Any], fraction: float) -> dict[str, Any]:
@@ -88,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="seed-logreg,synthetic,digits")
     parser.add_argument("--fraction", type=float, default=0.3)
-    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--candidates", default=CHOSEN)
     args = parser.parse_args(argv)
     quiet_flower()
     chosen = args.candidates.split(",")

@@ -60,8 +60,8 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
 
-LocalInit = Literal["previous", "center"]
-LOCAL_INITS = ("previous", "center")
+LocalInit = Literal["previous", "center", "consensus"]
+LOCAL_INITS = ("previous", "center", "consensus")
 
 
 class ADMMClient(NumPyClient):
@@ -79,9 +79,9 @@ class ADMMClient(NumPyClient):
         Local step size lr.
     batch_size : int, optional
         Minibatch size; None = full batch.
-    local_init : {"previous", "center"}
-        ADMM warm start: the client's own last w_i (kept in ``context.state``) or v_i.
-        With rho = 0 the local loop always starts at the received z (FedAvg).
+    local_init : {"previous", "center", "consensus"}
+        Start: own last w_i (in ``context.state``), v_i, or the received z (as FedDyn;
+        client-held duals only). With rho = 0 the loop starts at the received z.
     prox_step : {"exact", "gradient"}
         Proximal-gradient step (stable for any rho) or the seed's explicit step.
     grad_tol : float, optional
@@ -192,6 +192,8 @@ class ADMMClient(NumPyClient):
             rho = _nonnegative(config[RHO], RHO)
             # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
             # FedAvg's step starts at the received z (v_i = z when y_i = 0).
+            if self.local_init == "consensus" and rho > 0:  # server-held duals send no z
+                raise ValueError("local_init: 'consensus' needs z: FedADMMClientDuals only")
             warm = self.local_init == "previous" and rho > 0
             start = self._previous(server_round) if warm else None
             start = received if start is None else start
@@ -245,7 +247,8 @@ class ADMMClient(NumPyClient):
         state = base.state
         begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
         previous = state.w if state is not None and self.local_init == "previous" else None
-        start = [t.copy() for t in previous] if previous is not None else begin.center
+        origin = z if self.local_init == "consensus" else begin.center  # z: FedDyn's start
+        start = [t.copy() for t in previous] if previous is not None else origin
         stream = [self.seed, int(self.partition_id or 0), server_round]
         rng = np.random.default_rng(stream)
         result = penalized_local_solve(
@@ -310,10 +313,7 @@ class ADMMClient(NumPyClient):
 
     # ----------------------------------------------------------------- helpers
     def _noise_rng(self, server_round: int) -> np.random.Generator:
-        """Return the generator of the local-DP noise: secret (OS entropy) unless `dp_seed` is set.
-
-        Noise the server could regenerate from a known seed would protect nothing.
-        """
+        """Local-DP noise generator: OS entropy unless `dp_seed` (a known seed protects nothing)."""
         if self.dp_seed is None:
             return np.random.default_rng()
         return np.random.default_rng([self.dp_seed, int(self.partition_id or 0), server_round])

@@ -1,9 +1,8 @@
 """Framework-free server state of inexact consensus ADMM over lists of numpy arrays.
 
-`ConsensusADMM` holds the state and runs the round (begin, absorb, finish); it is
-composed of `flwr_admm.core.sums` (the running sums), `flwr_admm.core.steps` (z-step,
-dual step, residuals), `flwr_admm.core.persistence` (checkpoints) and
-`flwr_admm.core.types` (value types and errors).
+`ConsensusADMM` holds the state and runs the round (begin, absorb, finish); it composes
+`core.sums` (running sums), `core.steps` (z-step, dual step, residuals), `core.z_average`,
+`core.persistence` (checkpoints) and `core.types` (value types and errors).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
-from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm, z_step
+from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm
 from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
@@ -41,6 +40,7 @@ from flwr_admm.core.types import (
     check_tolerances,
     natural_key,
 )
+from flwr_admm.core.z_average import ZAverage, averaged_z_step, check_z_average
 
 __all__ = [
     "CLIENT_RHO_MODES",
@@ -105,21 +105,20 @@ class ConsensusADMM:
         Fast ADMM with restart (`flwr_admm.core.acceleration`): after each round z
         and the replying clients' duals move to their extrapolations z^, y^_i, which
         the next centers v_i = z^ - y^_i / rho_i are built from. "nesterov" restarts
-        from the current point, "goldstein" from the previous one (Alg. 8).
-        "anderson": safeguarded type-II Anderson acceleration of the round map on
-        x = (z, y_1..y_N) (`flwr_admm.core.anderson`), moving z and every cached y_i.
+        from the current point, "goldstein" from the previous one (Alg. 8); "anderson":
+        safeguarded type-II Anderson on x = (z, y_1..y_N) (`flwr_admm.core.anderson`).
     restart_eta : float
-        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1]
-        (fast ADMM only).
+        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
+    z_average : {"cached", "replies"}
+        z-step over every cached w_i or the round's replies (`flwr_admm.core.z_average`).
     state_dtype : {"float64", "float32"}
         Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
         the running sums stay float64. "float32" halves that state's memory and
         traffic; w_i := fl32(w_i) on arrival and every sum takes the rounded value,
         y_i is rounded after each update and S_y moves by the rounded change, so
         S_w = sum n_i s_i w_i and S_y = sum n_i y_i hold for the stored values and
-        the fixed point is the optimum up to float32 rounding (~1e-7 relative).
-        Replies with entries beyond float32's range (~3.4e38) are refused as
-        non-finite.
+        the fixed point is the optimum up to float32 rounding (~1e-7 relative);
+        replies beyond float32's range (~3.4e38) are refused as non-finite.
     kernels : {"auto", "numpy", "numba"}
         numba's fused one-pass kernels ("auto": when installed) or numpy's
         (`flwr_admm.core.backend`); same iteration up to rounding, so not part of a
@@ -141,6 +140,7 @@ class ConsensusADMM:
     kernels: Kernels = "auto"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
+    z_average: ZAverage = "cached"
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
@@ -161,6 +161,8 @@ class ConsensusADMM:
         check_acceleration(self.acceleration, self.restart_eta)
         self._compact = check_state_dtype(self.state_dtype) == np.float32
         self._fused = check_kernels(self.kernels)
+        self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
+        self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration == "anderson":
             self.anderson = AndersonADMM()
         elif self.acceleration is not None:
@@ -233,7 +235,7 @@ class ConsensusADMM:
         is kept meanwhile ("full", "incremental" or "recompute") is told in
         `RunningSums.open_round`.
         """
-        uniform, relaxed = self.client_rho == "uniform", self.relaxation != 1.0
+        uniform, relaxed = self.client_rho == "uniform", self._shares_needed
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
         if self.anderson is not None:
             self.anderson.remember(self.z, self.records, keys)  # x_k's parts the round moves
@@ -320,8 +322,7 @@ class ConsensusADMM:
         rho, z_hat = self.rho, self.z
         with single_thread_blas():
             dz, stats, norms = self._update(rnd, ordered)
-        # ||z'||^2 and ||z - z'||^2 (once for s and fast ADMM's c_k), if not fused
-        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz))
+        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz))  # dz_sq: s, c_k
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
         report = round_report(
             ordered,
@@ -354,14 +355,14 @@ class ConsensusADMM:
         if rnd.mode == "recompute":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
         self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
-        relaxed = self.relaxation != 1.0
-        shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, relaxed)  # R, W
-        # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
-        self.z, dz, norms = z_step(  # z', dz = z - z' (fused: ||z'||^2, ||dz||^2)
+        shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, self._shares_needed)
+        # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)) or replies'
+        self.z, dz, norms = averaged_z_step(  # z', z - z' (fused: ||z'||^2, ||z - z'||^2)
             self.sums,
             shares,
             weight,
             z,
+            z_average=self.z_average if len(ordered) < len(self.records) else "cached",
             rho=self.rho,
             relaxation=self.relaxation,
             regularizer=self.regularizer,

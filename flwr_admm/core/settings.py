@@ -21,6 +21,7 @@ from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
 from flwr_admm.core.types import Arrays, ClientRho, StateDtype
+from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
     "DEFAULT_ACCELERATION",
@@ -75,6 +76,10 @@ class ConsensusSettings:
         the same iteration up to rounding (~1e-16 relative), so the choice is not in
         `describe` (not part of a checkpoint's fingerprint): a run may resume on the
         other backend.
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", the
+        textbook step) or only this round's replies ("replies", as FedDyn's server;
+        `flwr_admm.core.z_average`). The same with every client replying.
 
     Raises
     ------
@@ -94,6 +99,7 @@ class ConsensusSettings:
     restart_eta: float = DEFAULT_ETA
     state_dtype: StateDtype = "float64"
     kernels: Kernels = "auto"
+    z_average: ZAverage = "cached"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -124,6 +130,7 @@ class ConsensusSettings:
             restart_eta=self.restart_eta,
             state_dtype=self.state_dtype,
             kernels=self.kernels,
+            z_average=self.z_average,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -142,6 +149,8 @@ class ConsensusSettings:
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
             "state_dtype": self.state_dtype,
+            # only when set: checkpoints written before the option keep their fingerprint
+            **({} if self.z_average == "cached" else {"z_average": self.z_average}),
         }
 
 

@@ -47,13 +47,8 @@ from flwr_admm.core.settings import (
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
 from flwr_admm.core.validation import check_reply
-from flwr_admm.protocol import (
-    LOSS,
-    NUM_CLIENTS_CACHED,
-    NUM_RESYNCED,
-    PROXIMAL_MU,
-    RHO,
-)
+from flwr_admm.core.z_average import ZAverage
+from flwr_admm.protocol import LOSS, NUM_CLIENTS_CACHED, NUM_RESYNCED, PROXIMAL_MU, RHO
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.report import report_metrics
 from flwr_admm.server.sampling import KeyedReply
@@ -107,6 +102,10 @@ class FedADMM(ConsensusStrategy):
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
     kernels : {"auto", "numpy", "numba"}
         numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", default) or
+        only the round's replies (as FedDyn): faster with partial participation
+        (docs/peers.md), the same with every client replying. Fingerprinted if set.
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -178,6 +177,7 @@ class FedADMM(ConsensusStrategy):
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
         kernels: Kernels = "auto",
+        z_average: ZAverage = "cached",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -220,6 +220,7 @@ class FedADMM(ConsensusStrategy):
             restart_eta=restart_eta,
             state_dtype=state_dtype,
             kernels=kernels,
+            z_average=z_average,
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent

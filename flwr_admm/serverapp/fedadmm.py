@@ -25,6 +25,7 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
+from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -118,6 +119,10 @@ class FedADMM(ConsensusStrategy):
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
     kernels : {"auto", "numpy", "numba"}
         numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
+    z_average : {"cached", "replies"}
+        The z-step averages the last w_i of every client seen ("cached", default) or
+        only the round's replies (as FedDyn): faster with partial participation
+        (docs/peers.md), the same with every client replying. Fingerprinted if set.
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -188,6 +193,7 @@ class FedADMM(ConsensusStrategy):
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
         kernels: Kernels = "auto",
+        z_average: ZAverage = "cached",
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -237,6 +243,7 @@ class FedADMM(ConsensusStrategy):
             restart_eta=restart_eta,
             state_dtype=state_dtype,
             kernels=kernels,
+            z_average=z_average,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
@@ -300,10 +307,7 @@ class FedADMM(ConsensusStrategy):
         return read_reply(message, self.layout, self.weighted_by_key)
 
     def _center_sent_to(self, node: str) -> list[Any]:
-        """Return the center node `node` was sent this round, as it received it.
-
-        Recomputed: z, the dual and the dtypes stay within a round; rho_i as sent.
-        """
+        """Return the center node `node` was sent this round (with its rho_i), as received."""
         assert self.admm is not None and self.layout is not None
         admm, key = self.admm, self._sent_key.get(node)
         center = admm.center(key, self._sent_rho.get(node, admm.rho_for(key)))  # as sent
@@ -337,8 +341,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         cached = self.admm.rho > 0 and r.key in self.admm.records
         if cached and self._sent_key.get(str(r.node_id)) != r.key:
-            # It trained around a center that was not its own (key_binding="reported",
-            # a new node id): keep its dual and cached share, send its center next round.
+            # trained around another center (key_binding="reported", new node id): resync
             log(INFO, "FedADMM: %s re-identified under node %s; resynced", r.key, r.node_id)
             self.binding.bind(r.key, str(r.node_id), self._clock)
             counts[NUM_RESYNCED] += 1

@@ -21,7 +21,6 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from flwr_admm.client.admm_client import LOCAL_INITS
 from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
@@ -41,6 +40,9 @@ PEER_STRATEGIES = ("scaffold", "feddyn")  # numpy clients only; both APIs
 PARTITIONERS = ("iid", "dirichlet", "pathological")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
+
+# ADMMClient also takes "consensus" (client-held duals only); not wired into this app.
+LOCAL_INITS = ("previous", "center")
 
 DEFAULTS: dict[str, Any] = {
     "api": "message",

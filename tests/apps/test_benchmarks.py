@@ -58,6 +58,7 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedProx",
         "FedADMM",
         "FedADMM (defaults)",
+        "FedADMM (defaults), local tuned",
         "FedADMM-default (untuned)",
         "FedADMM-RB (untuned)",
         "FedADMM alpha=1.6",
@@ -77,6 +78,8 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "relaxed_fedadmm_over_best_baseline",
         "relaxed_untuned_rb_over_tuned",
         "defaults_over_best_baseline",
+        "defaults_over_best_peer",
+        "local_tuned_defaults_over_best_peer",
     ):
         entry = task["summary"][key]
         assert positive(entry["value"]) or positive(entry["bound"]), entry

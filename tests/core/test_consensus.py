@@ -310,9 +310,10 @@ def test_a_0d_tensor_stays_0d_in_records_centers_and_z(num_clients: int) -> None
             assert [t.shape for t in admm.center(key)] == [(2,), ()]
 
 
+@pytest.mark.parametrize("z_average", ["cached", "replies"])
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
 def test_a_0d_tensor_moves_like_a_1_element_vector_under_partial_participation(
-    kernels: str,
+    kernels: str, z_average: str
 ) -> None:
     # `S_w / S_s` of a 0-d tensor is a numpy scalar: the z-step's in-place S_y term
     # used to skip it (numpy path), so S_y was ignored for 0-d tensors
@@ -320,7 +321,12 @@ def test_a_0d_tensor_moves_like_a_1_element_vector_under_partial_participation(
         pytest.importorskip("numba")
 
     def run(shape: tuple[int, ...]) -> float:
-        admm = ConsensusADMM([np.zeros(shape)], rho=1.0, kernels=kernels)  # type: ignore[arg-type]
+        admm = ConsensusADMM(
+            [np.zeros(shape)],
+            rho=1.0,
+            kernels=kernels,  # type: ignore[arg-type]
+            z_average=z_average,  # type: ignore[arg-type]
+        )
         for k in range(5):
             chosen = range(4) if k == 0 else (k % 4, (k + 1) % 4)
             replies = [

@@ -35,6 +35,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "relaxation": 1.6,
         "schedule": ResidualBalancing(),
     },
+    "defaults, z over the replies": {
+        "rho": 1.0,
+        "acceleration": "nesterov",
+        "relaxation": 1.6,
+        "schedule": ResidualBalancing(),
+        "z_average": "replies",
+    },
 }
 
 
@@ -228,7 +235,7 @@ def one_by_one(admm: ConsensusADMM, replies: list[Reply], server_round: int) -> 
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
-@pytest.mark.parametrize("name", ["plain", "relaxed", "defaults"])
+@pytest.mark.parametrize("name", ["plain", "relaxed", "defaults", "defaults, z over the replies"])
 def test_the_batch_fold_gives_the_bits_of_absorbing_one_reply_after_the_other(
     compiled: backend.FusedKernels, monkeypatch: pytest.MonkeyPatch, name: str, partial: bool
 ) -> None:
