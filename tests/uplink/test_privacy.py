@@ -127,10 +127,10 @@ class SpyADMM(FedADMM):
         super().__init__(**kwargs)
         self.update_norms: list[float] = []
 
-    def _checked(self, key: Any, proxy: Any, res: Any, shapes: Any, counts: Any) -> Any:
-        checked = super()._checked(key, proxy, res, shapes, counts)
+    def _checked(self, keyed: Any, shapes: Any, counts: Any) -> Any:
+        checked = super()._checked(keyed, shapes, counts)
         if checked is not None:
-            center = self._sent(proxy.cid)
+            center = self._sent(keyed[1].cid)
             self.update_norms.append(
                 update_norm([w - c for w, c in zip(checked[0], center, strict=True)])
             )
