@@ -42,7 +42,7 @@ FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
 
 # ADMMClient also takes "consensus" (client-held duals only); not wired into this app.
-LOCAL_INITS = ("previous", "center")
+LOCAL_INITS = ("previous", "center", "consensus")
 
 DEFAULTS: dict[str, Any] = {
     "api": "message",
@@ -87,7 +87,8 @@ HELP: dict[str, str] = {
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
-    "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)}",
+    "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
+    "fedadmm-client-duals with numpy clients)",
     "prox-step": f"one of {list(PROX_STEPS)}",
     "local-steps": "integer >= 0 (local-steps = local-epochs = 0: task default)",
     "local-epochs": "integer >= 0 (local-steps = local-epochs = 0: task default)",
@@ -355,7 +356,9 @@ def parse_run_config(
         round_timeout=_number(config, "round-timeout", 0.0) or None,
         key_binding=key_binding,
         api=api,
-        framework=_framework(config, model, secure, strategy),
+        framework=_checked_local_init(
+            config, _framework(config, model, secure, strategy), strategy
+        ),
         server_learning_rate=_number(config, "server-learning-rate", 0.0, strict=True),
         feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
         secure_aggregation=secure,
@@ -377,6 +380,23 @@ def _framework(config: Mapping[str, Any], model: str, secure: bool, strategy: st
         raise ValueError(
             "run config 'framework': secure-aggregation runs the numpy clients; "
             f"must be 'numpy' with secure-aggregation=true, got {framework!r}"
+        )
+    return framework
+
+
+def _checked_local_init(config: Mapping[str, Any], framework: str, strategy: str) -> str:
+    """Refuse local-init='consensus' where the client would not start at z; return framework.
+
+    Server-held duals send v_i = z - u_i, not z (`ADMMClient` refuses it at fit), and the
+    torch client has no such start: it would fall back silently.
+    """
+    if config["local-init"] == "consensus" and (
+        strategy == "fedadmm" or (framework == "torch" and strategy == "fedadmm-client-duals")
+    ):
+        raise ValueError(
+            "run config 'local-init': 'consensus' starts the local solve at the received z, "
+            "which only strategy=fedadmm-client-duals with framework='numpy' sends and uses; "
+            f"got strategy={strategy!r}, framework={framework!r} (use 'previous' or 'center')"
         )
     return framework
 

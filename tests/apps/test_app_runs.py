@@ -76,6 +76,26 @@ def test_every_strategy_records_complete_results(tmp_path, strategy):
         assert last["tau_eff"] == 5.0
 
 
+def test_client_duals_clients_start_at_the_received_z_with_local_init_consensus(tmp_path):
+    # Only the start of the local solve differs: same sampling, same data, same rho
+    objectives = {}
+    for start in ("previous", "consensus"):
+        config = {
+            "strategy": "fedadmm-client-duals",
+            "num-server-rounds": 4,
+            "output-dir": str(tmp_path / start),
+            "local-steps": 2,
+            "local-init": start,
+        }
+        _run_in_process(config)
+        document, problems = check_result(tmp_path / start / "seed-logreg", config["strategy"], 4)
+        assert problems == []
+        objectives[start] = {r["round"]: r["objective"] for r in document["rounds"]}
+    assert objectives["previous"][1] == objectives["consensus"][1]  # no w_i kept yet: start z
+    for server_round in (2, 3, 4):
+        assert objectives["previous"][server_round] != objectives["consensus"][server_round]
+
+
 @pytest.mark.parametrize(
     "task, num_clients, extra",
     [

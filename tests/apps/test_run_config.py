@@ -72,7 +72,12 @@ def test_pyproject_config_is_the_validated_defaults():
         ),
         ({"api": "legacy", "strategy": "fedadmm-client-duals", "rho": 0.0}, ["'rho'", "> 0"]),
         ({"relaxation": 0.0}, ["'relaxation'", "(0, 2)"]),
-        ({"local-init": "zero"}, ["'local-init'", "previous", "center"]),
+        ({"local-init": "zero"}, ["'local-init'", "previous", "center", "consensus"]),
+        ({"local-init": "consensus"}, ["'local-init'", "fedadmm-client-duals", "'fedadmm'"]),
+        (
+            {"local-init": "consensus", "strategy": "fedadmm-client-duals", "framework": "torch"},
+            ["'local-init'", "framework='numpy'", "'torch'"],
+        ),
         ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
         ({"local-steps": 5, "local-epochs": 2}, ["'local-steps'", "'local-epochs'", "at most one"]),
         ({"local-steps": -1}, ["'local-steps'"]),
