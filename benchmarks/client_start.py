@@ -13,20 +13,17 @@ settings with fast ADMM at rho 1, and synthetic / seed-logreg at rho 0.1.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-from flwr.common import Context, Scalar, ndarrays_to_parameters
+from flwr.common import Context
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
-from benchmarks.convergence import Tracker, _StopRunError
+from benchmarks.defaults import tracked_run
 from benchmarks.problems import Problem, build_problems
 from flwr_admm import ADMMClient, FedADMMClientDuals
-from flwr_admm.testing import make_proxies, run_rounds
 
 STARTS = ("previous", "consensus")
 # (task, strategy keywords, lr, local steps or epochs); None: the task's untuned ones
@@ -45,46 +42,17 @@ def run_start(
     problem: Problem, kwargs: dict[str, Any], fraction: float, local: dict[str, Any]
 ) -> dict[str, Any]:
     """Run FedADMMClientDuals(**kwargs) with ADMMClient(local_init=local["init"])."""
-    task, data = problem.task, problem.task.data
-    tracker = Tracker(problem)
-    fit_config: dict[str, Scalar] = {
-        "learning_rate": float(local["lr"]),
-        problem.steps_key: int(local["steps"]),
-        "batch_size": int(problem.batch_size or 0),
-    }
-    model = task.make_model()
-    strategy = FedADMMClientDuals(
-        **kwargs,
-        fraction_fit=fraction,
-        min_fit_clients=int(task.defaults.get("min_fit_clients", 2)),
-        min_available_clients=data.num_clients,
-        fraction_evaluate=0.0,
-        initial_parameters=ndarrays_to_parameters(model.init_params(getattr(model, "seed", 0))),
-        evaluate_fn=tracker,
-        on_fit_config_fn=lambda server_round: dict(fit_config),
-        sampling_seed=None,
-    )
+    data = problem.task.data
 
     def client_fn(context: Context) -> ADMMClient:
         i = int(context.node_config["partition-id"])
-        model_i = task.make_model()
+        model_i = problem.task.make_model()
         return ADMMClient(
             model_i, data.X[i], data.y[i], context=context, seed=i, local_init=local["init"]
         )
 
-    random.seed(0)  # Flower's ClientManager.sample, as in benchmarks.convergence
-    started = time.perf_counter()
-    with np.errstate(all="ignore"):
-        try:
-            run_rounds(strategy, make_proxies(client_fn, data.num_clients), problem.max_rounds)
-        except _StopRunError:
-            pass
-    return {
-        "rounds_to": {str(t): tracker.rounds_to.get(t) for t in problem.targets},
-        "best": (min if problem.metric == "gap" else max)(tracker.values, default=None),
-        "stop_reason": tracker.stop_reason,
-        "seconds": time.perf_counter() - started,
-    }
+    lr, steps = float(local["lr"]), int(local["steps"])
+    return tracked_run(problem, FedADMMClientDuals, kwargs, fraction, lr, steps, client_fn)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

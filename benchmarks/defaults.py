@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from flwr.common import Scalar, ndarrays_to_parameters
+from flwr.common import Context, Scalar, ndarrays_to_parameters
+from flwr.server.strategy import Strategy
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
@@ -65,15 +67,34 @@ CHOSEN = ",".join(label for label in CANDIDATES if "z-replies" not in label)
 
 def run_candidate(problem: Problem, kwargs: dict[str, Any], fraction: float) -> dict[str, Any]:
     """Run FedADMM(**kwargs) on the task's untuned local settings; rounds to each target."""
+    lr, steps = float(problem.defaults["lr"]), int(problem.defaults["steps"])
+    return tracked_run(problem, FedADMM, kwargs, fraction, lr, steps, client_fn_for(problem))
+
+
+def tracked_run(
+    problem: Problem,
+    strategy_class: Callable[..., Strategy],
+    kwargs: dict[str, Any],
+    fraction: float,
+    lr: float,
+    steps: int,
+    client_fn: Callable[[Context], Any],
+) -> dict[str, Any]:
+    """Run strategy_class(**kwargs) until the task's targets or its round budget.
+
+    Local settings lr and steps (or epochs) for every client, `fraction` of them a
+    round by Flower's sampler (seeded as in `benchmarks.convergence`); returns the
+    rounds to each target, the rounds run, the best metric and the seconds.
+    """
     task = problem.task
     tracker = Tracker(problem)
     fit_config: dict[str, Scalar] = {
-        "learning_rate": float(problem.defaults["lr"]),
-        problem.steps_key: int(problem.defaults["steps"]),
+        "learning_rate": lr,
+        problem.steps_key: steps,
         "batch_size": int(problem.batch_size or 0),
     }
     model = task.make_model()
-    strategy = FedADMM(
+    strategy = strategy_class(
         **kwargs,
         fraction_fit=fraction,
         min_fit_clients=int(task.defaults.get("min_fit_clients", 2)),
@@ -84,7 +105,7 @@ def run_candidate(problem: Problem, kwargs: dict[str, Any], fraction: float) -> 
         on_fit_config_fn=lambda server_round: dict(fit_config),
         sampling_seed=None,
     )
-    proxies = make_proxies(client_fn_for(problem), task.data.num_clients)
+    proxies = make_proxies(client_fn, task.data.num_clients)
     random.seed(0)  # Flower's ClientManager.sample, as in benchmarks.convergence
     started = time.perf_counter()
     with np.errstate(all="ignore"):
