@@ -13,7 +13,7 @@ inexact solve at v_i leaves. A handler using these helpers::
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         step = ADMMTrainStep.from_message(msg, context)
-        w = step.start()                       # dict name -> float64 array
+        w = step.start()                       # dict name -> float64 array (init=...)
         ...                                    # local steps on f_i + step.rho/2 ||w - center||^2
         return step.reply(w, num_examples=n, metrics={"loss": loss}, context=context)
 
@@ -21,8 +21,12 @@ Under Flower's FedProx (``proximal-mu`` only) or FedAvg, `start` is the received
 arrays and ``rho`` is mu or 0: the same handler serves every strategy. Under
 `flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"``) the same handler
 runs the client-held-dual protocol: `from_message` picks the acknowledged state from
-``context.state`` and updates u_i (``center`` = z^k - u_i), and `reply` sends Delta_i
-and keeps the states (pass `context`).
+``context.state`` and updates u_i (``center`` = z^k - u_i, ``consensus`` = the received
+z^k), and `reply` sends Delta_i and keeps the states (pass `context`).
+
+Where the local solve starts is `ADMMClient`'s ``local_init`` (`start`'s ``init``):
+"previous" (w_i, the default), "center" (v_i) or "consensus" (z, as FedDyn's clients;
+client-held duals only: server-held FedADMM sends v_i, never z).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
+from flwr_admm.client.admm_client import LOCAL_INITS, LocalInit
 from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,
@@ -50,7 +55,15 @@ from flwr_admm.protocol import (
     RHO,
 )
 
-__all__ = ["ADMMTrainStep", "build_reply", "read_rho", "received_arrays", "warm_start"]
+__all__ = [
+    "ADMMTrainStep",
+    "build_reply",
+    "local_init_of",
+    "read_rho",
+    "received_arrays",
+    "start_source",
+    "warm_start",
+]
 
 Named = dict[str, NDArray[Any]]
 
@@ -89,6 +102,56 @@ def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | No
     if any(previous[name].shape != np.shape(like[name]) for name in like):
         return None
     return previous
+
+
+def local_init_of(init: str | None = None, warm: bool | None = None) -> LocalInit:
+    """Return the start `init` names; the older ``warm=True`` is "previous", False "center".
+
+    Neither given: "previous". Both given: they must agree, else ValueError.
+    """
+    if warm is not None and not isinstance(warm, bool):
+        raise ValueError(f"warm: must be True or False, got {warm!r}")
+    implied: LocalInit | None = None if warm is None else ("previous" if warm else "center")
+    if init is None:
+        return implied if implied is not None else "previous"
+    if init not in LOCAL_INITS:
+        raise ValueError(f"init: must be one of {list(LOCAL_INITS)}, got {init!r}")
+    if implied is not None and implied != init:
+        raise ValueError(
+            f"warm / init: warm={warm!r} means init={implied!r}, got init={init!r} (give init only)"
+        )
+    return init  # type: ignore[return-value]
+
+
+def start_source(
+    init: LocalInit,
+    *,
+    admm: bool,
+    rho: float,
+    center: Named,
+    previous: Named | None,
+    consensus: Named | None,
+) -> Named:
+    """Return the tensors the local solve starts from, for `init` (`ADMMClient`'s rule).
+
+    FedADMM with rho > 0: the previous w_i ("previous", when kept), v_i ("center",
+    and "previous" in a first round) or the received z ("consensus": `consensus`, which
+    only client-held duals have). Otherwise (FedProx, FedAvg, rho = 0) the received
+    arrays: no penalty ties w to z, so a warm start would ignore it.
+    """
+    if not (admm and rho > 0):
+        return center
+    if init == "consensus":
+        if consensus is None:
+            raise ValueError(
+                "local_init / init: 'consensus' starts the local solve at the received z, "
+                "which only FedADMMClientDuals (admm-duals = 'client') sends; server-held "
+                "FedADMM sends v_i = z - u_i (use 'previous' or 'center')"
+            )
+        return consensus
+    if init == "previous" and previous is not None:
+        return previous
+    return center
 
 
 def build_reply(
@@ -189,6 +252,9 @@ class ADMMTrainStep:
         Under `flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"``): the
         acknowledged state and the updated dual u_i; `center` is then z^k - u_i,
         `previous` the acknowledged w_i, and `reply` sends Delta_i and keeps the states.
+    consensus : dict or None
+        The received z^k by name, float64, under client-held duals (the start of
+        ``init="consensus"``); None otherwise (server-held FedADMM sends no z).
 
     """
 
@@ -202,6 +268,7 @@ class ADMMTrainStep:
     arrayrecord_key: str = "arrays"
     configrecord_key: str = "config"
     duals: DualsRound | None = None
+    consensus: Named | None = None
 
     @classmethod
     def from_message(
@@ -220,6 +287,7 @@ class ADMMTrainStep:
         server_round = config.get(MESSAGE_SERVER_ROUND)
         server_round = server_round if isinstance(server_round, int) else None
         rho, duals, previous = read_rho(config), None, warm_start(context, center)
+        consensus = None
         if client_held(config):
             if rho <= 0 or server_round is None:
                 raise ValueError(
@@ -231,6 +299,7 @@ class ADMMTrainStep:
             duals = DualsRound.open(context.state, list(center.values()), config, server_round, z_k)
             state = duals.state
             previous = None if state is None else dict(zip(names, state.w, strict=True))
+            consensus = center  # z^k (z^_(k+1) under fast ADMM): init="consensus"
             center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i
         return cls(
             message=message,
@@ -243,17 +312,26 @@ class ADMMTrainStep:
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
             duals=duals,
+            consensus=consensus,
         )
 
-    def start(self, *, warm: bool = True) -> Named:
-        """Return where the local solve starts (copies).
+    def start(self, *, init: LocalInit | None = None, warm: bool | None = None) -> Named:
+        """Return where the local solve starts (copies), `start_source`'s rule.
 
-        The node's previous w_i under FedADMM with rho > 0 (and `warm`); else the
-        received arrays (FedProx, FedAvg, rho = 0: no penalty ties w to z, so a warm
-        start would ignore it; a first round).
+        `init` is `ADMMClient`'s ``local_init``: "previous" (default: the node's previous
+        w_i under FedADMM with rho > 0; v_i in a first round), "center" (v_i) or
+        "consensus" (the received z; client-held duals only, else ValueError). FedProx,
+        FedAvg and rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older
+        spelling) is "previous" / "center".
         """
-        use_previous = warm and self.admm and self.rho > 0 and self.previous is not None
-        source = self.previous if use_previous and self.previous is not None else self.center
+        source = start_source(
+            local_init_of(init, warm),
+            admm=self.admm,
+            rho=self.rho,
+            center=self.center,
+            previous=self.previous,
+            consensus=self.consensus,
+        )
         return {name: a.copy() for name, a in source.items()}
 
     def reply(

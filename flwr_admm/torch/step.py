@@ -10,7 +10,7 @@ computed here from the dual kept in ``context.state`` under `FedADMMClientDuals`
 penalty under FedAvg. Inside the user's own loop::
 
     admm = TorchADMM.from_message(model, msg, context)      # or .from_parameters(...)
-    admm.start()                       # load the center / the warm start into `model`
+    admm.start()                       # load the start into `model` (init="previous")
     for x, y in batches:
         optimizer.zero_grad()
         loss = criterion(model(x), y) + admm.penalty_term()   # 0 in "prox" mode
@@ -30,10 +30,13 @@ the raw gradient, against rho (w - v), so it minimizes a preconditioned variant.
 trainable tensor, recomputed per call) for the loss, so any optimizer minimizes the
 exact objective; `after_step` does nothing.
 
-Tensors: the trainable parameters carry the penalty and start from the node's
-previous w_i (warm start) under FedADMM with rho > 0; every other tensor (BatchNorm
-statistics, ``num_batches_tracked``) is loaded from the received model: the server's
-``tensor_policy`` decides what it holds (`flwr_admm.core.tensor_policy`).
+Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
+start where `start`'s ``init`` says (`ADMMClient`'s ``local_init``): the node's
+previous w_i ("previous", the default warm start), v ("center") or the received z
+("consensus", as FedDyn's clients; client-held duals only, the one mode that receives
+z). Every other tensor (BatchNorm statistics, ``num_batches_tracked``) is loaded from
+the received model: the server's ``tensor_policy`` decides what it holds
+(`flwr_admm.core.tensor_policy`).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from flwr_admm.client import client_duals
-from flwr_admm.client.admm_client import _ack_round, _flag
-from flwr_admm.clientapp.step import ADMMTrainStep
+from flwr_admm.client.admm_client import LocalInit, _ack_round, _flag
+from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
@@ -97,6 +100,9 @@ class TorchADMM:
         How the penalty is applied (module docstring).
     previous : dict or None
         The node's last w_i (all tensors, float64), if its names and shapes match.
+    consensus : dict or None
+        The received z (float64) under client-held duals, where `received` becomes
+        v_i = z - u_i: the start of ``init="consensus"``. None otherwise.
 
     """
 
@@ -112,6 +118,7 @@ class TorchADMM:
     message: Message | None = None
     train_step: ADMMTrainStep | None = None
     duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
+    consensus: Named | None = None  # client-held duals: the received z
     # set by `start` and the client-held-dual setup, not by the caller
     _center: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
@@ -156,6 +163,7 @@ class TorchADMM:
             context,
             message,
             step,
+            consensus=step.consensus,
         )
 
     @classmethod
@@ -228,20 +236,32 @@ class TorchADMM:
         self._begin = dual_math.start_round(self._base.state, z)
         state = self._base.state
         self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
+        self.consensus = dict(self.received)  # z: init="consensus" starts here
         self.received = dict(zip(self.received, self._begin.center, strict=True))
         self.admm = True
 
     # --------------------------------------------------------------- the loop
-    def start(self, *, warm: bool = True) -> None:
-        """Load the starting point into the model: v (or z) and, warm, the previous w_i.
+    def start(self, *, init: LocalInit | None = None, warm: bool | None = None) -> None:
+        """Load the starting point into the model, as `ADMMClient`'s ``local_init``.
 
-        Warm start (FedADMM, rho > 0, a previous w_i): the trainable parameters start
-        at w_i; everything else, and every tensor otherwise, at the received values.
+        Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
+        (``init="previous"``, the default; v in a first round), at v ("center") or at
+        the received z ("consensus": client-held duals only, else ValueError). Every
+        other tensor, and every tensor under FedProx, FedAvg or rho = 0, starts at the
+        received values. ``warm=True`` / ``False`` (older spelling) is "previous" /
+        "center"; given with a different `init`, a ValueError.
         """
+        source = start_source(
+            local_init_of(init, warm),
+            admm=self.admm,
+            rho=self.rho,
+            center=self.received,
+            previous=self.previous,
+            consensus=self.consensus,
+        )
         values = dict(self.received)
-        if warm and self.admm and self.rho > 0 and self.previous is not None:
-            for name in trainable_names(self.model):
-                values[name] = self.previous[name]
+        for name in trainable_names(self.model):
+            values[name] = source[name]
         load_arrays(self.model, values)
         named = dict(self.model.named_parameters())
         self._center, self._groups = {}, {}

@@ -41,7 +41,7 @@ PARTITIONERS = ("iid", "dirichlet", "pathological")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
 
-# ADMMClient also takes "consensus" (client-held duals only); not wired into this app.
+# "consensus" (start at the received z) needs client-held duals: refused for "fedadmm"
 LOCAL_INITS = ("previous", "center", "consensus")
 
 DEFAULTS: dict[str, Any] = {
@@ -88,7 +88,7 @@ HELP: dict[str, str] = {
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
-    "fedadmm-client-duals with numpy clients)",
+    "not with strategy fedadmm, whose server-held duals send z - u_i)",
     "prox-step": f"one of {list(PROX_STEPS)}",
     "local-steps": "integer >= 0 (local-steps = local-epochs = 0: task default)",
     "local-epochs": "integer >= 0 (local-steps = local-epochs = 0: task default)",
@@ -385,18 +385,18 @@ def _framework(config: Mapping[str, Any], model: str, secure: bool, strategy: st
 
 
 def _checked_local_init(config: Mapping[str, Any], framework: str, strategy: str) -> str:
-    """Refuse local-init='consensus' where the client would not start at z; return framework.
+    """Refuse local-init='consensus' where the server sends no z; return framework.
 
-    Server-held duals send v_i = z - u_i, not z (`ADMMClient` refuses it at fit), and the
-    torch client has no such start: it would fall back silently.
+    Server-held duals (strategy fedadmm) send v_i = z - u_i, not z: both clients
+    (`ADMMClient`, `TorchADMM.start`) would refuse it at fit. Client-held duals send z,
+    and FedProx / FedAvg send the model itself, with numpy and torch clients alike.
     """
-    if config["local-init"] == "consensus" and (
-        strategy == "fedadmm" or (framework == "torch" and strategy == "fedadmm-client-duals")
-    ):
+    if config["local-init"] == "consensus" and strategy == "fedadmm":
         raise ValueError(
             "run config 'local-init': 'consensus' starts the local solve at the received z, "
-            "which only strategy=fedadmm-client-duals with framework='numpy' sends and uses; "
-            f"got strategy={strategy!r}, framework={framework!r} (use 'previous' or 'center')"
+            "which strategy='fedadmm' (server-held duals) does not send; use "
+            f"strategy='fedadmm-client-duals' or local-init 'previous' / 'center' "
+            f"(got strategy={strategy!r}, framework={framework!r})"
         )
     return framework
 

@@ -67,8 +67,11 @@ class TorchAppClient(NumPyClient):
         return admm.fit_result(int(self.X.shape[0]), metrics)
 
     def train(self, admm: TorchADMM, config: dict[str, Any]) -> dict[str, Any]:
-        """Run ``local_steps`` / ``local_epochs`` SGD steps with the ADMM penalty."""
-        admm.start(warm=self.settings.local_init == "previous")
+        """Run ``local_steps`` / ``local_epochs`` SGD steps with the ADMM penalty.
+
+        The loop starts where ``local-init`` says (`TorchADMM.start`'s ``init``).
+        """
+        admm.start(init=self.settings.local_init)  # type: ignore[arg-type]
         plan = plan_of(config, self.settings)
         module = admm.model
         optimizer = torch.optim.SGD(module.parameters(), lr=plan.learning_rate)

@@ -75,8 +75,8 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"local-init": "zero"}, ["'local-init'", "previous", "center", "consensus"]),
         ({"local-init": "consensus"}, ["'local-init'", "fedadmm-client-duals", "'fedadmm'"]),
         (
-            {"local-init": "consensus", "strategy": "fedadmm-client-duals", "framework": "torch"},
-            ["'local-init'", "framework='numpy'", "'torch'"],
+            {"local-init": "consensus", "framework": "torch"},
+            ["'local-init'", "'fedadmm'", "server-held", "'torch'"],
         ),
         ({"prox-step": "newton"}, ["'prox-step'", "exact", "gradient"]),
         ({"local-steps": 5, "local-epochs": 2}, ["'local-steps'", "'local-epochs'", "at most one"]),
@@ -101,6 +101,13 @@ def test_run_config_errors_name_the_key_and_the_allowed_values(override, words):
         parse_run_config(override)
     for word in words:
         assert word in str(info.value)
+
+
+def test_local_init_consensus_is_accepted_for_torch_clients_with_client_held_duals():
+    # they receive z, and TorchADMM.start(init="consensus") starts there
+    config = {"local-init": "consensus", "strategy": "fedadmm-client-duals", "framework": "torch"}
+    settings = parse_run_config(config)
+    assert (settings.local_init, settings.framework) == ("consensus", "torch")
 
 
 def test_options_a_task_does_not_have_are_refused():

@@ -81,6 +81,32 @@ def test_torch_clients_reach_the_numpy_clients_objectives(tmp_path) -> None:  # 
     assert message_f[1:] == pytest.approx(torch_f, rel=1e-12)
 
 
+def test_torch_clients_start_at_the_received_z_with_local_init_consensus(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Client-held duals: only the start differs; torch follows the numpy clients there."""
+    duals = {"strategy": "fedadmm-client-duals", "local-steps": 2}
+    f = {}
+    for start in ("previous", "consensus"):
+        run_legacy(config(tmp_path, f"numpy-{start}", **duals, **{"local-init": start}))
+        run_legacy(
+            config(tmp_path, f"torch-{start}", framework="torch", **duals, **{"local-init": start})
+        )
+        message = config(
+            tmp_path, f"message-{start}", framework="torch", **duals, **{"local-init": start}
+        )
+        run_message(message)
+        for stem in ("numpy", "torch", "message"):
+            f[stem, start] = objectives(
+                tmp_path, "seed-logreg", f"fedadmm-client-duals-{stem}-{start}"
+            )
+        assert f["torch", start] == pytest.approx(f["numpy", start], rel=1e-5)  # float32 clients
+        assert f["message", start][1:] == pytest.approx(f["torch", start], rel=1e-12)  # + round 0
+    # round 1: no w_i kept yet, both start at z; then the kept w_i and z differ
+    assert f["torch", "previous"][0] == f["torch", "consensus"][0]
+    for k in range(1, ROUNDS):
+        assert f["torch", "previous"][k] != f["torch", "consensus"][k]
+        assert f["message", "previous"][k + 1] != f["message", "consensus"][k + 1]
+
+
 def test_torch_clients_on_seed_logreg_reach_1e5_in_60_rounds_where_fedavg_stalls(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 14: framework=torch, the task's own settings (20 local steps, lr 1, rho 0.1)."""
     for strategy in ("fedadmm", "fedavg"):

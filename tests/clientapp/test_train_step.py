@@ -146,6 +146,8 @@ def test_client_held_duals_round_trip_by_hand() -> None:
         u = w1[name] - z[name]  # u += w1 - z^2 (z unchanged here)
         np.testing.assert_array_equal(second.center[name], z[name] - u)
         np.testing.assert_array_equal(second.start()[name], w1[name])
+        np.testing.assert_array_equal(second.start(init="center")[name], z[name] - u)
+        np.testing.assert_array_equal(second.start(init="consensus")[name], z[name])
     w2 = trained(2.0)
     reply = second.reply(w2, 10, None, ctx)
     assert reply.content["metrics"]["admm-previous-round"] == 1
@@ -166,3 +168,26 @@ def test_client_held_duals_refuse_what_they_cannot_do() -> None:
     step = ADMMTrainStep.from_message(duals_message(1, 0), context())
     with pytest.raises(ValueError, match="context"):
         step.reply(trained(1.0), 10)
+
+
+def test_start_names_the_init_and_needs_z_for_consensus() -> None:
+    """init = ADMMClient's local_init; warm= is its older spelling; z only from client duals."""
+    ctx = context()
+    step = ADMMTrainStep.from_message(train_message(rho=0.3, **{"server-round": 1}), ctx)
+    step.reply(trained(2.0), 10, context=ctx)
+    second = ADMMTrainStep.from_message(train_message(trained(5.0), rho=0.3), ctx)
+    assert second.consensus is None  # server-held duals send v_i = z - u_i, not z
+    assert second.start(init="previous")["fc.bias"][0] == second.start(warm=True)["fc.bias"][0]
+    assert (
+        second.start(init="center")["fc.bias"][0] == 5.25 == second.start(warm=False)["fc.bias"][0]
+    )
+    with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*FedADMMClientDuals"):
+        second.start(init="consensus")
+    with pytest.raises(ValueError, match=r"warm / init: warm=True means init='previous'"):
+        second.start(init="center", warm=True)
+    with pytest.raises(ValueError, match=r"init: must be one of \['previous', 'center'"):
+        second.start(init="zero")  # type: ignore[arg-type]
+    # FedProx / rho = 0: the received arrays are the model itself, as ADMMClient starts
+    for config in ({"proximal-mu": 0.3}, {"rho": 0.0}):
+        step = ADMMTrainStep.from_message(train_message(trained(5.0), **config), ctx)
+        assert step.start(init="consensus")["fc.bias"][0] == 5.25

@@ -200,16 +200,83 @@ def test_refuses_other_tensors_and_bad_settings() -> None:
         )
 
 
+# ------------------------------------------------- where the local solve starts
+Z1 = {"coef": np.array([0.5, -1.0, 2.0]), "intercept": np.array([0.25])}
+W1 = {"coef": np.array([1.5, 0.25, -0.5]), "intercept": np.array([-0.75])}  # "trained"
+Z2 = {"coef": np.array([1.0, -0.5, 0.75]), "intercept": np.array([0.5])}
+
+
+def client_duals_round(
+    api: str, model: TorchLogistic, z: dict[str, np.ndarray], server_round: int, ctx: Context
+) -> TorchADMM:
+    config = {"rho": 0.5, "admm-duals": "client"}
+    if api == "legacy":
+        config["server_round"] = server_round
+        return TorchADMM.from_parameters(model, list(z.values()), config, ctx)
+    message = train_message(z, **config, **{"server-round": server_round})
+    return TorchADMM.from_message(model, message, ctx)
+
+
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_consensus_starts_at_the_received_z_center_at_z_minus_the_dual(api: str) -> None:
+    """Client-held duals, round 2: u = 0 + w1 - z2 != 0, so z2, z2 - u and w1 all differ."""
+    model, ctx = TorchLogistic(3).double(), context()
+    first = client_duals_round(api, model, Z1, 1, ctx)
+    first.start(init="consensus")  # a new client: z1 (= its center, u = 0)
+    for name, z in Z1.items():
+        np.testing.assert_array_equal(state_arrays(model)[name], z)
+    load_arrays(model, W1)
+    if api == "legacy":  # keep w1 and u = 0
+        first.fit_result(10)
+    else:
+        first.reply(10)
+    starts = {}
+    for init in ("consensus", "center", "previous"):
+        admm = client_duals_round(api, model, Z2, 2, ctx)  # same kept state each time
+        admm.start(init=init)  # type: ignore[arg-type]
+        starts[init] = state_arrays(model)
+    for name, z in Z2.items():
+        u = W1[name] - z  # dyadic numbers: exact
+        np.testing.assert_array_equal(starts["consensus"][name], z)
+        np.testing.assert_array_equal(starts["center"][name], z - u)
+        np.testing.assert_array_equal(starts["previous"][name], W1[name])
+        assert np.all(starts["consensus"][name] != starts["center"][name])
+    with pytest.raises(ValueError, match=r"warm / init: warm=False means init='center'"):
+        admm.start(init="consensus", warm=False)
+
+
+def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:
+    model, v = TorchLogistic(3).double(), list(Z2.values())
+    legacy = TorchADMM.from_parameters(model, v, {"rho": 0.5, "server_round": 1}, context())
+    message = TorchADMM.from_message(
+        model, train_message(Z2, rho=0.5, **{"server-round": 1}), context()
+    )
+    for admm in (legacy, message):  # server-held duals: v_i = z - u_i is all they send
+        assert admm.consensus is None
+        with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*FedADMMClientDuals"):
+            admm.start(init="consensus")
+    with pytest.raises(ValueError, match=r"init: must be one of \['previous', 'center'"):
+        legacy.start(init="zero")  # type: ignore[arg-type]
+    legacy.start(init="center", warm=False)  # the same start twice: fine
+    # FedProx, FedAvg, rho = 0: the received model is z; ADMMClient starts there too
+    for config in ({"proximal_mu": 0.5}, {}, {"rho": 0.0}):
+        admm = TorchADMM.from_parameters(model, v, config, context())
+        admm.start(init="consensus")
+        np.testing.assert_array_equal(state_arrays(model)["coef"], Z2["coef"])
+
+
 class TorchLogisticClient(NumPyClient):
     """The numpy ADMMClient's loop with a float64 TorchLogistic (both dual modes)."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, context: Context) -> None:
-        self.X, self.y, self.context = X, y, context
+    def __init__(
+        self, X: np.ndarray, y: np.ndarray, context: Context, init: str = "previous"
+    ) -> None:
+        self.X, self.y, self.context, self.init = X, y, context, init
 
     def fit(self, parameters, config):  # type: ignore[no-untyped-def]
         model = TorchLogistic(X_FEATURES, l2=0.01).double()
         admm = TorchADMM.from_parameters(model, parameters, config, self.context)
-        admm.start()
+        admm.start(init=self.init)  # type: ignore[arg-type]
         plan = LocalPlan(
             learning_rate=float(config["learning_rate"]), steps=int(config["local_steps"])
         )
@@ -222,8 +289,13 @@ class TorchLogisticClient(NumPyClient):
 X_FEATURES = 20
 
 
-@pytest.mark.parametrize("duals", ["server", "client"])
-def test_torch_client_follows_the_numpy_client_through_a_strategy(duals: str) -> None:
+@pytest.mark.parametrize(
+    ("duals", "local_init"),
+    [("server", "previous"), ("server", "center"), ("client", "previous"), ("client", "consensus")],
+)
+def test_torch_client_follows_the_numpy_client_through_a_strategy(
+    duals: str, local_init: str
+) -> None:
     from flwr_admm import FedADMM
 
     task = load_task("seed-logreg", seed=42)
@@ -232,11 +304,12 @@ def test_torch_client_follows_the_numpy_client_through_a_strategy(duals: str) ->
 
     def numpy_fn(ctx: Context):  # type: ignore[no-untyped-def]
         X, y = data[int(ctx.node_config["partition-id"])]
-        return ADMMClient(LogisticRegression(X_FEATURES, l2=0.01), X, y, context=ctx).to_client()
+        model = LogisticRegression(X_FEATURES, l2=0.01)
+        return ADMMClient(model, X, y, context=ctx, local_init=local_init).to_client()  # type: ignore[arg-type]
 
     def torch_fn(ctx: Context):  # type: ignore[no-untyped-def]
         X, y = data[int(ctx.node_config["partition-id"])]
-        return TorchLogisticClient(X, y, ctx).to_client()
+        return TorchLogisticClient(X, y, ctx, local_init).to_client()
 
     zs = []
     for fn in (numpy_fn, torch_fn):
