@@ -225,6 +225,11 @@ def _fused_blocks(
     dual = compiled().dual
     r_parts: list[list[float]] = [[] for _ in chosen]
     y_parts: list[list[float]] = [[] for _ in chosen]
+    factors = []  # per reply: (rho_i alpha, rho_i (1 - alpha), n_i rho_i alpha or 0)
+    for record in chosen:
+        rho_i = rho * record.scale
+        to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
+        factors.append((rho_i * alpha, rho_i * (1.0 - alpha), to_sum))
     for j, (z, acc) in enumerate(zip(z_new, ny, strict=True)):
         z_flat, acc_flat = z.reshape(-1), acc.reshape(-1)
         shift_flat = None if dz is None else dz[j].reshape(-1)
@@ -233,17 +238,14 @@ def _fused_blocks(
         for block in blocks(z_flat.size, FUSED_BLOCK):
             z_block, acc_block = z_flat[block], acc_flat[block]
             shift_block = None if shift_flat is None else shift_flat[block]
-            for k, record in enumerate(chosen):
-                rho_i = rho * record.scale
-                to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
-                c_dz = rho_i * (1.0 - alpha)
+            for k, (c_d, c_dz, to_sum) in enumerate(factors):
                 r_value, y_value = dual(
                     ws[k][block],
                     ys[k][block],
                     z_block,
                     shift_block if c_dz != 0.0 else None,  # None: no dz term (alpha = 1)
                     acc_block if to_sum != 0.0 else None,  # None: S_y added at once
-                    rho_i * alpha,
+                    c_d,
                     c_dz,
                     to_sum,
                 )
