@@ -9,12 +9,14 @@ arrays are divided by m):
   folding it into S_w and again in the dual step (z' needs every reply first), read the
   client's previous w_i to take it out of S_w (partial participation only), read and
   write y_i: 8 P (4 + 1) with 10 of 100 clients, 8 P 4 when every client replies; per
-  round S_w, S_y, z read and z', S_y written, z - z' and the serialized z': about
-  8 P 8 / m. With acceleration="nesterov": y_i,prev read and written and y_i read and
+  round S_w, S_y, z read and z', S_y written and the serialized z': 8 P 7 / m (the
+  z-step sums ||z - z'||^2 without storing z - z', which only the relaxed dual step
+  reads). With acceleration="nesterov": y_i,prev read and written and y_i read and
   written again (8 P 4 more), z_{k-1} read and written and z^ written (8 P 3 / m).
   The defaults (fast ADMM, alpha = 1.6, `ResidualBalancing`) count as the fast
-  variant: over-relaxation adds R = sum n_i w_i, folded in the pass that reads the
-  reply, and the dz term of the dual step, read from the cache-sized dz.
+  variant plus z - z' written (8 P / m): over-relaxation adds R = sum n_i w_i, folded
+  in the pass that reads the reply, and the dz term of the dual step, read from the
+  cache-sized dz.
 
 With ``state_dtype="float32"`` (w_i, y_i, y_i,prev stored in 4 bytes; the reply, z and
 the sums stay float64) the reply is read once: the fold rounds it into the stored
@@ -35,7 +37,9 @@ exceed the copy's).
 
 Each variant runs with ``kernels="numpy"`` and the plain and default strategies also
 with ``kernels="numba"`` (the fused one-pass kernels, `flwr_admm.core.fused`): the
-same bytes, fewer passes.
+same bytes, fewer passes. With numba installed the run also times the streaming
+floor (`benchmarks.stream_floor`): plain FedADMM's reads and writes with nothing
+else, i.e. what one core streams for that access pattern against the copy bound.
 
     python -m benchmarks.bandwidth [--quick] [--params 1000000] [--clients 100]
 """
@@ -59,8 +63,9 @@ from benchmarks.common import (
 )
 from benchmarks.server_cost import measure
 from benchmarks.server_setup import FLOAT, SAMPLED
+from benchmarks.stream_floor import stream_floor_seconds
 from flwr_admm import FedADMM
-from flwr_admm.core.backend import compiled
+from flwr_admm.core.backend import compiled, numba_installed
 
 
 def copy_bandwidth(num_bytes: int, repeats: int) -> float:
@@ -90,9 +95,11 @@ def bytes_per_reply(
         per_reply = 2 * reply + (state if partial_participation else 0) + 2 * state
     else:  # the reply once, w_i = fl32(reply) written, w_i old, w_i again, y_i read + write
         per_reply = reply + state + (state if partial_participation else 0) + state + 2 * state
-    per_round = 8 * FLOAT
+    per_round = 7 * FLOAT
     if "fast" in kind or "defaults" in kind:  # y_i,prev and y_i read + written once more
         per_reply, per_round = per_reply + 4 * state, per_round + 3 * FLOAT
+    if "defaults" in kind:  # alpha = 1.6: z - z' stored for the dual step's relaxed term
+        per_round += FLOAT
     return num_parameters * (per_reply + per_round / m)
 
 
@@ -133,6 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row = measure(num_parameters, args.clients, repeats, False, partial(FedADMM, **kwargs))
             rows.append({"variant": label, "state_bytes_per_value": state, **row})
             copies.append(copy_bandwidth(256 * 2**20, 7))
+        floor = stream_floor_seconds(num_parameters, repeats) if numba_installed() else None
+        copies.append(copy_bandwidth(256 * 2**20, 7))
     bandwidth = max(copies)  # the best the shared machine showed during the run
     partial_participation = args.clients > SAMPLED
     table = []
@@ -174,12 +183,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "time / FedAvg",
     ]
     print(format_table(headers, table))
+    stream_floor = None
+    if floor is not None:
+        plain = SAMPLED * bytes_per_reply("FedADMM", num_parameters, partial_participation)
+        fused = next(r["fedadmm_seconds"] for r in rows if r["variant"] == "FedADMM numba")
+        stream_floor = {
+            "seconds": floor,
+            "time_over_bound": floor / (plain / bandwidth),
+            "fedadmm_numba_over_floor": fused / floor,
+        }
+        print(
+            f"\nstreaming floor of plain FedADMM's bytes: {floor * 1e3:.1f} ms, "
+            f"{stream_floor['time_over_bound']:.2f} x its bound; "
+            f"FedADMM numba / floor: {stream_floor['fedadmm_numba_over_floor']:.2f}"
+        )
     payload = {
         "quick": args.quick,
         "num_parameters": num_parameters,
         "num_clients": args.clients,
         "copy_bandwidth": bandwidth,
         "copy_bandwidth_samples": copies,
+        "stream_floor": stream_floor,
         "seconds": time.perf_counter() - started,
         "results": rows,
     }

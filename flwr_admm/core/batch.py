@@ -71,6 +71,7 @@ def fold_all(sums: RunningSums, pending: Sequence[Pending], shares: Arrays | Non
     """
     fold = compiled().fold
     totals = [0.0] * len(pending)
+    weights = [(float(item.n), float(item.n_old)) for item in pending]  # n_i, n_i,old
     for j, acc in enumerate(sums.nsw):
         acc_flat = acc.reshape(-1)
         share_flat = None if shares is None else shares[j].reshape(-1)
@@ -81,13 +82,13 @@ def fold_all(sums: RunningSums, pending: Sequence[Pending], shares: Arrays | Non
         for block in blocks(acc_flat.size, FUSED_BLOCK):  # a multiple of LANES values
             acc_block = acc_flat[block]
             share_block = None if share_flat is None else share_flat[block]
-            for k, item in enumerate(pending):
+            for k, (n, n_old) in enumerate(weights):
                 old = olds[k]
                 norms[k] = fold(
                     acc_block,
-                    float(item.n),
+                    n,
                     ws[k][block],
-                    float(item.n_old),
+                    n_old,
                     None if old is None else old[block],
                     share_block,
                     lanes[k],

@@ -322,7 +322,7 @@ class ConsensusADMM:
         rho, z_hat = self.rho, self.z
         with single_thread_blas():
             dz, stats, norms = self._update(rnd, ordered)
-        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz))  # dz_sq: s, c_k
+        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz or []))  # s, c_k
         # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
         report = round_report(
             ordered,
@@ -349,8 +349,8 @@ class ConsensusADMM:
 
     def _update(
         self, rnd: OpenRound, ordered: list[Reply]
-    ) -> tuple[Arrays, DualStats, tuple[float, float] | None]:
-        """Run the z-step and the dual step; return z - z', the dual step's sums, norms."""
+    ) -> tuple[Arrays | None, DualStats, tuple[float, float] | None]:
+        """Run the z-step and the dual step; return z - z' (or None), the dual sums, norms."""
         z = self.z  # the round's center
         if rnd.mode == "recompute":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j

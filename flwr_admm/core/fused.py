@@ -8,7 +8,7 @@ kernel. Four kernels, each one pass over flat float64 arrays:
     dual:  d = w_i - z',  y_i += c_d d + c_dz dz,  S_y += c_s d,
            returns (||d||^2, ||y_i'||^2)
     shift: t = gamma (y_i - y_i,prev),  y_i,prev = y_i,  y_i += t,  S_y += n_i t
-    center: z' = S_w / S_s + c_y S_y + c_r R + c_z z,  dz = z - z',
+    center: z' = S_w / S_s + c_y S_y + c_r R + c_z z,  dz = z - z' (stored if asked),
             returns (||z'||^2, ||dz||^2)
 
 The functions are plain Python over numpy arrays (readable, and runnable without
@@ -169,13 +169,15 @@ def center(
     c_y: float,
     c_r: float,
     c_z: float,
+    dz_norm: bool,
 ) -> tuple[float, float]:
     """Set z' = S_w / S_s + c_y S_y + c_r R + c_z z (the z-step's average), dz = z - z'.
 
-    In the numpy path's order; `share` (R) None drops the relaxed terms c_r R + c_z z,
-    `dz` None skips dz = z - z' (a prox follows). One read of S_w, S_y, R, z. Returns
-    (||z'||^2, ||z - z'||^2) in LANES partial sums (the second 0.0 without dz), so the
-    round report need not read z' and dz again.
+    In the numpy path's order; `share` (R) None drops the relaxed terms c_r R + c_z z.
+    `dz` None stores no z - z' (nothing reads it: alpha = 1, or a prox follows);
+    `dz_norm` sums ||z - z'||^2 all the same. One read of S_w, S_y, R, z. Returns
+    (||z'||^2, ||z - z'||^2) in LANES partial sums (the second 0.0 unless `dz_norm`),
+    so the round report need not read z' and dz again.
     """
     rows = z.size // LANES
     z_lanes, dz_lanes = np.zeros(LANES), np.zeros(LANES)
@@ -191,9 +193,10 @@ def center(
                 value += c_z * z[i]
             z_new[i] = value
             z_lanes[k] += value * value
-            if dz is not None:
+            if dz_norm:
                 step = z[i] - value
-                dz[i] = step
+                if dz is not None:
+                    dz[i] = step
                 dz_lanes[k] += step * step
     z_sq = dz_sq = 0.0
     for k in range(LANES):

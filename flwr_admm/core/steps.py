@@ -46,19 +46,21 @@ def z_step(
     relaxation: float,
     regularizer: Regularizer | None,
     fused: bool = False,
-) -> tuple[Arrays, Arrays, tuple[float, float] | None]:
+) -> tuple[Arrays, Arrays | None, tuple[float, float] | None]:
     """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)), z - z'.
 
     z is the round's center; R (`shares`) and W (`weight`) are the replies' part of
     S_w and S_s (the relaxed term vanishes when alpha = 1). `fused`: the average and
-    (without a regularizer) z - z' in one numba pass per tensor, which also returns
-    (||z'||^2, ||z - z'||^2) as the third value (else None: `sum_sq_norm` them).
+    (without a regularizer) ||z - z'||^2 in one numba pass per tensor, which returns
+    (||z'||^2, ||z - z'||^2) as the third value (else None: `sum_sq_norm` them); z - z'
+    is then stored only for the dual step's relaxed term (alpha != 1), else None.
     """
     beta = 1.0 - relaxation
     c_y = 1.0 / (rho * sums.ns) if rho != 0.0 else 0.0
     if fused and fusable(*sums.nsw, *sums.ny, *z, *(shares if beta != 0.0 else [])):
         z_new = [np.empty_like(t) for t in z]
-        dz = [np.empty_like(t) for t in z] if regularizer is None else None
+        plain = regularizer is None  # z' is the average: ||z - z'||^2 in the same pass
+        dz = [np.empty_like(t) for t in z] if plain and beta != 0.0 else None
         z_sq = dz_sq = 0.0
         for j, (t, center) in enumerate(zip(z_new, z, strict=True)):
             tensor_sq = compiled().center(
@@ -72,9 +74,10 @@ def z_step(
                 c_y,
                 -beta / sums.ns,
                 beta * weight / sums.ns,
+                plain,
             )
             z_sq, dz_sq = z_sq + tensor_sq[0], dz_sq + tensor_sq[1]
-        if dz is not None:
+        if plain:
             return z_new, dz, (z_sq, dz_sq)
     else:
         # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
@@ -96,7 +99,7 @@ def dual_step(
     ordered: Sequence[Reply],
     records: dict[str, ClientRecord],
     z_new: Arrays,
-    dz: Arrays,
+    dz: Arrays | None,
     sums: RunningSums,
     shares: Arrays,
     weight: float,
@@ -107,15 +110,18 @@ def dual_step(
 ) -> DualStats:
     """Update y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
 
-    dz = z - z'. When every cached client replied, S_w holds exactly their sum R, so
-    S_y += rho (alpha (R - W z') + (1 - alpha) W dz) costs a few passes a round;
-    otherwise each reply adds n_i rho_i alpha (w_i - z') while its block is in cache,
-    and the dz part is added once. Works block by block, every reply's block while
-    the blocks of z', dz and S_y are in cache, so that w_i and y_i are read from
-    memory once per reply and z', S_y once per round. `fused`: numba's one-pass
-    kernel per block and reply for float64 C-contiguous state (`flwr_admm.core.backend`).
+    dz = z - z' (None: not stored, alpha = 1 only). When every cached client replied,
+    S_w holds exactly their sum R, so S_y += rho (alpha (R - W z') + (1 - alpha) W dz)
+    costs a few passes a round; otherwise each reply adds n_i rho_i alpha (w_i - z')
+    while its block is in cache, and the dz part is added once. Works block by block,
+    every reply's block while the blocks of z', dz and S_y are in cache, so that w_i
+    and y_i are read from memory once per reply and z', S_y once per round. `fused`:
+    numba's one-pass kernel per block and reply for float64 C-contiguous state
+    (`flwr_admm.core.backend`).
     """
     alpha, beta = relaxation, 1.0 - relaxation
+    if dz is None and beta != 0.0:
+        raise ValueError("dz: z - z' is needed when relaxation != 1")
     total = float(sum(r.num_examples for r in ordered))
     chosen = [records[reply.key] for reply in ordered]
     # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
@@ -125,7 +131,12 @@ def dual_step(
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
-    arrays = [*z_new, *dz, *sums.ny, *(t for record in chosen for t in (*record.w, *record.y))]
+    arrays = [
+        *z_new,
+        *(dz or []),
+        *sums.ny,
+        *(t for record in chosen for t in (*record.w, *record.y)),
+    ]
     if fused and fusable(*arrays):
         r_parts, y_parts = _fused_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
     else:
@@ -136,18 +147,19 @@ def dual_step(
             r_sq += p * r_value
             y_sq += p * y_value
     if rho != 0.0 and not compact:
-        for acc, share, z, shift in zip(sums.ny, shares or dz, z_new, dz, strict=True):
-            if everyone:  # share is S_w = R: S_y += rho alpha (R - W z'), no temporary
-                axpy(rho * alpha, share, acc)
+        for j, (acc, z) in enumerate(zip(sums.ny, z_new, strict=True)):
+            if everyone:  # shares are S_w = R: S_y += rho alpha (R - W z'), no temporary
+                axpy(rho * alpha, shares[j], acc)
                 axpy(-rho * alpha * weight, z, acc)
-            axpy(rho * beta * weight, shift, acc)  # S_y += rho (1 - alpha) W dz
+            if dz is not None:
+                axpy(rho * beta * weight, dz[j], acc)  # S_y += rho (1 - alpha) W dz
     return DualStats(r_sq, w_sq, y_sq)
 
 
 def _numpy_blocks(
     chosen: Sequence[ClientRecord],
     z_new: Arrays,
-    dz: Arrays,
+    dz: Arrays | None,
     ny: Arrays,
     rho: float,
     alpha: float,
@@ -164,11 +176,13 @@ def _numpy_blocks(
     # summed afterwards in replies-outer order, so the result is bit for bit the same.
     r_parts: list[list[float]] = [[] for _ in chosen]
     y_parts: list[list[float]] = [[] for _ in chosen]
-    for j, (z, acc, shift) in enumerate(zip(z_new, ny, dz, strict=True)):
-        z_flat, acc_flat, shift_flat = z.reshape(-1), acc.reshape(-1), shift.reshape(-1)
+    for j, (z, acc) in enumerate(zip(z_new, ny, strict=True)):
+        z_flat, acc_flat = z.reshape(-1), acc.reshape(-1)
+        shift_flat = None if dz is None else dz[j].reshape(-1)
         for block in blocks(z_flat.size):
             d = scratch[: block.stop - block.start]
-            z_block, acc_block, shift_block = z_flat[block], acc_flat[block], shift_flat[block]
+            z_block, acc_block = z_flat[block], acc_flat[block]
+            shift_block = None if shift_flat is None else shift_flat[block]
             for k, record in enumerate(chosen):
                 rho_i = rho * record.scale
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
@@ -187,7 +201,8 @@ def _numpy_blocks(
                     )
                     continue
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
-                axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
+                if shift_block is not None:
+                    axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
                 axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
     return r_parts, y_parts
@@ -196,7 +211,7 @@ def _numpy_blocks(
 def _fused_blocks(
     chosen: Sequence[ClientRecord],
     z_new: Arrays,
-    dz: Arrays,
+    dz: Arrays | None,
     ny: Arrays,
     rho: float,
     alpha: float,
@@ -210,23 +225,27 @@ def _fused_blocks(
     dual = compiled().dual
     r_parts: list[list[float]] = [[] for _ in chosen]
     y_parts: list[list[float]] = [[] for _ in chosen]
-    for j, (z, acc, shift) in enumerate(zip(z_new, ny, dz, strict=True)):
-        z_flat, acc_flat, shift_flat = z.reshape(-1), acc.reshape(-1), shift.reshape(-1)
+    factors = []  # per reply: (rho_i alpha, rho_i (1 - alpha), n_i rho_i alpha or 0)
+    for record in chosen:
+        rho_i = rho * record.scale
+        to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
+        factors.append((rho_i * alpha, rho_i * (1.0 - alpha), to_sum))
+    for j, (z, acc) in enumerate(zip(z_new, ny, strict=True)):
+        z_flat, acc_flat = z.reshape(-1), acc.reshape(-1)
+        shift_flat = None if dz is None else dz[j].reshape(-1)
         ws = [record.w[j].reshape(-1) for record in chosen]
         ys = [record.y[j].reshape(-1) for record in chosen]
         for block in blocks(z_flat.size, FUSED_BLOCK):
-            z_block, acc_block, shift_block = z_flat[block], acc_flat[block], shift_flat[block]
-            for k, record in enumerate(chosen):
-                rho_i = rho * record.scale
-                to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
-                c_dz = rho_i * (1.0 - alpha)
+            z_block, acc_block = z_flat[block], acc_flat[block]
+            shift_block = None if shift_flat is None else shift_flat[block]
+            for k, (c_d, c_dz, to_sum) in enumerate(factors):
                 r_value, y_value = dual(
                     ws[k][block],
                     ys[k][block],
                     z_block,
-                    shift_block if c_dz != 0.0 else None,  # None: no dz term
+                    shift_block if c_dz != 0.0 else None,  # None: no dz term (alpha = 1)
                     acc_block if to_sum != 0.0 else None,  # None: S_y added at once
-                    rho_i * alpha,
+                    c_d,
                     c_dz,
                     to_sum,
                 )
@@ -238,7 +257,7 @@ def _fused_blocks(
 def _compact_dual(
     y: NDArray[np.floating],
     d: NDArray[np.float64],
-    shift: NDArray[np.float64],
+    shift: NDArray[np.float64] | None,
     acc: NDArray[np.float64],
     rounded: NDArray[np.float64],
     rho_i: float,
@@ -254,7 +273,8 @@ def _compact_dual(
     new[...] = y  # y_i, exactly in float64
     d *= rho_i * alpha
     d += new  # y_i + rho_i alpha (w_i - z')
-    axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
+    if shift is not None:
+        axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
     y[...] = d  # round to the state's float32
     d[...] = y  # y_i', exactly in float64
     y_sq = float(np.dot(d, d))

@@ -53,11 +53,11 @@ def averaged_z_step(
     relaxation: float,
     regularizer: Regularizer | None,
     fused: bool = False,
-) -> tuple[Arrays, Arrays, tuple[float, float] | None]:
+) -> tuple[Arrays, Arrays | None, tuple[float, float] | None]:
     """Return z' averaging every cached w_i ("cached", `z_step`) or the replies' only, z - z'.
 
     The third value: (||z'||^2, ||z - z'||^2) when `z_step`'s fused pass summed them,
-    else None.
+    else None; z - z' is then None unless alpha != 1 (`z_step`).
 
     "replies": z' = prox_{g/rho_bar}((alpha R + (1 - alpha) W z) / W + S_y / (rho S_s)),
     `shares` R and `weight` W being the replies' part of S_w and S_s; z is the round's
