@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from statistics import median
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -108,48 +108,60 @@ class FloorArrays:
         )
 
 
-def floor_round(
-    arrays: FloorArrays, kernels: tuple[Callable[..., Any], ...]
-) -> tuple[float, float]:
-    """Run one round of the floor; return the CPU seconds of its fold and its dual step."""
-    fold, center, dual = kernels
-    sent, old, ys = arrays.next_round()
-    size, nsw, ny, z_new = arrays.size, arrays.nsw, arrays.ny, arrays.z_new
-    started = time.process_time()
-    for start in range(0, size, BLOCK):
-        part = slice(start, start + BLOCK)
-        for k in range(SAMPLED):
-            fold(nsw[part], 3.0, sent[k][part], 3.0, old[k][part])
-    folded = time.process_time()
-    center(nsw, ny, arrays.z, z_new, 3.0 * CLIENTS, 0.01)
-    dual_started = time.process_time()
-    for start in range(0, size, BLOCK):
-        part = slice(start, start + BLOCK)
-        for k in range(SAMPLED):
-            dual(sent[k][part], ys[k][part], z_new[part], ny[part], 1.0, 3.0)
-    dual_seconds = time.process_time() - dual_started
-    z_new.tobytes()
-    return folded - started, dual_seconds
+class RoundKernels(NamedTuple):
+    """One round's three passes, each over flat float64 blocks.
+
+    fold(k, S_w, w_i, w_i,old) for reply k, center(S_w, S_y, z, z'),
+    dual(w_i, y_i, z', S_y).
+    """
+
+    fold: Callable[[int, Any, Any, Any], Any]
+    center: Callable[[Any, Any, Any, Any], Any]
+    dual: Callable[[Any, Any, Any, Any], Any]
 
 
-def fused_round(arrays: FloorArrays) -> tuple[float, float]:
-    """Run one round of the fused kernels (norms and all) on the floor's arrays."""
+def floor_kernels() -> RoundKernels:
+    """Return the floor's loops (`_kernels`) with the benchmark's constants."""
+    fold, center, dual = _kernels()
+    return RoundKernels(
+        lambda k, acc, w, old: fold(acc, 3.0, w, 3.0, old),
+        lambda nsw, ny, z, z_new: center(nsw, ny, z, z_new, 3.0 * CLIENTS, 0.01),
+        lambda w, y, z, acc: dual(w, y, z, acc, 1.0, 3.0),
+    )
+
+
+def fused_kernels() -> RoundKernels:
+    """Return FedADMM's fused kernels (norms and all), as plain FedADMM calls them."""
     kernels = compiled()
+    lanes = np.zeros((SAMPLED, LANES))  # each reply's partial sums of squares
+    return RoundKernels(
+        lambda k, acc, w, old: kernels.fold(acc, 3.0, w, 3.0, old, None, lanes[k]),
+        lambda nsw, ny, z, z_new: kernels.center(
+            nsw, ny, None, z, z_new, None, 3.0 * CLIENTS, 0.01, 0.0, 0.0, True
+        ),
+        lambda w, y, z, acc: kernels.dual(w, y, z, None, acc, 1.0, 0.0, 3.0),
+    )
+
+
+def timed_round(arrays: FloorArrays, kernels: RoundKernels) -> tuple[float, float]:
+    """Run one round on `arrays`; return the CPU seconds of its fold and its dual step.
+
+    Blocks outer, replies inner, as `flwr_admm.core.batch` and `flwr_admm.core.steps`.
+    """
     sent, old, ys = arrays.next_round()
     size, nsw, ny, z_new = arrays.size, arrays.nsw, arrays.ny, arrays.z_new
-    lanes = np.zeros((SAMPLED, LANES))
     started = time.process_time()
     for start in range(0, size, BLOCK):
         part = slice(start, start + BLOCK)
         for k in range(SAMPLED):
-            kernels.fold(nsw[part], 3.0, sent[k][part], 3.0, old[k][part], None, lanes[k])
+            kernels.fold(k, nsw[part], sent[k][part], old[k][part])
     folded = time.process_time()
-    kernels.center(nsw, ny, None, arrays.z, z_new, None, 3.0 * CLIENTS, 0.01, 0.0, 0.0, True)
+    kernels.center(nsw, ny, arrays.z, z_new)
     dual_started = time.process_time()
     for start in range(0, size, BLOCK):
         part = slice(start, start + BLOCK)
         for k in range(SAMPLED):
-            kernels.dual(sent[k][part], ys[k][part], z_new[part], None, ny[part], 1.0, 0.0, 3.0)
+            kernels.dual(sent[k][part], ys[k][part], z_new[part], ny[part])
     dual_seconds = time.process_time() - dual_started
     z_new.tobytes()
     return folded - started, dual_seconds
@@ -157,13 +169,13 @@ def fused_round(arrays: FloorArrays) -> tuple[float, float]:
 
 def stream_floor_seconds(num_parameters: int, repeats: int, seed: int = 0) -> float:
     """Median CPU seconds of one round of the floor (10 replies of `num_parameters`)."""
-    kernels = _kernels()
+    kernels = floor_kernels()
     arrays = FloorArrays(num_parameters, seed)
-    floor_round(arrays, kernels)  # compiles
+    timed_round(arrays, kernels)  # compiles
     times = []
     for _ in range(repeats):
         started = time.process_time()
-        floor_round(arrays, kernels)
+        timed_round(arrays, kernels)
         times.append(time.process_time() - started)
     return median(times)
 
@@ -244,11 +256,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             strategy.aggregate_fit(server_round, timed[next(turns) % 2], [])
             return time.process_time() - begun, float("nan")
 
-        arrays, floor_kernels = FloorArrays(num_parameters), _kernels()
+        arrays, fused, floor = FloorArrays(num_parameters), fused_kernels(), floor_kernels()
         cases: dict[str, Callable[[], tuple[float, float]]] = {
             "FedADMM.aggregate_fit (numba)": strategy_round,
-            "fused kernels": lambda: fused_round(arrays),
-            "floor": lambda: floor_round(arrays, floor_kernels),
+            "fused kernels": lambda: timed_round(arrays, fused),
+            "floor": lambda: timed_round(arrays, floor),
         }
         for case in cases.values():  # compile, warm up
             case()
