@@ -79,7 +79,7 @@ def make_loop(case: Case, penalty: str | None, steps: int) -> Callable[[], objec
     order = np.random.default_rng(0).permutation(X.shape[0])
     batches = [order[i : i + size] for i in range(0, X.shape[0] - size + 1, size)]
     model.train()
-    loss_of = model.loss  # type: ignore[attr-defined]
+    loss_of: Callable[[torch.Tensor, torch.Tensor], Any] = model.loss  # type: ignore[assignment]
 
     def bare() -> None:
         for k in range(steps):

@@ -10,7 +10,7 @@ test their own clients and strategies with it exactly as this project does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flwr.client import Client, NumPyClient
@@ -117,7 +117,7 @@ def make_proxies(
 
 def run_rounds(
     strategy: Strategy,
-    proxies: list[InProcessClientProxy],
+    proxies: Sequence[InProcessClientProxy],
     num_rounds: int,
     *,
     initial_parameters: Parameters | None = None,

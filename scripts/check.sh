@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m ruff check .
 python -m ruff format --check .
-python -m mypy flwr_admm
+python -m mypy flwr_admm benchmarks simulations
 python -m pytest -q "$@"

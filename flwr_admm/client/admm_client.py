@@ -60,8 +60,21 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
 
-LocalInit = Literal["previous", "center", "consensus"]
-LOCAL_INITS = ("previous", "center", "consensus")
+LocalInit = Literal["auto", "previous", "center", "consensus"]
+LOCAL_INITS = ("auto", "previous", "center", "consensus")
+
+
+def resolved_init(local_init: str, client_held: bool) -> str:
+    """Return the start `local_init` means: "auto" is "consensus" where z is received.
+
+    Under client-held duals (`FedADMMClientDuals`, which sends z) "auto" starts at z,
+    FedDyn's start, measured better or equal on every case of
+    ``python -m benchmarks.client_start`` but one (one round more of 70); under
+    server-held duals (v_i only) "auto" is "previous", the client's own last w_i.
+    """
+    if local_init == "auto":
+        return "consensus" if client_held else "previous"
+    return local_init
 
 
 class ADMMClient(NumPyClient):
@@ -79,9 +92,10 @@ class ADMMClient(NumPyClient):
         Local step size lr.
     batch_size : int, optional
         Minibatch size; None = full batch.
-    local_init : {"previous", "center", "consensus"}
+    local_init : {"auto", "previous", "center", "consensus"}
         Start: own last w_i (in ``context.state``), v_i, or the received z (as FedDyn;
-        client-held duals only). With rho = 0 the loop starts at the received z.
+        client-held duals only). "auto" (default): z under client-held duals, else the
+        own last w_i. With rho = 0 the loop starts at the received z.
     prox_step : {"exact", "gradient"}
         Proximal-gradient step (stable for any rho) or the seed's explicit step.
     grad_tol : float, optional
@@ -112,7 +126,7 @@ class ADMMClient(NumPyClient):
         learning_rate: float = 0.1,
         batch_size: int | None = None,
         local_epochs: int | None = None,
-        local_init: LocalInit = "previous",
+        local_init: LocalInit = "auto",
         prox_step: ProxStep = "exact",
         grad_tol: float | None = None,
         context: Context | None = None,
@@ -192,9 +206,10 @@ class ADMMClient(NumPyClient):
             rho = _nonnegative(config[RHO], RHO)
             # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
             # FedAvg's step starts at the received z (v_i = z when y_i = 0).
-            if self.local_init == "consensus" and rho > 0:  # server-held duals send no z
+            init = resolved_init(self.local_init, client_held=False)
+            if init == "consensus" and rho > 0:  # server-held duals send no z
                 raise ValueError("local_init: 'consensus' needs z: FedADMMClientDuals only")
-            warm = self.local_init == "previous" and rho > 0
+            warm = init == "previous" and rho > 0
             start = self._previous(server_round) if warm else None
             start = received if start is None else start
         else:
@@ -214,7 +229,7 @@ class ADMMClient(NumPyClient):
             self._noise_rng(server_round),
             np.random.default_rng([*stream, 1]),
         )
-        keep = RHO in config and self.local_init == "previous"
+        keep = RHO in config and resolved_init(self.local_init, False) == "previous"
         self._remember(result.params if keep else None, server_round, reply.residual)
         self.uplink_payload = reply.parameters
         metrics: dict[str, Scalar] = {
@@ -246,8 +261,9 @@ class ADMMClient(NumPyClient):
         base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
         state = base.state
         begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
-        previous = state.w if state is not None and self.local_init == "previous" else None
-        origin = z if self.local_init == "consensus" else begin.center  # z: FedDyn's start
+        init = resolved_init(self.local_init, client_held=True)
+        previous = state.w if state is not None and init == "previous" else None
+        origin = z if init == "consensus" else begin.center  # z: FedDyn's start
         start = [t.copy() for t in previous] if previous is not None else origin
         stream = [self.seed, int(self.partition_id or 0), server_round]
         rng = np.random.default_rng(stream)

@@ -25,8 +25,9 @@ runs the client-held-dual protocol: `from_message` picks the acknowledged state 
 z^k), and `reply` sends Delta_i and keeps the states (pass `context`).
 
 Where the local solve starts is `ADMMClient`'s ``local_init`` (`start`'s ``init``):
-"previous" (w_i, the default), "center" (v_i) or "consensus" (z, as FedDyn's clients;
-client-held duals only: server-held FedADMM sends v_i, never z).
+"previous" (w_i), "center" (v_i) or "consensus" (z, as FedDyn's clients; client-held
+duals only: server-held FedADMM sends v_i, never z); "auto", the default, is
+"consensus" under client-held duals and "previous" otherwise.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
-from flwr_admm.client.admm_client import LOCAL_INITS, LocalInit
+from flwr_admm.client.admm_client import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,
@@ -107,13 +108,13 @@ def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | No
 def local_init_of(init: str | None = None, warm: bool | None = None) -> LocalInit:
     """Return the start `init` names; the older ``warm=True`` is "previous", False "center".
 
-    Neither given: "previous". Both given: they must agree, else ValueError.
+    Neither given: "auto". Both given: they must agree, else ValueError.
     """
     if warm is not None and not isinstance(warm, bool):
         raise ValueError(f"warm: must be True or False, got {warm!r}")
     implied: LocalInit | None = None if warm is None else ("previous" if warm else "center")
     if init is None:
-        return implied if implied is not None else "previous"
+        return implied if implied is not None else "auto"
     if init not in LOCAL_INITS:
         raise ValueError(f"init: must be one of {list(LOCAL_INITS)}, got {init!r}")
     if implied is not None and implied != init:
@@ -136,11 +137,13 @@ def start_source(
 
     FedADMM with rho > 0: the previous w_i ("previous", when kept), v_i ("center",
     and "previous" in a first round) or the received z ("consensus": `consensus`, which
-    only client-held duals have). Otherwise (FedProx, FedAvg, rho = 0) the received
-    arrays: no penalty ties w to z, so a warm start would ignore it.
+    only client-held duals have); "auto" is "consensus" when `consensus` is given, else
+    "previous". Otherwise (FedProx, FedAvg, rho = 0) the received arrays: no penalty
+    ties w to z, so a warm start would ignore it.
     """
     if not (admm and rho > 0):
         return center
+    init = resolved_init(init, client_held=consensus is not None)  # type: ignore[assignment]
     if init == "consensus":
         if consensus is None:
             raise ValueError(
@@ -318,11 +321,12 @@ class ADMMTrainStep:
     def start(self, *, init: LocalInit | None = None, warm: bool | None = None) -> Named:
         """Return where the local solve starts (copies), `start_source`'s rule.
 
-        `init` is `ADMMClient`'s ``local_init``: "previous" (default: the node's previous
-        w_i under FedADMM with rho > 0; v_i in a first round), "center" (v_i) or
-        "consensus" (the received z; client-held duals only, else ValueError). FedProx,
-        FedAvg and rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older
-        spelling) is "previous" / "center".
+        `init` is `ADMMClient`'s ``local_init``: "previous" (the node's previous w_i
+        under FedADMM with rho > 0; v_i in a first round), "center" (v_i), "consensus"
+        (the received z; client-held duals only, else ValueError) or "auto" (default:
+        "consensus" under client-held duals, else "previous"). FedProx, FedAvg and
+        rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older spelling)
+        is "previous" / "center".
         """
         source = start_source(
             local_init_of(init, warm),

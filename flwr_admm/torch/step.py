@@ -32,10 +32,11 @@ exact objective; `after_step` does nothing.
 
 Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
 start where `start`'s ``init`` says (`ADMMClient`'s ``local_init``): the node's
-previous w_i ("previous", the default warm start), v ("center") or the received z
+previous w_i ("previous", the warm start), v ("center") or the received z
 ("consensus", as FedDyn's clients; client-held duals only, the one mode that receives
-z). Every other tensor (BatchNorm statistics, ``num_batches_tracked``) is loaded from
-the received model: the server's ``tensor_policy`` decides what it holds
+z); "auto" (default) is "consensus" under client-held duals, else "previous". Every
+other tensor (BatchNorm statistics, ``num_batches_tracked``) is loaded from the
+received model: the server's ``tensor_policy`` decides what it holds
 (`flwr_admm.core.tensor_policy`).
 """
 
@@ -245,8 +246,9 @@ class TorchADMM:
         """Load the starting point into the model, as `ADMMClient`'s ``local_init``.
 
         Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
-        (``init="previous"``, the default; v in a first round), at v ("center") or at
-        the received z ("consensus": client-held duals only, else ValueError). Every
+        (``init="previous"``; v in a first round), at v ("center") or at the received z
+        ("consensus": client-held duals only, else ValueError); "auto" (the default) is
+        "consensus" under client-held duals, else "previous". Every
         other tensor, and every tensor under FedProx, FedAvg or rho = 0, starts at the
         received values. ``warm=True`` / ``False`` (older spelling) is "previous" /
         "center"; given with a different `init`, a ValueError.

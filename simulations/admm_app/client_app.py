@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.app.typing import ConfigRecordValues
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
@@ -81,7 +82,9 @@ message_app = make_client_app(numpy_client_fn)
 def partition_reply(message: Message, context: Context) -> Message:
     """Answer the server's partition-id query: ``{"partition-id": i}`` (or ``{}``)."""
     value = context.node_config.get(PARTITION_ID)
-    known = {PARTITION_ID: int(value)} if isinstance(value, int | str) else {}
+    known: dict[str, ConfigRecordValues] = (
+        {PARTITION_ID: int(value)} if isinstance(value, int | str) else {}
+    )
     return Message(RecordDict({PARTITION_QUERY: ConfigRecord(known)}), reply_to=message)
 
 

@@ -82,7 +82,7 @@ def train_metrics(contents: list[RecordDict], weighting_key: str) -> MetricRecor
             losses.append((n, float(metrics["loss"])))
         if isinstance(metrics.get("local_steps"), int | float):
             steps.append(float(metrics["local_steps"]))
-    out: dict[str, float] = {}
+    out: dict[str, int | float | list[int] | list[float]] = {}
     if losses and total > 0:
         out["train_loss"] = float(sum(n * v for n, v in losses) / total)
     if steps:
@@ -109,7 +109,7 @@ class RecordingMixin:
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    ) -> list[Message]:
         """Delegate; record what is sent down. No node sampled is an error."""
         self._round_start = time.perf_counter()
         self._sent = list(arrays.to_numpy_ndarrays())
@@ -177,7 +177,7 @@ class PartitionSampled(RecordingMixin):
     ) -> list[int]:
         """Draw the train sample as the legacy path does (evaluation samples as FedADMM)."""
         if not train:
-            return super()._sample(grid, server_round, fraction, minimum, train)  # type: ignore[misc]
+            return super()._sample(grid, server_round, fraction, minimum, train)  # type: ignore[misc,no-any-return]
         sampled = self.sampler.sample(
             grid,
             server_round,

@@ -41,8 +41,9 @@ PARTITIONERS = ("iid", "dirichlet", "pathological")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_MODELS = ("cnn",)  # models only framework=torch has (besides the tasks' own)
 
-# "consensus" (start at the received z) needs client-held duals: refused for "fedadmm"
-LOCAL_INITS = ("previous", "center", "consensus")
+# "consensus" (start at the received z) needs client-held duals: refused for "fedadmm";
+# "auto" is "consensus" under client-held duals and "previous" under server-held ones
+LOCAL_INITS = ("auto", "previous", "center", "consensus")
 
 DEFAULTS: dict[str, Any] = {
     "api": "message",
@@ -54,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "rho-schedule": "constant",
     "rho-factor": 0.95,
     "relaxation": 1.0,
-    "local-init": "previous",
+    "local-init": "auto",
     "prox-step": "exact",
     "local-steps": 0,
     "local-epochs": 0,
@@ -88,7 +89,8 @@ HELP: dict[str, str] = {
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
-    "not with strategy fedadmm, whose server-held duals send z - u_i)",
+    "not with strategy fedadmm, whose server-held duals send z - u_i; auto: consensus with "
+    "client-held duals, else previous)",
     "prox-step": f"one of {list(PROX_STEPS)}",
     "local-steps": "integer >= 0 (local-steps = local-epochs = 0: task default)",
     "local-epochs": "integer >= 0 (local-steps = local-epochs = 0: task default)",

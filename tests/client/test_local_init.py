@@ -1,7 +1,8 @@
 """Where `ADMMClient`'s local solve starts: its last w_i, the center, or the received z.
 
 ``local_init="consensus"`` starts at the received z, as FedDyn's clients do; only
-client-held duals send z, so with server-held duals it is an error.
+client-held duals send z, so with server-held duals it is an error. The default,
+"auto", is "consensus" under client-held duals and "previous" under server-held ones.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _client(local_init: str) -> ADMMClient:
     )
 
 
-@pytest.mark.parametrize("local_init", ["previous", "center", "consensus"])
+@pytest.mark.parametrize("local_init", ["auto", "previous", "center", "consensus"])
 def test_the_second_round_starts_where_local_init_says(
     local_init: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -56,10 +57,37 @@ def test_the_second_round_starts_where_local_init_says(
     client.fit([z], {**CLIENT_DUALS, "server_round": 2, "admm-ack-round": 1})
     (_, _), (start, center) = starts
     assert not np.allclose(center, z)  # the client's dual moved its center off z
-    expected = {"previous": solved[0], "center": center, "consensus": z}[local_init]
+    expected = {"previous": solved[0], "center": center, "consensus": z, "auto": z}[local_init]
     np.testing.assert_array_equal(start, expected)
     for other in ({"previous": solved[0], "center": center, "consensus": z}).values():
         assert other is expected or not np.allclose(other, expected)  # three distinct starts
+
+
+def test_auto_is_the_default_and_starts_at_the_last_w_i_under_server_held_duals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _client("auto").local_init == "auto"
+    data = seed_data()
+    assert ADMMClient(seed_model(), data.X[0], data.y[0]).local_init == "auto"
+    starts: list[np.ndarray] = []
+    solved: list[np.ndarray] = []
+    solve = admm_client.penalized_local_solve
+
+    def recording(model: Any, start: Any, *args: Any, **kwargs: Any) -> Any:
+        starts.append(np.array(start[0]))
+        result = solve(model, start, *args, **kwargs)
+        solved.append(np.array(result.params[0]))
+        return result
+
+    monkeypatch.setattr(admm_client, "penalized_local_solve", recording)
+    client = _client("auto")
+    held = {"rho": 0.1, "local_steps": 5}
+    client.fit([np.full(D, 0.2)], {**held, "server_round": 1})
+    v = np.full(D, -0.3)  # server-held duals: the center v_i, never z
+    client.fit([v], {**held, "server_round": 2})
+    np.testing.assert_array_equal(starts[0], np.full(D, 0.2))  # a first round: at v_i
+    np.testing.assert_array_equal(starts[1], solved[0])  # then at the last w_i
+    assert not np.allclose(solved[0], v)
 
 
 def test_consensus_with_server_held_duals_is_refused() -> None:
@@ -70,8 +98,9 @@ def test_consensus_with_server_held_duals_is_refused() -> None:
     client.fit([np.zeros(D)], {"rho": 0.0, "local_steps": 2, "server_round": 1})
 
 
-def test_other_values_are_refused_naming_the_three() -> None:
-    with pytest.raises(ValueError, match=r"'previous', 'center', 'consensus'\], got 'zero'"):
+def test_other_values_are_refused_naming_the_four() -> None:
+    match = r"\['auto', 'previous', 'center', 'consensus'\], got 'zero'"
+    with pytest.raises(ValueError, match=match):
         _client("zero")
 
 

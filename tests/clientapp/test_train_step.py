@@ -145,7 +145,8 @@ def test_client_held_duals_round_trip_by_hand() -> None:
     for name in CENTER:
         u = w1[name] - z[name]  # u += w1 - z^2 (z unchanged here)
         np.testing.assert_array_equal(second.center[name], z[name] - u)
-        np.testing.assert_array_equal(second.start()[name], w1[name])
+        np.testing.assert_array_equal(second.start()[name], z[name])  # "auto": z here
+        np.testing.assert_array_equal(second.start(init="previous")[name], w1[name])
         np.testing.assert_array_equal(second.start(init="center")[name], z[name] - u)
         np.testing.assert_array_equal(second.start(init="consensus")[name], z[name])
     w2 = trained(2.0)
@@ -185,7 +186,7 @@ def test_start_names_the_init_and_needs_z_for_consensus() -> None:
         second.start(init="consensus")
     with pytest.raises(ValueError, match=r"warm / init: warm=True means init='previous'"):
         second.start(init="center", warm=True)
-    with pytest.raises(ValueError, match=r"init: must be one of \['previous', 'center'"):
+    with pytest.raises(ValueError, match=r"init: must be one of \['auto', 'previous', 'center'"):
         second.start(init="zero")  # type: ignore[arg-type]
     # FedProx / rho = 0: the received arrays are the model itself, as ADMMClient starts
     for config in ({"proximal-mu": 0.3}, {"rho": 0.0}):

@@ -62,7 +62,9 @@ from flwr_admm.protocol import (
 from flwr_admm.server.checkpoint import CheckpointError
 from flwr_admm.testing import make_proxies, run_rounds
 
-CLIENT = {"local_steps": 20, "learning_rate": 1.0}
+# Both sides start the local solve at the client's last w_i, so that client-held duals
+# give server-held FedADMM's iterates (FedADMMClientDuals' default, "auto", starts at z)
+CLIENT = {"local_steps": 20, "learning_rate": 1.0, "local_init": "previous"}
 PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 10}
 
 

@@ -31,7 +31,9 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 
-CLIENT = {"local_steps": 20, "learning_rate": 1.0}
+# Both sides start the local solve at the client's last w_i, so that client-held duals
+# give server-held FedADMM's iterates (FedADMMClientDuals' default, "auto", starts at z)
+CLIENT = {"local_steps": 20, "learning_rate": 1.0, "local_init": "previous"}
 PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 10}
 
 
@@ -132,7 +134,9 @@ def test_partial_participation_converges() -> None:
 
 @pytest.mark.parametrize(
     ("faults", "expected"),
-    [({3: {3: "lost", 4: "lost"}}, 11), ({4: {6: "wipe"}}, 12), ({7: {5: "replay"}}, 10)],
+    # measured with ADMMClient's default start ("auto": z under client-held duals);
+    # from the client's last w_i ("previous") the lost replies take 11
+    [({3: {3: "lost", 4: "lost"}}, 12), ({4: {6: "wipe"}}, 12), ({7: {5: "replay"}}, 10)],
     ids=["lost replies", "lost state (resync)", "replay"],
 )
 def test_faults_with_acceleration_still_converge(

@@ -255,7 +255,7 @@ def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:
         assert admm.consensus is None
         with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*FedADMMClientDuals"):
             admm.start(init="consensus")
-    with pytest.raises(ValueError, match=r"init: must be one of \['previous', 'center'"):
+    with pytest.raises(ValueError, match=r"init: must be one of \['auto', 'previous', 'center'"):
         legacy.start(init="zero")  # type: ignore[arg-type]
     legacy.start(init="center", warm=False)  # the same start twice: fine
     # FedProx, FedAvg, rho = 0: the received model is z; ADMMClient starts there too
