@@ -320,23 +320,23 @@ class ConsensusADMM:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_hat = self.rho, self.z
-        with single_thread_blas():
+        with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats, norms = self._update(rnd, ordered)
-        z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz or []))  # s, c_k
-        # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
-        report = round_report(
-            ordered,
-            self.z,
-            dz_sq,
-            stats,
-            self.sums,
-            rho=rho,
-            eps_abs=self.eps_abs,
-            eps_rel=self.eps_rel,
-            regularizer=self.regularizer,
-            num_clients_cached=len(self.records),
-            z_sq=z_sq,
-        )
+            z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz or []))  # s, c_k
+            # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
+            report = round_report(
+                ordered,
+                self.z,
+                dz_sq,
+                stats,
+                self.sums,
+                rho=rho,
+                eps_abs=self.eps_abs,
+                eps_rel=self.eps_rel,
+                regularizer=self.regularizer,
+                num_clients_cached=len(self.records),
+                z_sq=z_sq,
+            )
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)

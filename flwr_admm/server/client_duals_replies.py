@@ -337,15 +337,15 @@ def z_round(
     z, contribution_sum, momentum = state.z, state.contribution_sum, state.momentum
     assert z is not None and contribution_sum is not None
     z_hat = [t.copy() for t in z] if momentum is not None else z
-    with single_thread_blas():
+    with single_thread_blas():  # the norms too: a threaded dot sums in its own order
         dz_sq = z_step(z, contribution_sum, weight, state.regularizer, state.rho)
-    metrics, converged = round_residuals(
-        stats, z, dz_sq, state.rho, state.eps_abs, state.eps_rel, state.regularizer
-    )
-    if momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
-        sums = fast_admm_sums(stats, contribution_sum, state.total_examples, num_clients, stale)
-        _, z = extrapolate(momentum, z, z_hat, dz_sq, sums, state.rho)
-        metrics[NUM_RESTARTS] = momentum.restarts
+        metrics, converged = round_residuals(
+            stats, z, dz_sq, state.rho, state.eps_abs, state.eps_rel, state.regularizer
+        )
+        if momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
+            sums = fast_admm_sums(stats, contribution_sum, state.total_examples, num_clients, stale)
+            _, z = extrapolate(momentum, z, z_hat, dz_sq, sums, state.rho)
+            metrics[NUM_RESTARTS] = momentum.restarts
     return z, metrics, converged
 
 

@@ -342,3 +342,30 @@ def test_a_0d_tensor_moves_like_a_1_element_vector_under_partial_participation(
         return float(np.ravel(admm.z[0])[0])
 
     assert run(()) == run((1,))
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_the_round_report_does_not_depend_on_the_blas_thread_count(kernels: str) -> None:
+    """The residuals (and so rho's schedule) are summed single-threaded, in a fixed order.
+
+    A threaded BLAS dot over a tensor this large sums in its own order per thread count,
+    so the report's ||z - z'|| changed in the last bits with the caller's BLAS threads.
+    """
+    if kernels == "numba":
+        pytest.importorskip("numba")
+    from threadpoolctl import threadpool_limits
+
+    def reports(threads: int) -> list[tuple[float, ...]]:
+        admm = ConsensusADMM([np.zeros(300_000)], rho=1.0, kernels=kernels)
+        rng = np.random.default_rng(1)
+        out = []
+        for k in range(3):
+            replies = [Reply(f"c{i}", [rng.normal(size=300_000)], 10 + i) for i in range(4)]
+            with threadpool_limits(threads):
+                report = admm.step(replies, k + 1)
+            out.append(
+                (report.primal_residual, report.dual_residual, report.eps_primal, report.eps_dual)
+            )
+        return out
+
+    assert reports(1) == reports(2)
