@@ -50,12 +50,12 @@ import time
 from functools import partial
 from typing import Any
 
-import numpy as np
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import (
     BLAS_THREADS,
     base_parser,
+    copy_bandwidth,
     format_table,
     quiet_flower,
     settle_allocator,
@@ -66,18 +66,6 @@ from benchmarks.server_setup import FLOAT, SAMPLED
 from benchmarks.stream_floor import stream_floor_seconds
 from flwr_admm import FedADMM
 from flwr_admm.core.backend import compiled, numba_installed
-
-
-def copy_bandwidth(num_bytes: int, repeats: int) -> float:
-    """Return bytes moved per second (read + write) by the best of `repeats` np.copyto."""
-    source = np.ones(num_bytes // FLOAT)
-    target = np.zeros_like(source)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        best = min(best, time.perf_counter() - started)
-    return 2 * source.nbytes / best
 
 
 def bytes_per_reply(

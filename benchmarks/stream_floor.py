@@ -39,7 +39,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from benchmarks.common import BLAS_THREADS, base_parser, quiet_flower, settle_allocator, write_json
+from benchmarks.common import (
+    BLAS_THREADS,
+    base_parser,
+    copy_bandwidth,
+    quiet_flower,
+    settle_allocator,
+    write_json,
+)
 from benchmarks.server_setup import SAMPLED, prepared_fedadmm
 from flwr_admm import FedADMM
 from flwr_admm.core.backend import FUSED_BLOCK, compiled
@@ -221,14 +228,7 @@ def stream_rates(num_parameters: int, repeats: int) -> dict[str, float]:
                 kernel(*arrays[j : j + width])
             best = min(best, time.perf_counter() - started)
         rates[label] = (len(arrays) // width) * moved * nbytes / best
-    source = np.ones(2**25)
-    target = np.zeros_like(source)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        best = min(best, time.perf_counter() - started)
-    rates["np.copyto 256 MiB"] = 2 * source.nbytes / best
+    rates["np.copyto 256 MiB"] = copy_bandwidth(256 * 2**20, repeats)
     return rates
 
 
