@@ -20,7 +20,6 @@ so that compressed replies go out as packed bytes.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -28,6 +27,7 @@ from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters
 from numpy.typing import NDArray
 
 from flwr_admm.client import client_duals, peers
+from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.client.secagg import SecureRound, secure_reply
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
@@ -59,22 +59,6 @@ from flwr_admm.protocol import (
     STATE_W,
 )
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
-
-LocalInit = Literal["auto", "previous", "center", "consensus"]
-LOCAL_INITS = ("auto", "previous", "center", "consensus")
-
-
-def resolved_init(local_init: str, client_held: bool) -> str:
-    """Return the start `local_init` means: "auto" is "consensus" where z is received.
-
-    Under client-held duals (`FedADMMClientDuals`, which sends z) "auto" starts at z,
-    FedDyn's start, measured better or equal on every case of
-    ``python -m benchmarks.client_start`` but one (one round more of 70); under
-    server-held duals (v_i only) "auto" is "previous", the client's own last w_i.
-    """
-    if local_init == "auto":
-        return "consensus" if client_held else "previous"
-    return local_init
 
 
 class ADMMClient(NumPyClient):

@@ -42,7 +42,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
-from flwr_admm.client.admm_client import LOCAL_INITS, LocalInit, resolved_init
+from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,

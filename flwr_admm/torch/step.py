@@ -52,7 +52,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from flwr_admm.client import client_duals
-from flwr_admm.client.admm_client import LocalInit, _ack_round, _flag
+from flwr_admm.client.admm_client import _ack_round, _flag
+from flwr_admm.client.local_init import LocalInit
 from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
