@@ -153,6 +153,8 @@ class TorchADMM:
         step = ADMMTrainStep.from_message(
             message, context, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key
         )
+        if step.duals is not None:  # client-held duals, as `from_parameters` checks them
+            _check_trainable_only(model, step.center)
         return cls(
             model,
             step.center,
@@ -218,12 +220,7 @@ class TorchADMM:
         """Client-held duals: pick the acknowledged state, u_i += w_i - z, v = z - u_i."""
         if self.rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {self.rho!r}")
-        others = sorted(set(self.received) - set(trainable_names(self.model)))
-        if others:
-            raise ValueError(
-                f"model: client-held duals (admm-duals='client') need every state_dict tensor "
-                f"to be a trainable parameter; buffers {others} found (use FedADMM)"
-            )
+        _check_trainable_only(self.model, self.received)
         if self.context is None:
             raise ValueError("context: client-held duals keep the dual in context.state")
         if ACCEL_GAMMA in self.config:
@@ -344,6 +341,20 @@ class TorchADMM:
         reported.update(client_duals.reply_metrics(state, self._begin, w, n, self._base.resync))
         client_duals.save_states(self.context.state, client_duals.KeptDuals(state, pending))
         return list(sent.arrays), n, reported
+
+
+def _check_trainable_only(model: torch.nn.Module, names: Mapping[str, Any]) -> None:
+    """Refuse client-held duals for a model with buffers (a dual on a statistic drifts).
+
+    A dual on a BatchNorm statistic would only accumulate the clients' spread: every
+    ``state_dict`` tensor must be a trainable parameter, else ValueError (use FedADMM).
+    """
+    others = sorted(set(names) - set(trainable_names(model)))
+    if others:
+        raise ValueError(
+            f"model: client-held duals (admm-duals='client') need every state_dict tensor "
+            f"to be a trainable parameter; buffers {others} found (use FedADMM)"
+        )
 
 
 def _legacy_previous(context: Context | None, received: Named) -> Named | None:

@@ -198,6 +198,11 @@ def test_refuses_other_tensors_and_bad_settings() -> None:
             {"rho": 1.0, "admm-duals": "client"},
             context(),
         )
+    # the Message API refuses a model with buffers under client-held duals alike
+    message = train_message(state_arrays(cnn()), **{"rho": 1.0, "admm-duals": "client"})
+    message.content["config"]["server-round"] = 1
+    with pytest.raises(ValueError, match=r"buffers \['.*running_mean"):
+        TorchADMM.from_message(cnn(), message, context())
 
 
 # ------------------------------------------------- where the local solve starts
