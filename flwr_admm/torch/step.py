@@ -10,7 +10,7 @@ computed here from the dual kept in ``context.state`` under `FedADMMClientDuals`
 penalty under FedAvg. Inside the user's own loop::
 
     admm = TorchADMM.from_message(model, msg, context)      # or .from_parameters(...)
-    admm.start()                       # load the start into `model` (init="previous")
+    admm.start()                       # load the start into `model` (init="auto")
     for x, y in batches:
         optimizer.zero_grad()
         loss = criterion(model(x), y) + admm.penalty_term()   # 0 in "prox" mode
@@ -246,10 +246,10 @@ class TorchADMM:
         Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
         (``init="previous"``; v in a first round), at v ("center") or at the received z
         ("consensus": client-held duals only, else ValueError); "auto" (the default) is
-        "consensus" under client-held duals, else "previous". Every
-        other tensor, and every tensor under FedProx, FedAvg or rho = 0, starts at the
-        received values. ``warm=True`` / ``False`` (older spelling) is "previous" /
-        "center"; given with a different `init`, a ValueError.
+        "consensus" under client-held duals, else "previous". Every other tensor, and
+        every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
+        ``warm=True`` / ``False`` (older spelling) is "previous" / "center"; given with
+        a different `init`, a ValueError.
         """
         source = start_source(
             local_init_of(init, warm),
