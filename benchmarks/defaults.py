@@ -45,6 +45,16 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "relaxation": 1.6,
     },
     "defaults": {},
+    # the deep-net candidates (docs/torch.md): no over-relaxation, no acceleration, a
+    # damped dual step gamma, rho0 = 0.1 or 1
+    "RB gamma 0.2": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.2},
+    "RB gamma 0.2 rho 0.1": {
+        **PLAIN,
+        "rho_schedule": ResidualBalancing(),
+        "dual_step": 0.2,
+        "rho": 0.1,
+    },
+    "RB gamma 0.5": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.5},
     # z_average="replies" (docs/peers.md): the z-step averages this round's replies
     # only; identical to the row above it with every client replying.
     "RB alpha 1.6 z-replies": {

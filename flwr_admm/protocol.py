@@ -38,11 +38,17 @@ DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
 HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
+# Message-API FedADMM: the reply of our client helpers (1: the solve started at the
+# received z, 0: elsewhere, as asked). A reply without it comes from a stock FedProx
+# handler, which starts at v_i and would feed its dual back into its drift: its dual is
+# held at 0, so the node runs FedProx's step around z.
+START_MARK = "admm-started-at-z"
 
 # ------------------------------------------------------------- round metrics
 NUM_FAILURES = "num_failures"
 NUM_REJECTED = "num_rejected"
 NUM_RESYNCED = "num_resynced"
+NUM_STOCK_REPLIES = "num_stock_replies"  # FedADMM: replies without START_MARK (dual held at 0)
 NUM_STATE_MISMATCH = "num_state_mismatch"
 UPLINK_BYTES = "uplink_bytes"
 DP_EPSILON = "dp_epsilon"
@@ -129,6 +135,10 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
     SERVER_ROUND,
     MODE_KEY,
 )
+# Message-API FedADMM (server-held duals): the ArrayRecord of the server's point z, the
+# start of the local solve, next to the center v_i = z - u_i under ``arrays``. A solve
+# started at the far center feeds the dual back into its own drift (docs/torch.md).
+START_RECORD = "admm-start"
 # Message-API client-held duals: the reply's ArrayRecord of the full share sigma_i'
 # (sent with ``admm-rebuild = 1``), next to Delta_i under ``arrays`` (arrayrecord_key).
 SHARE_RECORD = "admm-share"

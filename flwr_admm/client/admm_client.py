@@ -190,7 +190,7 @@ class ADMMClient(NumPyClient):
             rho = _nonnegative(config[RHO], RHO)
             # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
             # FedAvg's step starts at the received z (v_i = z when y_i = 0).
-            init = resolved_init(self.local_init, client_held=False)
+            init = resolved_init(self.local_init, z_received=False)
             if init == "consensus" and rho > 0:  # server-held duals send no z
                 raise ValueError("local_init: 'consensus' needs z: FedADMMClientDuals only")
             warm = init == "previous" and rho > 0
@@ -245,7 +245,7 @@ class ADMMClient(NumPyClient):
         base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
         state = base.state
         begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
-        init = resolved_init(self.local_init, client_held=True)
+        init = resolved_init(self.local_init, z_received=True)
         previous = state.w if state is not None and init == "previous" else None
         origin = z if init == "consensus" else begin.center  # z: FedDyn's start
         start = [t.copy() for t in previous] if previous is not None else origin

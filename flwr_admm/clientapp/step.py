@@ -24,10 +24,10 @@ runs the client-held-dual protocol: `from_message` picks the acknowledged state 
 ``context.state`` and updates u_i (``center`` = z^k - u_i, ``consensus`` = the received
 z^k), and `reply` sends Delta_i and keeps the states (pass `context`).
 
-Where the local solve starts is `ADMMClient`'s ``local_init`` (`start`'s ``init``):
-"previous" (w_i), "center" (v_i) or "consensus" (z, as FedDyn's clients; client-held
-duals only: server-held FedADMM sends v_i, never z); "auto", the default, is
-"consensus" under client-held duals and "previous" otherwise.
+Where the local solve starts is `ADMMClient`'s ``local_init`` (`start`'s ``init``,
+`flwr_admm.client.local_init`): "previous" (w_i), "center" (v_i) or "consensus" (the
+received z: FedADMM sends it under ``admm-start`` next to v_i, client-held duals send
+z itself); "auto", the default, is "consensus" wherever z is received.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,8 @@ from flwr_admm.protocol import (
     NUM_EXAMPLES,
     PARTITION_ID,
     RHO,
+    START_MARK,
+    START_RECORD,
 )
 
 __all__ = [
@@ -136,20 +138,20 @@ def start_source(
     """Return the tensors the local solve starts from, for `init` (`ADMMClient`'s rule).
 
     FedADMM with rho > 0: the previous w_i ("previous", when kept), v_i ("center",
-    and "previous" in a first round) or the received z ("consensus": `consensus`, which
-    only client-held duals have); "auto" is "consensus" when `consensus` is given, else
-    "previous". Otherwise (FedProx, FedAvg, rho = 0) the received arrays: no penalty
-    ties w to z, so a warm start would ignore it.
+    and "previous" in a first round) or the received z ("consensus": `consensus`, sent
+    by FedADMM under ``admm-start`` and by client-held duals); "auto" is "consensus"
+    when `consensus` is given, else "previous". Otherwise (FedProx, FedAvg, rho = 0)
+    the received arrays: no penalty ties w to z, so a warm start would ignore it.
     """
     if not (admm and rho > 0):
         return center
-    init = resolved_init(init, client_held=consensus is not None)  # type: ignore[assignment]
+    init = resolved_init(init, z_received=consensus is not None)  # type: ignore[assignment]
     if init == "consensus":
         if consensus is None:
             raise ValueError(
                 "local_init / init: 'consensus' starts the local solve at the received z, "
-                "which only FedADMMClientDuals (admm-duals = 'client') sends; server-held "
-                "FedADMM sends v_i = z - u_i (use 'previous' or 'center')"
+                f"which this message does not carry (no {START_RECORD!r} record and not "
+                "client-held duals): use 'auto', 'previous' or 'center'"
             )
         return consensus
     if init == "previous" and previous is not None:
@@ -256,8 +258,9 @@ class ADMMTrainStep:
         acknowledged state and the updated dual u_i; `center` is then z^k - u_i,
         `previous` the acknowledged w_i, and `reply` sends Delta_i and keeps the states.
     consensus : dict or None
-        The received z^k by name, float64, under client-held duals (the start of
-        ``init="consensus"``); None otherwise (server-held FedADMM sends no z).
+        The received z^k by name, float64 (the start of ``init="consensus"``): the
+        ``admm-start`` record under FedADMM, the received arrays under client-held
+        duals; None when the message carries no z.
 
     """
 
@@ -272,6 +275,7 @@ class ADMMTrainStep:
     configrecord_key: str = "config"
     duals: DualsRound | None = None
     consensus: Named | None = None
+    started: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_message(
@@ -304,6 +308,19 @@ class ADMMTrainStep:
             previous = None if state is None else dict(zip(names, state.w, strict=True))
             consensus = center  # z^k (z^_(k+1) under fast ADMM): init="consensus"
             center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i
+        elif START_RECORD in message.content.array_records:  # server-held: z next to v_i
+            start = message.content.array_records[START_RECORD]
+            if list(start.keys()) != list(center):
+                raise ValueError(
+                    f"{START_RECORD}: expected tensors {list(center)}, got {list(start.keys())}"
+                )
+            consensus = {n: np.asarray(start[n].numpy(), dtype=np.float64) for n in center}
+            for name, value in consensus.items():
+                if value.shape != center[name].shape:
+                    raise ValueError(
+                        f"{START_RECORD}[{name!r}]: expected shape {center[name].shape}, "
+                        f"got {value.shape}"
+                    )
         return cls(
             message=message,
             center=center,
@@ -323,8 +340,8 @@ class ADMMTrainStep:
 
         `init` is `ADMMClient`'s ``local_init``: "previous" (the node's previous w_i
         under FedADMM with rho > 0; v_i in a first round), "center" (v_i), "consensus"
-        (the received z; client-held duals only, else ValueError) or "auto" (default:
-        "consensus" under client-held duals, else "previous"). FedProx, FedAvg and
+        (the received z; ValueError if the message has none) or "auto" (default:
+        "consensus" when z is received, else "previous"). FedProx, FedAvg and
         rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older spelling)
         is "previous" / "center".
         """
@@ -336,7 +353,19 @@ class ADMMTrainStep:
             previous=self.previous,
             consensus=self.consensus,
         )
+        self.started["at_z"] = source is self.consensus  # the reply's START_MARK
         return {name: a.copy() for name, a in source.items()}
+
+    def mark(self, metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Return `metrics` with START_MARK under server-held FedADMM (1: started at z).
+
+        A FedADMM reply without the mark comes from a stock FedProx handler, whose dual
+        the server holds at 0 (`flwr_admm.serverapp.FedADMM`).
+        """
+        marked = dict(metrics or {})
+        if self.admm and self.duals is None:
+            marked[START_MARK] = int(self.started.get("at_z", False))
+        return marked
 
     def reply(
         self,
@@ -369,7 +398,7 @@ class ADMMTrainStep:
             self.message,
             arrays,
             num_examples,
-            metrics,
+            self.mark(metrics),
             context,
             arrayrecord_key=self.arrayrecord_key,
             configrecord_key=self.configrecord_key,

@@ -34,6 +34,7 @@ from flwr_admm.core.types import (
     Reply,
     RoundReport,
     StateDtype,
+    check_dual_step,
     check_relaxation,
     check_rho,
     check_state_dtype,
@@ -71,7 +72,7 @@ class ConsensusADMM:
         z'    = prox_{g / rho_bar}( sum_i p_i (rho_i w^_i + y_i) / rho_bar ),
                 rho_bar = sum_i p_i rho_i, over every client seen so far (stale w_i,
                 y_i of clients not sampled this round keep counting, unrelaxed)
-        y_i  += rho_i (w^_i - z')                                (replying clients)
+        y_i  += gamma rho_i (w^_i - z')                          (replying clients)
 
     With uniform rho and alpha = 1 this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)),
     u_i += w_i - z'; alpha = 1.5-1.8 often converges faster. Keeping y instead of u
@@ -111,6 +112,10 @@ class ConsensusADMM:
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
         z-step over every cached w_i or the round's replies (`flwr_admm.core.z_average`).
+    dual_step : float
+        The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
+        step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's
+        feedback into its own dual (Glowinski's dual step, here kept <= 1).
     state_dtype : {"float64", "float32"}
         Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
         the running sums stay float64. "float32" halves that state's memory and
@@ -141,6 +146,7 @@ class ConsensusADMM:
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
+    dual_step: float = 1.0
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
@@ -159,6 +165,7 @@ class ConsensusADMM:
         check_tolerances(self.eps_abs, self.eps_rel)
         self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
+        self.dual_step = check_dual_step(self.dual_step)
         self._compact = check_state_dtype(self.state_dtype) == np.float32
         self._fused = check_kernels(self.kernels)
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
@@ -313,6 +320,24 @@ class ConsensusADMM:
             self.sums.recompute(self.records)
         return gone
 
+    def reset_duals(self, keys: Collection[str]) -> list[str]:
+        """Set y_i = 0 for clients `keys` between rounds (their S_y share goes too).
+
+        For clients that do not solve the ADMM step (a stock FedProx handler): their
+        center v_i is then z, their step FedProx's. Return the keys that were known.
+        """
+        if self._round is not None:
+            raise ValueError("reset_duals: a round is open; call finish() or cancel() first")
+        held = sorted((k for k in set(keys) if k in self.records), key=natural_key)
+        for key in held:
+            for y in self.records[key].y:
+                y.fill(0.0)
+        if self.fast is not None:
+            self.fast.forget(held)
+        if held:
+            self.sums.recompute(self.records)
+        return held
+
     def finish(self, server_round: int) -> RoundReport:
         """Close the round: z-step, dual step, residuals, next rho."""
         rnd, self._round = self._round, None
@@ -377,7 +402,7 @@ class ConsensusADMM:
             self.sums,
             shares,
             weight,
-            rho=self.rho,
+            rho=self.rho * self.dual_step,  # y_i += gamma rho_i (...): the dual step size
             relaxation=self.relaxation,
             fused=self._fused,
         )

@@ -25,6 +25,7 @@ from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
     "DEFAULT_ACCELERATION",
+    "DEFAULT_DUAL_STEP",
     "DEFAULT_RELAXATION",
     "SETTING_VIEWS",
     "ConsensusSettings",
@@ -39,6 +40,7 @@ __all__ = [
 # over-relaxation 1.6. With rho = 0 (FedAvg) they fall back to Constant and 1.
 DEFAULT_ACCELERATION = "nesterov"
 DEFAULT_RELAXATION = 1.6
+DEFAULT_DUAL_STEP = 1.0
 
 T = TypeVar("T")
 
@@ -80,6 +82,8 @@ class ConsensusSettings:
         The z-step averages the last w_i of every client seen ("cached", the
         textbook step) or only this round's replies ("replies", as FedDyn's server;
         `flwr_admm.core.z_average`). The same with every client replying.
+    dual_step : float
+        The dual step gamma in (0, 1] (`ConsensusADMM`); 1 is the textbook step.
 
     Raises
     ------
@@ -100,6 +104,7 @@ class ConsensusSettings:
     state_dtype: StateDtype = "float64"
     kernels: Kernels = "auto"
     z_average: ZAverage = "cached"
+    dual_step: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -114,6 +119,7 @@ class ConsensusSettings:
         self.new_admm([np.zeros(1)])
         object.__setattr__(self, "rho", float(self.rho))
         object.__setattr__(self, "relaxation", float(self.relaxation))
+        object.__setattr__(self, "dual_step", float(self.dual_step))
 
     def new_admm(self, z: Arrays) -> ConsensusADMM:
         """Start a fresh numpy core at consensus `z` with these settings."""
@@ -131,6 +137,7 @@ class ConsensusSettings:
             state_dtype=self.state_dtype,
             kernels=self.kernels,
             z_average=self.z_average,
+            dual_step=self.dual_step,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -151,6 +158,7 @@ class ConsensusSettings:
             "state_dtype": self.state_dtype,
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
+            **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
         }
 
 

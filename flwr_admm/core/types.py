@@ -71,6 +71,18 @@ def check_relaxation(alpha: object) -> float:
     return float(alpha)
 
 
+def check_dual_step(gamma: object) -> float:
+    """Return gamma as a float; ValueError unless it is a number in (0, 1].
+
+    y_i += gamma rho_i (w_i - z'): a dual step shorter than rho keeps the fixed point
+    (w_i = z, sum_i p_i y_i = -grad g) and damps the feedback a noisy local solve puts
+    into its own dual. 1 is the textbook step.
+    """
+    if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0 < gamma <= 1):
+        raise ValueError(f"dual_step: must be a number in (0, 1], got {gamma!r}")
+    return float(gamma)
+
+
 def check_state_dtype(state_dtype: object) -> np.dtype[np.floating]:
     """Return the numpy dtype of `state_dtype`; ValueError unless it is in STATE_DTYPES."""
     if not isinstance(state_dtype, str) or state_dtype not in STATE_DTYPES:

@@ -39,6 +39,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import RhoSchedule
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
+    DEFAULT_DUAL_STEP,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
@@ -106,6 +107,9 @@ class FedADMM(ConsensusStrategy):
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
         (docs/peers.md), the same with every client replying. Fingerprinted if set.
+    dual_step : float
+        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); as the Message-API
+        `flwr_admm.serverapp.FedADMM`.
     stop_on_convergence : bool
         Sample no clients once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -178,6 +182,7 @@ class FedADMM(ConsensusStrategy):
         state_dtype: StateDtype = "float64",
         kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
+        dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -221,6 +226,7 @@ class FedADMM(ConsensusStrategy):
             state_dtype=state_dtype,
             kernels=kernels,
             z_average=z_average,
+            dual_step=dual_step,
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent

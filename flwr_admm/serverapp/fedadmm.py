@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from functools import partial
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,6 +18,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
+    DEFAULT_DUAL_STEP,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
@@ -32,8 +33,11 @@ from flwr_admm.protocol import (
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
     NUM_RESYNCED,
+    NUM_STOCK_REPLIES,
     PAYLOAD_RECORD,
     RHO,
+    START_MARK,
+    START_RECORD,
 )
 from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
@@ -123,6 +127,10 @@ class FedADMM(ConsensusStrategy):
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
         (docs/peers.md), the same with every client replying. Fingerprinted if set.
+    dual_step : float
+        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook
+        step. The default damps the feedback a noisy local solve (momentum SGD,
+        minibatches) puts into its own dual (docs/torch.md); the fixed point is the same.
     stop_on_convergence : bool
         Sample no nodes once r <= eps_pri and s <= eps_dual.
     sampling_seed : int or None
@@ -194,6 +202,7 @@ class FedADMM(ConsensusStrategy):
         state_dtype: StateDtype = "float64",
         kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
+        dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -244,11 +253,14 @@ class FedADMM(ConsensusStrategy):
             state_dtype=state_dtype,
             kernels=kernels,
             z_average=z_average,
+            dual_step=dual_step,
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # node id -> key whose center it got
         self._sent_rho: dict[str, float] = {}  # node id -> the rho_i of that center
+        self._stock: set[str] = set()  # keys whose reply has no START_MARK this round
+        self._warned: set[str] = set()  # stock keys logged once
         self._resume(resume)
 
     def summary(self) -> None:
@@ -264,7 +276,7 @@ class FedADMM(ConsensusStrategy):
     def _train_messages(
         self, sampled: list[int], arrays: ArrayRecord, user: dict[str, Any], server_round: int
     ) -> list[Message]:
-        """Send each sampled node its center v_i = z - y_i / rho_i and rho_i."""
+        """Send each sampled node its center v_i = z - y_i / rho_i, rho_i and z (the start)."""
         assert self.admm is not None
         admm, messages = self.admm, []
         user = {**user, **self.channel.config()}
@@ -282,6 +294,8 @@ class FedADMM(ConsensusStrategy):
                 self.arrayrecord_key: payload,
                 self.configrecord_key: node_config,
             }
+            if rho_i > 0:  # x = z: where our client helpers start the local solve
+                records[START_RECORD] = arrays
             messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
                 Message(
                     RecordDict(records),
@@ -320,6 +334,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         self.admm.begin(keys)
         self._split().begin()
+        self._stock = set()
 
     def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
         """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
@@ -350,6 +365,8 @@ class FedADMM(ConsensusStrategy):
         if not split.finite(r.arrays):  # the core checks the consensus tensors only
             self._reject(r.key, NON_FINITE, counts)
             return None
+        if self.admm.rho > 0 and START_MARK not in r.metrics:
+            self._stock.add(r.key)
         sq_norm = r.sq_norm if split.trivial else None
         return Reply(r.key, split.consensus(r.arrays), r.num_examples, r.loss, sq_norm), r.arrays
 
@@ -359,7 +376,22 @@ class FedADMM(ConsensusStrategy):
         report = self.admm.finish(server_round)
         self._split().finish()
         self.converged = report.converged
-        return {**report_metrics(report), **self.channel.round_metrics(aggregated=True)}
+        held = self.admm.reset_duals(self._stock)  # stock FedProx handlers: y_i = 0
+        for key in sorted(set(held) - self._warned):
+            log(
+                WARNING,
+                "FedADMM: %s replied without %r (a stock FedProx handler, which starts at "
+                "its center): its dual is held at 0, so it runs FedProx's step around z; "
+                "flwr_admm.torch.TorchADMM or flwr_admm.clientapp.ADMMTrainStep run ADMM",
+                key,
+                START_MARK,
+            )
+            self._warned.add(key)
+        return {
+            **report_metrics(report),
+            NUM_STOCK_REPLIES: len(held),
+            **self.channel.round_metrics(aggregated=True),
+        }
 
     def _discard_round(self) -> dict[str, Any]:
         assert self.admm is not None

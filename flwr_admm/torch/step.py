@@ -33,8 +33,9 @@ exact objective; `after_step` does nothing.
 Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
 start where `start`'s ``init`` says (`ADMMClient`'s ``local_init``): the node's
 previous w_i ("previous", the warm start), v ("center") or the received z
-("consensus", as FedDyn's clients; client-held duals only, the one mode that receives
-z); "auto" (default) is "consensus" under client-held duals, else "previous". Every
+("consensus", as FedDyn's clients: the Message-API FedADMM sends z under
+``admm-start``, client-held duals send z itself); "auto" (default) is "consensus"
+wherever z is received, else "previous" (the legacy server-held API). Every
 other tensor (BatchNorm statistics, ``num_batches_tracked``) is loaded from the
 received model: the server's ``tensor_policy`` decides what it holds
 (`flwr_admm.core.tensor_policy`).
@@ -103,8 +104,9 @@ class TorchADMM:
     previous : dict or None
         The node's last w_i (all tensors, float64), if its names and shapes match.
     consensus : dict or None
-        The received z (float64) under client-held duals, where `received` becomes
-        v_i = z - u_i: the start of ``init="consensus"``. None otherwise.
+        The received z (float64): FedADMM's ``admm-start`` record, or z under
+        client-held duals (where `received` becomes v_i = z - u_i); the start of
+        ``init="consensus"``. None when no z is received.
 
     """
 
@@ -245,8 +247,8 @@ class TorchADMM:
 
         Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
         (``init="previous"``; v in a first round), at v ("center") or at the received z
-        ("consensus": client-held duals only, else ValueError); "auto" (the default) is
-        "consensus" under client-held duals, else "previous". Every other tensor, and
+        ("consensus": ValueError if none was received); "auto" (the default) is
+        "consensus" wherever z is received, else "previous". Every other tensor, and
         every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
         ``warm=True`` / ``False`` (older spelling) is "previous" / "center"; given with
         a different `init`, a ValueError.
@@ -259,6 +261,8 @@ class TorchADMM:
             previous=self.previous,
             consensus=self.consensus,
         )
+        if self.train_step is not None:  # the reply's START_MARK: did we start at z?
+            self.train_step.started["at_z"] = source is self.consensus
         values = dict(self.received)
         for name in trainable_names(self.model):
             values[name] = source[name]

@@ -67,7 +67,9 @@ def test_train_handler_computes_what_admm_client_computes() -> None:
         reply = app(message(received, **config), ours)
         arrays, n, metrics = legacy_fit(theirs, received, legacy_config)
         np.testing.assert_array_equal(reply.content["arrays"]["0"].numpy(), arrays[0])
-        assert dict(reply.content["metrics"]) == {**metrics, "num-examples": n}
+        # + the mark of a client that solves FedADMM's step (from its own last w_i)
+        mark = {"admm-started-at-z": 0} if "rho" in config else {}
+        assert dict(reply.content["metrics"]) == {**metrics, "num-examples": n, **mark}
         assert reply.metadata.dst_node_id == 1
 
 

@@ -177,12 +177,12 @@ def test_start_names_the_init_and_needs_z_for_consensus() -> None:
     step = ADMMTrainStep.from_message(train_message(rho=0.3, **{"server-round": 1}), ctx)
     step.reply(trained(2.0), 10, context=ctx)
     second = ADMMTrainStep.from_message(train_message(trained(5.0), rho=0.3), ctx)
-    assert second.consensus is None  # server-held duals send v_i = z - u_i, not z
+    assert second.consensus is None  # no admm-start record: only v_i = z - u_i arrived
     assert second.start(init="previous")["fc.bias"][0] == second.start(warm=True)["fc.bias"][0]
     assert (
         second.start(init="center")["fc.bias"][0] == 5.25 == second.start(warm=False)["fc.bias"][0]
     )
-    with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*FedADMMClientDuals"):
+    with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*'admm-start'"):
         second.start(init="consensus")
     with pytest.raises(ValueError, match=r"warm / init: warm=True means init='previous'"):
         second.start(init="center", warm=True)
@@ -192,3 +192,39 @@ def test_start_names_the_init_and_needs_z_for_consensus() -> None:
     for config in ({"proximal-mu": 0.3}, {"rho": 0.0}):
         step = ADMMTrainStep.from_message(train_message(trained(5.0), **config), ctx)
         assert step.start(init="consensus")["fc.bias"][0] == 5.25
+
+
+def start_message(
+    center: dict[str, np.ndarray], z: dict[str, np.ndarray], **config: Any
+) -> Message:
+    """A FedADMM message: v_i under arrays, z under admm-start."""
+    message = train_message(center, **config)
+    message.content.array_records["admm-start"] = named(z)
+    return message
+
+
+def test_auto_starts_at_the_received_z_and_marks_the_reply() -> None:
+    """FedADMM sends z next to v_i: auto starts there; the reply says so (admm-started-at-z)."""
+    ctx, z = context(), trained(1.0)
+    step = ADMMTrainStep.from_message(start_message(trained(5.0), z, rho=0.3), ctx)
+    assert step.consensus is not None
+    np.testing.assert_array_equal(step.start()["fc.bias"], z["fc.bias"])  # not v_i (5.25)
+    np.testing.assert_array_equal(step.center["fc.bias"], trained(5.0)["fc.bias"])
+    assert step.reply(trained(2.0), 10, context=ctx).content["metrics"]["admm-started-at-z"] == 1
+    step.start(init="center")  # the user's own choice: still a helper's reply, mark 0
+    assert step.reply(trained(2.0), 10, context=ctx).content["metrics"]["admm-started-at-z"] == 0
+    # FedProx / FedAvg replies carry no mark: only FedADMM reads it
+    fedprox = ADMMTrainStep.from_message(train_message(**{"proximal-mu": 0.3}), ctx)
+    fedprox.start()
+    assert "admm-started-at-z" not in fedprox.reply(trained(2.0), 10).content["metrics"]
+
+
+def test_a_start_record_with_other_tensors_is_refused() -> None:
+    z = trained(1.0)
+    with pytest.raises(ValueError, match=r"admm-start: expected tensors"):
+        ADMMTrainStep.from_message(
+            start_message(CENTER, {"fc.bias": z["fc.bias"]}, rho=0.3), context()
+        )
+    bad = {**z, "fc.bias": np.zeros(3)}
+    with pytest.raises(ValueError, match=r"admm-start\['fc.bias'\]: expected shape \(2,\)"):
+        ADMMTrainStep.from_message(start_message(CENTER, bad, rho=0.3), context())

@@ -12,6 +12,7 @@ from textbook import textbook_message_fedadmm
 
 from flwr_admm import StochasticQuantizer
 from flwr_admm.core import ConsensusADMM, Reply
+from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM
 
 Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "step": np.array(0.0)}
@@ -23,7 +24,9 @@ def w_of(i: int) -> dict[str, np.ndarray]:
 
 
 def good(i: int, **extra: Any) -> Any:
-    return reply(NODES[i], w_of(i), **{"num-examples": 10 * (i + 1), "partition-id": i, **extra})
+    """A reply of one of our client helpers (START_MARK: it solved the ADMM step)."""
+    metrics = {"num-examples": 10 * (i + 1), "partition-id": i, START_MARK: 0, **extra}
+    return reply(NODES[i], w_of(i), **metrics)
 
 
 def started(**kwargs: Any) -> FedADMM:
@@ -260,3 +263,23 @@ def test_compressed_replies_are_rebuilt_around_the_nodes_center_and_bad_ones_rej
     w = strategy.admm.records["partition-id:0"].w
     for ours, theirs in zip(w, quantizer.decode(payload, [(2, 3), ()]), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_stock_fedprox_reply_has_its_dual_held_at_zero() -> None:
+    """A reply without START_MARK (a stock FedProx handler, which starts at its center)
+    keeps y_i = 0: its next center is z, its step FedProx's; the round counts it."""
+    strategy = started()
+    stock = reply(NODES[1], w_of(1), **{"num-examples": 20, "partition-id": 1})
+    z1, metrics = strategy.aggregate_train(1, [good(0), stock])
+    assert z1 is not None and metrics is not None and strategy.admm is not None
+    assert metrics["num_stock_replies"] == 1
+    assert np.any(strategy.admm.records["partition-id:0"].y[0] != 0)
+    assert not np.any(strategy.admm.records["partition-id:1"].y[0])
+    y0 = strategy.admm.records["partition-id:0"].y[0]
+    np.testing.assert_array_equal(strategy.admm.sums.ny[0], 10 * y0)  # S_y = sum n_i y_i
+    second = configure(strategy, 2, z1, FakeGrid(NODES))
+    sent = {m.metadata.dst_node_id: m.content["arrays"] for m in second}
+    np.testing.assert_array_equal(sent[NODES[1]]["w"].numpy(), z1["w"].numpy())  # v_i = z
+    assert not np.array_equal(sent[NODES[0]]["w"].numpy(), z1["w"].numpy())
+    for message in second:  # z goes with every center: the start of our helpers
+        np.testing.assert_array_equal(message.content["admm-start"]["w"].numpy(), z1["w"].numpy())

@@ -10,6 +10,7 @@ from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm import StochasticQuantizer
 from flwr_admm.core.types import natural_key
+from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals, nodes
 from flwr_admm.serverapp.testing import flower_task_identity
 
@@ -35,7 +36,7 @@ def two_rounds(strategy: FedADMM) -> tuple[list, list]:
     z1, _ = strategy.aggregate_train(
         1,
         [
-            reply(n, w_of(i), **{"num-examples": 10 + i, "partition-id": i})
+            reply(n, w_of(i), **{"num-examples": 10 + i, "partition-id": i, START_MARK: 1})
             for i, n in enumerate([11, 12, 13, 14])
         ],
     )

@@ -256,9 +256,9 @@ def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:
     message = TorchADMM.from_message(
         model, train_message(Z2, rho=0.5, **{"server-round": 1}), context()
     )
-    for admm in (legacy, message):  # server-held duals: v_i = z - u_i is all they send
+    for admm in (legacy, message):  # no admm-start record: v_i = z - u_i is all they got
         assert admm.consensus is None
-        with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*FedADMMClientDuals"):
+        with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*'admm-start'"):
             admm.start(init="consensus")
     with pytest.raises(ValueError, match=r"init: must be one of \['auto', 'previous', 'center'"):
         legacy.start(init="zero")  # type: ignore[arg-type]
