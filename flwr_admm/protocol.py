@@ -26,6 +26,7 @@ UPLINK_ERROR_FEEDBACK = "uplink-error-feedback"
 UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
+START_TENSORS = "admm-start"  # legacy FedADMM: 1 = the parameters are v_i, then z (the start)
 
 # ------------------------------------------------------------- reply metrics
 CLIENT_KEY = "client-key"  # stable key of the client's server state (preferred)
@@ -38,8 +39,8 @@ DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
 HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
-# Message-API FedADMM: the reply of our client helpers (1: the solve started at the
-# received z, 0: elsewhere, as asked). A reply without it comes from a stock FedProx
+# FedADMM: the reply of our client helpers (1: the solve starts at the received z, 0:
+# elsewhere, as asked). A reply without it comes from a stock FedProx
 # handler, which starts at v_i and would feed its dual back into its drift: its dual is
 # held at 0, so the node runs FedProx's step around z.
 START_MARK = "admm-started-at-z"

@@ -54,6 +54,7 @@ from flwr_admm.protocol import (
     RHO,
     SECAGG_SCALE,
     SERVER_ROUND,
+    START_MARK,
     STATE_META,
     STATE_RESIDUAL,
     STATE_W,
@@ -222,6 +223,8 @@ class ADMMClient(NumPyClient):
             GRAD_NORM: float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
         }
         metrics.update(self._key_metrics())
+        if RHO in config:  # it solves FedADMM's step (from its own last w_i or v_i)
+            metrics[START_MARK] = 0
         return list(reply.arrays), int(self.X.shape[0]), metrics
 
     def _fit_client_duals(

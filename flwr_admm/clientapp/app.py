@@ -42,9 +42,7 @@ from flwr_admm.protocol import (
     PEER,
     PEER_SCAFFOLD,
     PROXIMAL_MU,
-    RHO,
     SERVER_ROUND,
-    START_MARK,
 )
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
@@ -122,8 +120,6 @@ def make_client_app(
                 arrayrecord_key=arrayrecord_key,
                 payload=getattr(client, "uplink_payload", None),  # compressed Delta_i
             )
-        if RHO in config:  # ADMMClient solves the ADMM step, from its own last w_i
-            metrics = {**metrics, START_MARK: 0}
         payload = getattr(client, "uplink_payload", None)
         if payload is not None and payload.tensor_type != NUMPY_TENSOR_TYPE:  # compressed
             reported = {**_numeric(metrics), NUM_EXAMPLES: int(num_examples)}

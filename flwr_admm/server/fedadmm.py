@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from functools import partial
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,11 +45,20 @@ from flwr_admm.core.settings import (
     SettingView,
     strategy_defaults,
 )
+from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
 from flwr_admm.core.validation import check_reply
 from flwr_admm.core.z_average import ZAverage
-from flwr_admm.protocol import LOSS, NUM_CLIENTS_CACHED, NUM_RESYNCED, PROXIMAL_MU, RHO
+from flwr_admm.protocol import (
+    LOSS,
+    NUM_CLIENTS_CACHED,
+    NUM_RESYNCED,
+    NUM_STOCK_REPLIES,
+    PROXIMAL_MU,
+    RHO,
+    START_TENSORS,
+)
 from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.server.report import report_metrics
 from flwr_admm.server.sampling import KeyedReply
@@ -231,6 +240,7 @@ class FedADMM(ConsensusStrategy):
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
         self._sent_rho: dict[str, float] = {}  # cid -> the rho_i its center was built with
+        self.marks = StartMarks()  # stock FedProx clients: their duals are held at 0
         self._resume(resume)
 
     def __repr__(self) -> str:
@@ -257,6 +267,9 @@ class FedADMM(ConsensusStrategy):
             self._sent_key[client.cid] = key if key in admm.records else None
             self._sent_rho[client.cid] = rho_i
             fit_config = {**config, RHO: rho_i, PROXIMAL_MU: rho_i}
+            if center is not admm.z and key in self.marks.at_z:  # v_i, then z: the start
+                payload = self._to_parameters(self._merge(center) + self._merge(admm.z))
+                fit_config[START_TENSORS] = 1
             instructions.append((client, FitIns(payload, fit_config)))
         return instructions
 
@@ -264,6 +277,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None and self.tensors is not None
         self.admm.begin(keys)
         self.tensors.begin()
+        self.marks.begin()
 
     def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
         """Absorb w_i, n_i (and f_i(w_i)) of one checked reply into the open round."""
@@ -314,6 +328,7 @@ class FedADMM(ConsensusStrategy):
                 return None
             sq_norm = None
         n = int(res.num_examples)
+        self.marks.read(key, res.metrics, admm.rho)
         return Reply(key, split.consensus(arrays), n, objective, sq_norm), arrays
 
     def _checked(
@@ -355,6 +370,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         self.admm.evict(keys)
         gone = set(keys)
+        self.marks.forget(gone)
         for cid, key in self._sent_key.items():
             if key in gone:
                 self._sent_key[cid] = None
@@ -371,7 +387,8 @@ class FedADMM(ConsensusStrategy):
         report = self.admm.finish(server_round)
         self.tensors.finish()
         self.converged = report.converged
-        return report_metrics(report)
+        stock = self.marks.settle(self.admm, partial(log, WARNING, "FedADMM: %s"))  # y_i = 0
+        return {**report_metrics(report), NUM_STOCK_REPLIES: stock}
 
     # ----------------------------------------------------------------- state
     def _consensus(self) -> Arrays | None:

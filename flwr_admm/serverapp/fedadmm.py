@@ -24,6 +24,7 @@ from flwr_admm.core.settings import (
     SettingView,
     strategy_defaults,
 )
+from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
 from flwr_admm.core.z_average import ZAverage
@@ -36,7 +37,6 @@ from flwr_admm.protocol import (
     NUM_STOCK_REPLIES,
     PAYLOAD_RECORD,
     RHO,
-    START_MARK,
     START_RECORD,
 )
 from flwr_admm.server.report import report_metrics
@@ -259,8 +259,7 @@ class FedADMM(ConsensusStrategy):
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # node id -> key whose center it got
         self._sent_rho: dict[str, float] = {}  # node id -> the rho_i of that center
-        self._stock: set[str] = set()  # keys whose reply has no START_MARK this round
-        self._warned: set[str] = set()  # stock keys logged once
+        self.marks = StartMarks()  # stock FedProx handlers: their duals are held at 0
         self._resume(resume)
 
     def summary(self) -> None:
@@ -334,7 +333,7 @@ class FedADMM(ConsensusStrategy):
         assert self.admm is not None
         self.admm.begin(keys)
         self._split().begin()
-        self._stock = set()
+        self.marks.begin()
 
     def _fold_reply(self, reply: ReadReply, server_round: int, counts: dict[str, int]) -> bool:
         """Absorb w_i, n_i, f_i(w_i) of an admitted reply (NaN/inf found here: rejected)."""
@@ -365,8 +364,7 @@ class FedADMM(ConsensusStrategy):
         if not split.finite(r.arrays):  # the core checks the consensus tensors only
             self._reject(r.key, NON_FINITE, counts)
             return None
-        if self.admm.rho > 0 and START_MARK not in r.metrics:
-            self._stock.add(r.key)
+        self.marks.read(r.key, r.metrics, self.admm.rho)
         sq_norm = r.sq_norm if split.trivial else None
         return Reply(r.key, split.consensus(r.arrays), r.num_examples, r.loss, sq_norm), r.arrays
 
@@ -376,20 +374,10 @@ class FedADMM(ConsensusStrategy):
         report = self.admm.finish(server_round)
         self._split().finish()
         self.converged = report.converged
-        held = self.admm.reset_duals(self._stock)  # stock FedProx handlers: y_i = 0
-        for key in sorted(set(held) - self._warned):
-            log(
-                WARNING,
-                "FedADMM: %s replied without %r (a stock FedProx handler, which starts at "
-                "its center): its dual is held at 0, so it runs FedProx's step around z; "
-                "flwr_admm.torch.TorchADMM or flwr_admm.clientapp.ADMMTrainStep run ADMM",
-                key,
-                START_MARK,
-            )
-            self._warned.add(key)
+        stock = self.marks.settle(self.admm, partial(log, WARNING, "FedADMM: %s"))  # y_i = 0
         return {
             **report_metrics(report),
-            NUM_STOCK_REPLIES: len(held),
+            NUM_STOCK_REPLIES: stock,
             **self.channel.round_metrics(aggregated=True),
         }
 
@@ -402,6 +390,7 @@ class FedADMM(ConsensusStrategy):
 
     def _evict(self, keys: list[str]) -> int:
         gone = set(keys)
+        self.marks.forget(gone)
         self._sent_key = {n: None if k in gone else k for n, k in self._sent_key.items()}
         return 0 if self.admm is None else len(self.admm.evict(keys))
 

@@ -54,7 +54,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from flwr_admm.client import client_duals
 from flwr_admm.client.admm_client import _ack_round, _flag
-from flwr_admm.client.local_init import LocalInit
+from flwr_admm.client.local_init import LocalInit, resolved_init
 from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
@@ -70,6 +70,8 @@ from flwr_admm.protocol import (
     REBUILD,
     RHO,
     SERVER_ROUND,
+    START_MARK,
+    START_TENSORS,
     STATE_META,
     STATE_W,
     UPLINK,
@@ -131,6 +133,7 @@ class TorchADMM:
     _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()), init=False, repr=False)
     _begin: dual_math.DualStart | None = field(default=None, init=False, repr=False)
     _base: dual_math.Acknowledged | None = field(default=None, init=False, repr=False)
+    _at_z: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.penalty not in PENALTIES:
@@ -187,13 +190,21 @@ class TorchADMM:
             if key.startswith(UPLINK) or key in (DP_CLIP, DP_NOISE):
                 raise ValueError(f"{key}: uplink compression and local DP are not supported here")
         names = list(model.state_dict())
-        if len(parameters) != len(names):
+        with_z = config.get(START_TENSORS) == 1  # v_i, then z: where the solve starts
+        if len(parameters) != len(names) * (2 if with_z else 1):
             raise ValueError(
-                f"parameters: expected {len(names)} tensors {names}, got {len(parameters)}"
+                f"parameters: expected {len(names)} tensors {names}"
+                f"{' twice (v_i, then z: admm-start = 1)' if with_z else ''}, "
+                f"got {len(parameters)}"
             )
-        received = {
-            n: np.asarray(p, dtype=np.float64) for n, p in zip(names, parameters, strict=True)
-        }
+        v = parameters[: len(names)]
+        received = {n: np.asarray(p, dtype=np.float64) for n, p in zip(names, v, strict=True)}
+        z = parameters[len(names) :] if with_z else None
+        consensus = (
+            None
+            if z is None
+            else {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, z, strict=True)}
+        )
         client_mode = config.get(MODE_KEY) == MODE_CLIENT
         value = config.get(RHO, config.get(PROXIMAL_MU, 0.0))
         if (
@@ -213,6 +224,7 @@ class TorchADMM:
             server_round if isinstance(server_round, int) else None,
             dict(config),
             context,
+            consensus=consensus,
         )
         if client_mode:
             admm._open_client_duals()
@@ -261,7 +273,10 @@ class TorchADMM:
             previous=self.previous,
             consensus=self.consensus,
         )
-        if self.train_step is not None:  # the reply's START_MARK: did we start at z?
+        # the reply's START_MARK: 1 if this start is z wherever z is received
+        chosen = local_init_of(init, warm)
+        self._at_z = resolved_init(chosen, z_received=True) == "consensus"
+        if self.train_step is not None:
             self.train_step.started["at_z"] = source is self.consensus
         values = dict(self.received)
         for name in trainable_names(self.model):
@@ -324,6 +339,8 @@ class TorchADMM:
         arrays = state_arrays(self.model)
         if self._begin is not None:
             return self._client_duals_result(arrays, num_examples, reported)
+        if self.admm:  # FedADMM: 1 = send z, this solve starts there (START_MARK)
+            reported[START_MARK] = int(self._at_z and self.rho > 0)
         if self.admm and self.context is not None:
             _keep_legacy(self.context, arrays, self.server_round)
         return list(arrays.values()), num_examples, reported

@@ -10,6 +10,7 @@ from flwr.server.client_manager import SimpleClientManager
 from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm import FedADMM
+from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM as MessageFedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -34,7 +35,7 @@ class Fixed(NumPyClient):
         self.i = int(context.node_config["partition-id"])
 
     def fit(self, parameters, config):  # type: ignore[no-untyped-def]
-        return w_of(self.i), N[self.i], {"partition-id": self.i}
+        return w_of(self.i), N[self.i], {"partition-id": self.i, START_MARK: 0}  # solves ADMM
 
 
 def test_legacy_fedadmm_averages_statistics_and_keeps_integer_buffers() -> None:
@@ -82,7 +83,7 @@ def test_message_fedadmm_averages_statistics_and_keeps_integer_buffers() -> None
         reply(
             node,
             dict(zip(NAMES, w_of(i), strict=True)),
-            **{"num-examples": N[i], "partition-id": i},
+            **{"num-examples": N[i], "partition-id": i, START_MARK: 0},
         )
         for i, node in enumerate([11, 12])
     ]
