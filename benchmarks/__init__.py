@@ -9,7 +9,6 @@ with ``python -m benchmarks.all [--quick]``:
   on identical replies;
 - `benchmarks.engine`: seconds per round in Flower's Ray simulation engine;
 - `benchmarks.client_loop`: the penalized local loop vs a bare gradient loop;
-- `benchmarks.anderson`: Anderson acceleration vs fast ADMM and the defaults.
 
 Every script prints a table and writes JSON (``benchmarks/results/<name>.json`` by
 default). Times are only ever compared with a baseline measured in the same run,

@@ -97,10 +97,9 @@ META_NUM_EXAMPLES = "num_examples"  # DUALS_STATE_META: n_i
 # ------------------------- client-held duals: acknowledgement and rebuild sweep
 ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)
 REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e_i
-# Client-held duals with fast ADMM: the fit config's coefficient g and restart kind; z_k
+# Client-held duals with fast ADMM: the fit config's coefficient g; z_k
 # follows z^_{k+1} as a second block of tensors (legacy) or under ACCEL_Z_RECORD.
 ACCEL_GAMMA = "admm-accel-gamma"  # fit config: g, u^_i = u_i + g (u_i - u_i,prev)
-ACCEL_BACK = "admm-accel-back"  # fit config: 1 = "goldstein" restart, u^_i = u_i,prev
 ACCEL_Z_RECORD = "admm-accel-z"  # Message API: the ArrayRecord of z_k
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
 REBUILDING = "rebuilding"  # round metric: 1 while S still holds a stale share

@@ -23,10 +23,8 @@ PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 1
 RUNS: list[tuple[str, Any, str | None]] = [
     ("FedADMMClientDuals", FedADMMClientDuals, None),
     ("FedADMMClientDuals", FedADMMClientDuals, "nesterov"),
-    ("FedADMMClientDuals", FedADMMClientDuals, "goldstein"),
     ("FedADMM", textbook_fedadmm, None),
     ("FedADMM", textbook_fedadmm, "nesterov"),
-    ("FedADMM", textbook_fedadmm, "goldstein"),
 ]
 
 

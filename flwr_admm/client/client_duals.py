@@ -42,7 +42,6 @@ from numpy.typing import NDArray
 from flwr_admm.core.client_duals import DualStart, DualState, Extrapolation
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
-    ACCEL_BACK,
     ACCEL_GAMMA,
     DELAYED_SQ_RESIDUAL,
     DUALS_PENDING_META,
@@ -121,7 +120,7 @@ def split_accelerated(
 def extrapolation(
     config: Mapping[str, Scalar], z_hat: Arrays, z: Arrays | None, secure: bool = False
 ) -> Extrapolation | None:
-    """Return fast ADMM's round message (z_k, g, restart kind), None without acceleration.
+    """Return fast ADMM's round message (z_k, g), None without acceleration.
 
     `z_hat` is the received z^_{k+1}, `z` the received z_k (None if none was sent).
     Refused under SecAgg+ (`secure`).
@@ -130,14 +129,12 @@ def extrapolation(
         return None
     if secure:
         raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
-    gamma, back = config[ACCEL_GAMMA], config.get(ACCEL_BACK, 0)
+    gamma = config[ACCEL_GAMMA]
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma < 1:
         raise ValueError(f"{ACCEL_GAMMA}: must be a number in [0, 1), got {gamma!r}")
-    if isinstance(back, bool) or back not in (0, 1):
-        raise ValueError(f"{ACCEL_BACK}: must be 0 or 1, got {back!r}")
     if z is None or [t.shape for t in z] != [t.shape for t in z_hat]:
         raise ValueError(f"{ACCEL_GAMMA}: needs z_k after z^_(k+1), shaped like it")
-    return Extrapolation([np.asarray(t, dtype=np.float64) for t in z], float(gamma), back == 1)
+    return Extrapolation([np.asarray(t, dtype=np.float64) for t in z], float(gamma))
 
 
 def check_uplink(uplink: ClientUplink, *, secure: bool) -> None:

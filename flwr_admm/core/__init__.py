@@ -3,9 +3,9 @@
 `ConsensusADMM` holds the server state and runs a round (begin, absorb, finish),
 `settings` the checked settings it is built from (`ConsensusSettings`);
 `schedules` (rho rules), `regularizers` (prox of g), `local_solver` (the penalized
-local loop), `client_duals` (client-held-dual arithmetic), `acceleration` and
-`anderson` (fast ADMM, Anderson acceleration of the round map), `kernels` (one-pass
-array updates), `types` (value types and errors), `validation` (reply checks).
+local loop), `client_duals` (client-held-dual arithmetic), `acceleration` (fast
+ADMM), `kernels` (one-pass array updates), `types` (value types and errors),
+`validation` (reply checks).
 """
 
 from flwr_admm.core.consensus import ConsensusADMM

@@ -12,18 +12,13 @@ p_i over the replies) decides the next point:
     c_k < eta c_{k-1}:  a'   = (1 + sqrt(1 + 4 a^2)) / 2,   g = (a - 1) / a'
                         z^  = z_k + g (z_k - z_{k-1})
                         y^_i = y_i,k + g (y_i,k - y_i,prev)      (replying clients)
-    otherwise (restart), acceleration="goldstein" (Alg. 8 as published):
-                        a' = 1,  z^ = z_{k-1},  y^_i = y_i,prev,  c_k <- c_{k-1} / eta
-    acceleration="nesterov" (the default kind): restart from the current point,
+    otherwise (restart from the current point):
                         a' = 1,  z^ = z_k,  y^_i = y_i,k  (c_k kept)
 
-with a = 1 at the start. Restarting from the previous point throws the round's
-client work away; with partial participation c_k is noisy (each round measures
-other clients), a lucky small c_{k-1} makes the next rounds restart until
-c_{k-1} / eta^m catches up, and z stalls (measured: 555 restarts in 600 rounds, z
-frozen, on the 6-client ridge test with 3 sampled). Restarting from the current
-point keeps every round's plain ADMM step, so "nesterov" is the kind to use with
-partial participation or inexact local solves; "goldstein" is the textbook check.
+with a = 1 at the start. Alg. 8 as published restarts to the previous point
+(z^ = z_{k-1}), which throws the round's client work away and, with partial
+participation (c_k measures other clients every round), stalls z; restarting from
+the current point keeps every round's plain ADMM step.
 
 y_i,prev is client i's unextrapolated dual after its previous reply (0 before its
 first one), so under partial participation a client's dual is extrapolated only in
@@ -48,18 +43,44 @@ from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
-ACCELERATIONS = (None, "nesterov", "goldstein", "anderson")
+ACCELERATIONS = (None, "nesterov")
 DEFAULT_ETA = 0.999
+# Options deleted because our benchmarks showed them losing; named in the errors for
+# them and for a checkpoint written with one.
+DELETED = {
+    "anderson": "Anderson acceleration lost to the defaults in 3 of 4 benchmark settings",
+    "goldstein": "its restart to the previous point stalls under partial participation",
+}
 
 
 def check_acceleration(acceleration: object, eta: object) -> None:
     """Raise ValueError unless `acceleration` is in ACCELERATIONS and 0 < eta <= 1."""
     if acceleration not in ACCELERATIONS:
+        deleted = DELETED.get(acceleration) if isinstance(acceleration, str) else None
+        note = f" ({acceleration!r} was deleted: {deleted})" if deleted else ""
         raise ValueError(
-            f"acceleration: must be one of {list(ACCELERATIONS)}, got {acceleration!r}"
+            f"acceleration: must be one of {list(ACCELERATIONS)}, got {acceleration!r}{note}"
         )
     if isinstance(eta, bool) or not (isinstance(eta, int | float) and 0 < eta <= 1):
         raise ValueError(f"restart_eta: must be a number in (0, 1], got {eta!r}")
+
+
+def deleted_message(acceleration: str, where: str) -> str:
+    """Return the error for `where` (a checkpoint) written with a DELETED `acceleration`."""
+    return (
+        f"{where}: written with acceleration={acceleration!r}, which this version of "
+        f"flwr-admm deleted ({DELETED[acceleration]}); resume it with the version that "
+        "wrote it, or move it away to start fresh"
+    )
+
+
+def check_saved_acceleration(meta: dict[str, Any]) -> None:
+    """Raise ValueError if `ConsensusADMM.state_dict` metadata comes from a DELETED option."""
+    fast = meta.get("acceleration")
+    if "anderson" in meta:
+        raise ValueError(deleted_message("anderson", "checkpoint"))
+    if isinstance(fast, dict) and fast.get("to_previous"):
+        raise ValueError(deleted_message("goldstein", "checkpoint"))
 
 
 @dataclass
@@ -67,7 +88,6 @@ class FastADMM:
     """Momentum state of fast ADMM with restart: a_k, c_{k-1}, z_{k-1}, each y_i,prev."""
 
     eta: float = DEFAULT_ETA
-    to_previous: bool = False  # restart to z_{k-1}, y_i,prev (Goldstein) or stay at z_k
     a: float = 1.0
     c_prev: float | None = None
     z_prev: Arrays | None = None
@@ -99,21 +119,11 @@ class FastADMM:
             self.a, self.c_prev = 1.0, None
             self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
-        if restart and not self.to_previous:
+        if restart:  # from the current point: z^ = z_k, y^_i = y_i,k
             self.a, self.c_prev = 1.0, c
             self.restarts += 1
             self._shift(z, replied, sum_ny, 0.0, fused)
             return [t.copy() for t in z]
-        if restart:
-            assert self.c_prev is not None
-            self.a, self.c_prev = 1.0, self.c_prev / self.eta
-            self.restarts += 1
-            for key, record in replied:  # y^_i = y_i,prev; S_y += n_i (y_i,prev - y_i,k)
-                prev = self._prev(key, record.y)
-                for acc, y, p in zip(sum_ny, record.y, prev, strict=True):
-                    axpy(float(record.num_examples), np.subtract(p, y, dtype=np.float64), acc)
-                    y[...] = p
-            return [t.copy() for t in self.z_prev]
         a_next = (1.0 + math.sqrt(1.0 + 4.0 * self.a * self.a)) / 2.0
         gamma = (self.a - 1.0) / a_next
         self.a, self.c_prev = a_next, c
@@ -166,11 +176,6 @@ class FastADMM:
                             np.subtract(y_block, p_block, out=step, dtype=np.float64)
                         axpy(float(record.num_examples), step, acc_flat[block])  # S_y += ...
 
-    def _prev(self, key: str, like: Arrays) -> Arrays:
-        """Return y_i,prev (zeros for a client's first reply)."""
-        prev = self.y_prev.get(key)
-        return prev if prev is not None else [np.zeros_like(t) for t in like]
-
     def forget(self, keys: Collection[str]) -> None:
         """Drop the y_i,prev of evicted clients."""
         for key in keys:
@@ -190,7 +195,6 @@ class FastADMM:
             "a": self.a,
             "c_prev": self.c_prev,
             "restarts": self.restarts,
-            "to_previous": self.to_previous,
             "has_z_prev": self.z_prev is not None,
             "y_prev_keys": held,
         }
@@ -211,7 +215,6 @@ class FastADMM:
             return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(count)]
 
         state = cls(eta=eta, a=float(meta["a"]), restarts=int(meta["restarts"]))
-        state.to_previous = bool(meta["to_previous"])
         state.c_prev = None if meta["c_prev"] is None else float(meta["c_prev"])
         state.z_prev = take("accel_z_prev") if meta["has_z_prev"] else None
         state.y_prev = {

@@ -21,13 +21,12 @@ from the one S holds (`acknowledged`):
 
 Fast ADMM with restart (`flwr_admm.core.dual_momentum`, the server half). The fit
 config then also carries z_k (the z-step's output, z^k above is its extrapolation
-z^_{k+1}), the coefficient g and whether the server restarted to the previous point.
-u_i above is then the extrapolated dual u^_i the client trained with, and it also
-keeps u_i,prev (its unextrapolated dual after its previous reply, 0 before):
+z^_{k+1}) and the coefficient g. u_i above is then the extrapolated dual u^_i the
+client trained with, and it also keeps u_i,prev (its unextrapolated dual after its
+previous reply, 0 before):
 
     u_i   = u^_i + w_i - z_k                          (d2_i = ||w_i - z_k||^2)
     u^_i' = u_i + g (u_i - u_i,prev),  u_i,prev' = u_i     (restart: g = 0)
-    u^_i' = u_i,prev,                  u_i,prev' = u_i,prev   ("goldstein" restart)
     center z^_{k+1} - u^_i',  Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i)
 
 so S = sum_i n_i (w_i + u^_i) stays exact, and u_i,prev is committed/pending with the
@@ -117,19 +116,17 @@ class DualStart:
 
 @dataclass(frozen=True)
 class Extrapolation:
-    """Fast ADMM's round message: z_k, the coefficient g, restart to the previous point."""
+    """Fast ADMM's round message: z_k and the coefficient g."""
 
     z: Arrays  # z_k, the z-step's output (the broadcast model is z^_{k+1})
     gamma: float
-    back: bool = False  # "goldstein" restart: u^_i = u_i,prev
 
 
 def start_round(state: DualState | None, z: Arrays, fast: Extrapolation | None = None) -> DualStart:
     """Update u_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i.
 
     With `fast` (fast ADMM, z = z^_{k+1}): u_i = u^_i + w_i - z_k, then extrapolate
-    u^_i' = u_i + g (u_i - u_i,prev) (or u_i,prev on a "goldstein" restart); center
-    z^_{k+1} - u^_i'.
+    u^_i' = u_i + g (u_i - u_i,prev); center z^_{k+1} - u^_i'.
     """
     if fast is not None:
         return _start_accelerated(state, z, fast)
@@ -164,10 +161,7 @@ def _start_accelerated(state: DualState | None, z_hat: Arrays, fast: Extrapolati
     d2 = float(sum(np.vdot(d, d) for d in diff))
     dual = [u + d for u, d in zip(state.u, diff, strict=True)]  # u_i
     prev = state.dual_prev or [np.zeros_like(t) for t in dual]  # u_i,prev
-    if fast.back:  # u^_i' = u_i,prev; u_i,prev kept
-        dual_hat, prev_next = [p.copy() for p in prev], [p.copy() for p in prev]
-    else:  # u^_i' = u_i + g (u_i - u_i,prev); u_i,prev' = u_i
-        dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]
-        prev_next = dual
+    # u^_i' = u_i + g (u_i - u_i,prev); u_i,prev' = u_i
+    dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]
     center = [t - u for t, u in zip(z_hat, dual_hat, strict=True)]
-    return DualStart(dual_hat, center, d2, prev_next, z_hat)
+    return DualStart(dual_hat, center, d2, dual, z_hat)

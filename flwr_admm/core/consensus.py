@@ -15,7 +15,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.anderson import AndersonADMM
 from flwr_admm.core.backend import Kernels, check_kernels
 from flwr_admm.core.intake import absorb_many, absorb_one
 from flwr_admm.core.kernels import single_thread_blas
@@ -102,12 +101,10 @@ class ConsensusADMM:
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
         Over-relaxation alpha in (0, 2); 1 is plain ADMM.
-    acceleration : {None, "nesterov", "goldstein", "anderson"}
+    acceleration : {None, "nesterov"}
         Fast ADMM with restart (`flwr_admm.core.acceleration`): after each round z
         and the replying clients' duals move to their extrapolations z^, y^_i, which
-        the next centers v_i = z^ - y^_i / rho_i are built from. "nesterov" restarts
-        from the current point, "goldstein" from the previous one (Alg. 8); "anderson":
-        safeguarded type-II Anderson on x = (z, y_1..y_N) (`flwr_admm.core.anderson`).
+        the next centers v_i = z^ - y^_i / rho_i are built from.
     restart_eta : float
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
@@ -150,7 +147,6 @@ class ConsensusADMM:
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
-    anderson: AndersonADMM | None = field(init=False, default=None, repr=False, compare=False)
     _compact: bool = field(init=False, default=False, repr=False, compare=False)
     _fused: bool = field(init=False, default=False, repr=False, compare=False)
 
@@ -170,11 +166,8 @@ class ConsensusADMM:
         self._fused = check_kernels(self.kernels)
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
-        if self.acceleration == "anderson":
-            self.anderson = AndersonADMM()
-        elif self.acceleration is not None:
-            to_previous = self.acceleration == "goldstein"
-            self.fast = FastADMM(eta=float(self.restart_eta), to_previous=to_previous)
+        if self.acceleration is not None:
+            self.fast = FastADMM(eta=float(self.restart_eta))
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
@@ -244,8 +237,6 @@ class ConsensusADMM:
         """
         uniform, relaxed = self.client_rho == "uniform", self._shares_needed
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
-        if self.anderson is not None:
-            self.anderson.remember(self.z, self.records, keys)  # x_k's parts the round moves
 
     def absorb(self, reply: Reply) -> None:
         """Store w_i, n_i of one replying client and fold it into S_w.
@@ -365,11 +356,6 @@ class ConsensusADMM:
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
-        if self.anderson is not None and rho > 0.0:
-            with single_thread_blas():  # x_{k+1} from x_k and T(x_k) = (z', y')
-                self.z = self.anderson.step(
-                    self.z, self.records, self.sums, rho, self.rho != rho, rnd.keys
-                )
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
     def _update(
@@ -443,16 +429,13 @@ class ConsensusADMM:
         Array names: z.j, sum_nsw.j (S_w), sum_ny.j (S_y), w.i.j, y.i.j (clients in
         natural key order); metadata: rho, schedule_state, clients (key, n_i, s_i),
         sum_ns (S_s), sum_n (N), shapes. Fast ADMM adds accel_* arrays and
-        "acceleration", Anderson acceleration anderson_* arrays and "anderson".
+        "acceleration".
         """
         arrays, meta = dump_state(
             SavedState(self.z, self.rho, self.schedule_state, self.records, self.sums)
         )
         if self.fast is not None:
             extra, meta["acceleration"] = self.fast.dump(sorted(self.records, key=natural_key))
-            arrays.update(extra)
-        if self.anderson is not None:
-            extra, meta["anderson"] = self.anderson.dump()
             arrays.update(extra)
         return arrays, meta
 
@@ -465,11 +448,3 @@ class ConsensusADMM:
             self.fast = FastADMM.load(
                 arrays, meta["acceleration"], self.fast.eta, len(self.z), self.state_dtype
             )
-        if self.anderson is not None:
-            if "anderson" not in meta:
-                raise ValueError(
-                    "checkpoint: no Anderson memory (written before flwr-admm saved it); a "
-                    "resume would restart it and not continue the run bit for bit: resume it "
-                    "with the version that wrote it, or move it away to start fresh"
-                )
-            self.anderson.load(arrays, meta["anderson"], self.num_parameters)

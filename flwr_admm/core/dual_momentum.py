@@ -11,8 +11,7 @@ fit config; each client extrapolates its own dual (`flwr_admm.core.client_duals`
 
     no restart:   a' = (1 + sqrt(1 + 4 a^2)) / 2,  g = (a - 1) / a'
                   z^_{k+1} = z_k + g (z_k - z_{k-1}),  u^_i = u_i + g (u_i - u_i,prev)
-    "nesterov":   a' = 1, g = 0:  z^_{k+1} = z_k,    u^_i = u_i
-    "goldstein":  a' = 1:         z^_{k+1} = z_{k-1}, u^_i = u_i,prev,  c <- c / eta
+    restart:      a' = 1, g = 0:  z^_{k+1} = z_k,    u^_i = u_i
 
 The dual part sum_i p_i ||w_i - z_k||^2 = sum_i p_i ||u_i - u^_i||^2 needs z_k, which a
 client sees only in its next round. Two ways to get it, from scalars the clients
@@ -21,9 +20,9 @@ report (sums only, as under SecAgg+):
 - In time, while every client S holds replies in every round with an unchanged n_i
   (`RoundSums.complete`): the duals' sums follow from the server's own state,
   U_k = sum n_i u_i,k = S_k - N z_k and, the clients' extrapolation being linear,
-  U^_k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the u_i,prev; U^ = UP on a
-  "goldstein" restart; 0 in the first round). With V = sum n_i (w_i,k - z^_k) =
-  S_k - U^_k - N z^_k and each client's h_i = ||w_i,k - z^_k||^2:
+  U^_k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the u_i,prev; 0 in the first
+  round). With V = sum n_i (w_i,k - z^_k) = S_k - U^_k - N z^_k and each client's
+  h_i = ||w_i,k - z^_k||^2:
 
       sum n_i ||w_i,k - z_k||^2 = sum n_i h_i - 2 <V, z_k - z^_k> + N ||z_k - z^_k||^2
 
@@ -46,7 +45,7 @@ import numpy as np
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.client_duals import Extrapolation
 from flwr_admm.core.types import Arrays
-from flwr_admm.protocol import ACCEL_BACK, ACCEL_GAMMA
+from flwr_admm.protocol import ACCEL_GAMMA
 
 __all__ = ["DualMomentum", "RoundSums", "extrapolate", "fast_config", "momentum_for"]
 
@@ -55,7 +54,7 @@ def momentum_for(acceleration: str | None, eta: float) -> DualMomentum | None:
     """Return the momentum state of `acceleration` (None: plain ADMM)."""
     if acceleration is None:
         return None
-    return DualMomentum(eta=float(eta), to_previous=acceleration == "goldstein")
+    return DualMomentum(eta=float(eta))
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def _in_time(
 
     U = sum n_i u_i = S - N z after a complete round, and the clients' extrapolation is
     linear, so U^_k = sum n_i u^_i,k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the
-    u_i,prev; "goldstein" restart: U^ = UP), 0 on the first round. Then
+    u_i,prev), 0 on the first round. Then
     V = sum n_i (w_i,k - z^_k) = S_k - U^_k - N z^_k and
     sum n_i ||w_i,k - z_k||^2 = sum n_i ||w_i,k - z^_k||^2 - 2 <V, d> + N ||d||^2,
     d = z_k - z^_k. None (and tracking stops) when a round is not complete.
@@ -114,11 +113,9 @@ def _in_time(
         assert momentum.last is not None
         assert momentum.u_sum is not None and momentum.u_prev_sum is not None
         g, u, up = momentum.last.gamma, momentum.u_sum, momentum.u_prev_sum
-        if momentum.last.back:  # u^_i = u_i,prev, u_i,prev kept
-            u_hat, u_prev = [t.copy() for t in up], up
-        else:  # u^_i = u_i + g (u_i - u_i,prev), u_i,prev' = u_i
-            u_hat = [(1.0 + g) * a - g * b for a, b in zip(u, up, strict=True)]
-            u_prev = u
+        # u^_i = u_i + g (u_i - u_i,prev), u_i,prev' = u_i
+        u_hat = [(1.0 + g) * a - g * b for a, b in zip(u, up, strict=True)]
+        u_prev = u
     n = sums.total
     cross = 0.0
     for s, uh, zh, zk in zip(sums.contribution_sum, u_hat, z_hat, z, strict=True):
@@ -131,11 +128,10 @@ def _in_time(
     return rho * (primal + dz_sq)
 
 
-def fast_config(momentum: DualMomentum) -> dict[str, float | int]:
-    """Return the fit-config entries of the last step: g and the restart kind."""
+def fast_config(momentum: DualMomentum) -> dict[str, float]:
+    """Return the fit-config entry of the last step: g."""
     fast = momentum.last
-    gamma, back = (0.0, False) if fast is None else (fast.gamma, fast.back)
-    return {ACCEL_GAMMA: float(gamma), ACCEL_BACK: int(back)}
+    return {ACCEL_GAMMA: 0.0 if fast is None else float(fast.gamma)}
 
 
 @dataclass
@@ -143,13 +139,12 @@ class DualMomentum:
     """Momentum state: a, c_{k-1}, z_{k-1}, ||z_k - z^_k||^2 and the restart count."""
 
     eta: float = DEFAULT_ETA
-    to_previous: bool = False  # "goldstein": restart to z_{k-1}, u_i,prev
     a: float = 1.0
     c_prev: float | None = None
     z_prev: Arrays | None = None
     dz_sq: float | None = None  # ||z_k - z^_k||^2 of the last z-step
     restarts: int = 0
-    last: Extrapolation | None = None  # the last step's (z_k, g, restart kind)
+    last: Extrapolation | None = None  # the last step's (z_k, g)
     u_sum: Arrays | None = None  # U_{k-1} = sum n_i u_i (None: not tracked)
     u_prev_sum: Arrays | None = None  # UP_{k-1} = sum n_i u_i,prev
     c_current: bool = False  # c_prev is the last round's own (in time), not c_{k-2}
@@ -161,7 +156,7 @@ class DualMomentum:
         return rho * (n_d2 / n + self.dz_sq)
 
     def step(self, z: Arrays, z_hat: Arrays, dz_sq: float, c: float | None) -> Extrapolation:
-        """Return z_k with g (and the restart kind); z^_{k+1} is `extrapolated(...)`.
+        """Return z_k with g; z^_{k+1} is `extrapolated(...)`.
 
         `z` is z_k, `z_hat` the z^_k it came from (read on the first round only, as
         z_{k-1} = z^_0), `dz_sq` = ||z_k - z^_k||^2, `c` the lagged c_{k-1} (None: none).
@@ -174,15 +169,10 @@ class DualMomentum:
             self.a, self.c_prev, self.z_prev = 1.0, None, z_k
             return Extrapolation(z_k, 0.0)
         restart = c is not None and self.c_prev is not None and not c < self.eta * self.c_prev
-        if restart and not self.to_previous:
+        if restart:  # from the current point: g = 0
             self.a, self.c_prev, self.z_prev = 1.0, c, z_k
             self.restarts += 1
             return Extrapolation(z_k, 0.0)
-        if restart:
-            assert self.c_prev is not None
-            self.a, self.c_prev = 1.0, self.c_prev / self.eta
-            self.restarts += 1
-            return Extrapolation(z_k, 0.0, back=True)  # z_{k-1} kept
         a_next = (1.0 + math.sqrt(1.0 + 4.0 * self.a * self.a)) / 2.0
         gamma = (self.a - 1.0) / a_next
         self.a = a_next
@@ -193,8 +183,6 @@ class DualMomentum:
     def extrapolated(self, fast: Extrapolation) -> Arrays:
         """Return z^_{k+1} for the `step` result `fast`; then z_{k-1} := z_k."""
         assert self.z_prev is not None
-        if fast.back:
-            return [t.copy() for t in self.z_prev]
         z_hat = [t + fast.gamma * (t - p) for t, p in zip(fast.z, self.z_prev, strict=True)]
         self.z_prev = fast.z
         return z_hat
@@ -217,7 +205,6 @@ class DualMomentum:
             "c_current": self.c_current,
             "tracked": self.u_sum is not None and self.u_prev_sum is not None,
             "gamma": None if self.last is None else self.last.gamma,
-            "back": None if self.last is None else self.last.back,
         }
         return arrays, meta
 
@@ -239,4 +226,4 @@ class DualMomentum:
         self.last = None
         if meta["gamma"] is not None:
             z = [arrays[f"accel_z.{j}"].astype(float) for j in range(count)]
-            self.last = Extrapolation(z, float(meta["gamma"]), bool(meta["back"]))
+            self.last = Extrapolation(z, float(meta["gamma"]))

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import check_saved_acceleration
 from flwr_admm.core.schedules import ScheduleState
 from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, check_rho, natural_key
@@ -67,8 +68,10 @@ def load_state(
 ) -> SavedState:
     """Return the state `dump_state` wrote; ValueError unless its model `shapes` match.
 
-    z and the sums come back as float64, w_i and y_i as `state_dtype`.
+    z and the sums come back as float64, w_i and y_i as `state_dtype`. A state written
+    with a deleted acceleration option is refused by its name.
     """
+    check_saved_acceleration(meta)
     saved = [tuple(s) for s in meta["shapes"]]
     if saved != shapes:
         raise ValueError(

@@ -64,9 +64,8 @@ class ConsensusSettings:
         Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
     relaxation : float
         Over-relaxation alpha in (0, 2) (kept as a float).
-    acceleration : {None, "nesterov", "goldstein", "anderson"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`), Anderson
-        acceleration (`flwr_admm.core.anderson`) or none.
+    acceleration : {None, "nesterov"}
+        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
     restart_eta : float
         Fast ADMM's restart threshold eta in (0, 1].
     state_dtype : {"float64", "float32"}

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import DELETED, deleted_message
+
 FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings (issue 12)
 MANIFEST = "checkpoint.json"
 ARRAYS_GLOB = "state-r*.npz"
@@ -179,9 +181,14 @@ def load_matching_checkpoint(
     """`load_checkpoint`, refused unless it was written with these `settings`.
 
     The checkpoint's ``fingerprint`` must equal ``config_fingerprint(settings)``;
-    otherwise the `CheckpointError` names every field that differs.
+    otherwise the `CheckpointError` names every field that differs, or the deleted
+    option it was written with.
     """
     arrays, manifest = load_checkpoint(directory)
+    saved = manifest.get("configuration")
+    acceleration = saved.get("acceleration") if isinstance(saved, dict) else None
+    if isinstance(acceleration, str) and acceleration in DELETED:
+        raise CheckpointError(deleted_message(acceleration, f"checkpoint: {directory}"))
     if manifest.get("fingerprint") != config_fingerprint(settings):
         differences = config_differences(manifest.get("configuration"), settings)
         detail = "; ".join(differences) or f"its own is not recorded; now {settings}"

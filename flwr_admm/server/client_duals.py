@@ -157,7 +157,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
         ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
         ``uplink_residual`` are not supported (use `FedADMM`).
-    acceleration, restart_eta : {None, "nesterov", "goldstein"}, float in (0, 1]
+    acceleration, restart_eta : {None, "nesterov"}, float in (0, 1]
         Fast ADMM with restart (module docstring); refused under SecAgg+
         (`FedADMMClientDualsSecAgg`).
     rho_schedule, client_rho, relaxation :

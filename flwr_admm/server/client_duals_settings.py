@@ -19,11 +19,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.uplink.compression import Compressor
 
-__all__ = ["CLIENT_DUAL_ACCELERATIONS", "check_client_duals_settings", "checked_uplink"]
-
-# Anderson acceleration moves every cached y_i: with the duals on the clients the
-# server cannot move the duals of clients that do not reply.
-CLIENT_DUAL_ACCELERATIONS = (None, "nesterov", "goldstein")
+__all__ = ["check_client_duals_settings", "checked_uplink"]
 
 
 def check_client_duals_settings(
@@ -54,11 +50,6 @@ def check_client_duals_settings(
             f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
         )
     check_acceleration(acceleration, restart_eta)
-    if acceleration not in CLIENT_DUAL_ACCELERATIONS:
-        raise ValueError(
-            f"acceleration: must be one of {list(CLIENT_DUAL_ACCELERATIONS)} with "
-            f"client-held duals, got {acceleration!r}; use FedADMM for 'anderson'"
-        )
     if not _finite_number(rho) or rho <= 0:
         raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")
     if regularizer is not None and not isinstance(regularizer, Regularizer):

@@ -93,13 +93,10 @@ class FedADMM(ConsensusStrategy):
         Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
         z-step and the dual step as alpha w_i + (1 - alpha) z. 1 is plain ADMM.
         None (default): 1.6 when rho > 0, else 1.
-    acceleration : {None, "nesterov", "goldstein", "anderson"}
+    acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
-        when the combined residual grows; "nesterov" restarts from the current point
-        (use it with partial participation), "goldstein" from the previous one.
-        "anderson": Anderson acceleration of the round map (`flwr_admm.core.anderson`),
-        for full participation and deterministic local solvers (docs/tuning.md).
+        from the current point when the combined residual grows.
         "nesterov" by default; None is plain ADMM. No effect with rho = 0.
         Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
         textbook iteration is ``rho_schedule=Constant(), relaxation=1,

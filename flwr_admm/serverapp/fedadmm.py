@@ -104,13 +104,10 @@ class FedADMM(ConsensusStrategy):
         rho > 0, else 1.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
-    acceleration : {None, "nesterov", "goldstein", "anderson"}
+    acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
-        when the combined residual grows; "nesterov" restarts from the current point
-        (use it with partial participation), "goldstein" from the previous one.
-        "anderson": Anderson acceleration of the round map (`flwr_admm.core.anderson`),
-        for full participation and deterministic local solvers (docs/tuning.md).
+        from the current point when the combined residual grows.
         "nesterov" by default; None is plain ADMM. No effect with rho = 0.
         Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
         textbook iteration is ``rho_schedule=Constant(), relaxation=1,

@@ -21,7 +21,12 @@ from seed_task import gaps
 
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
-from flwr_admm.server.checkpoint import MANIFEST, MANIFEST_SHA256, CheckpointError
+from flwr_admm.server.checkpoint import (
+    MANIFEST,
+    MANIFEST_SHA256,
+    CheckpointError,
+    config_fingerprint,
+)
 from flwr_admm.server.checkpoint import _manifest_sha256 as manifest_sha256
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -69,40 +74,30 @@ def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) ->
     assert manifest["configuration"]["strategy"] == name.split("-")[0]
 
 
-ANDERSON = {**SETTINGS, "rho_schedule": "constant", "acceleration": "anderson"}
-
-
-# checkpoint rounds with a memory whose next extrapolation is accepted (measured:
-# every client, 5 pairs at round 6; half of them, 1 pair at round 10, 2 at 11)
-@pytest.mark.parametrize(("fraction", "stop"), [(1.0, 6), (0.5, 10)])
-def test_anderson_resume_keeps_the_memory_bit_identical(
-    fraction: float, stop: int, tmp_path: Path
+# acceleration="anderson" (FedADMM only) and "goldstein" were deleted
+@pytest.mark.parametrize(
+    ("name", "deleted"),
+    [
+        ("FedADMM", "anderson"),
+        ("FedADMM", "goldstein"),
+        ("FedADMMClientDuals-nesterov", "goldstein"),
+    ],
+)
+def test_a_checkpoint_written_with_a_deleted_option_is_refused_naming_it(
+    name: str, deleted: str, tmp_path: Path
 ) -> None:
-    """Anderson's dX, dG, x_k, g_k and counters are in the checkpoint: a resumed run
-    extrapolates exactly as the unbroken one (constant rho: its memory is not restarted)."""
-    settings = {**ANDERSON, "fraction_train": fraction}
-    straight = run(FedADMM(**settings), grid(), 14)
-    nodes = grid()
-    first = FedADMM(**settings, checkpoint_dir=tmp_path, checkpoint_every=2)
-    before = run(first, nodes, stop)
-    assert first.admm is not None and first.admm.anderson is not None
-    assert first.admm.anderson.accel.dx  # a memory to restore
-    second = FedADMM(**settings, checkpoint_dir=tmp_path, checkpoint_every=2)
-    after = run(second, nodes, 14 - stop)
-    np.testing.assert_array_equal(np.vstack([before, after]), straight)
-    assert second.admm is not None and second.admm.anderson is not None
-    assert second.admm.anderson.accel.accepted > first.admm.anderson.accel.accepted
-
-
-def test_an_anderson_checkpoint_without_its_memory_is_refused(tmp_path: Path) -> None:
-    run(FedADMM(**ANDERSON, checkpoint_dir=tmp_path), grid(), 4)
+    """As the version before the deletion wrote it: its fingerprinted configuration
+    names the option (not a fingerprint mismatch, not a KeyError in the state)."""
+    factory = STRATEGIES[name]
+    run(factory(**SETTINGS, checkpoint_dir=tmp_path), grid(), 2)
     path = tmp_path / MANIFEST
     manifest = json.loads(path.read_text())
-    del manifest["admm"]["anderson"]  # as written before the memory was saved
+    manifest["configuration"]["acceleration"] = deleted
+    manifest["fingerprint"] = config_fingerprint(manifest["configuration"])
     manifest[MANIFEST_SHA256] = manifest_sha256(manifest)
     path.write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="no Anderson memory"):
-        FedADMM(**ANDERSON, checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match=f"written with acceleration='{deleted}', which"):
+        factory(**SETTINGS, checkpoint_dir=tmp_path)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

@@ -35,10 +35,6 @@ CASES = {
             "client_rho": "data_size",
         },
     ),
-    "Anderson acceleration, half participation": (
-        {"fraction": 0.5, "minimum": 2},
-        {"rho": 0.1, "sampling_seed": 7, "acceleration": "anderson"},
-    ),
     "minibatches, warm start off": (
         {"fraction": 0.7, "minimum": 2},
         {"rho": 0.1, "sampling_seed": 3, "client": {"batch_size": 64, "local_init": "center"}},
