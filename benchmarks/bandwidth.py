@@ -66,6 +66,7 @@ from benchmarks.server_setup import FLOAT, SAMPLED
 from benchmarks.stream_floor import stream_floor_seconds
 from flwr_admm import FedADMM
 from flwr_admm.core.backend import compiled, numba_installed
+from flwr_admm.core.settings import TEXTBOOK
 
 
 def bytes_per_reply(
@@ -91,7 +92,7 @@ def bytes_per_reply(
     return num_parameters * (per_reply + per_round / m)
 
 
-PLAIN = {"acceleration": None, "relaxation": 1.0, "rho_schedule": "constant"}
+PLAIN = {**TEXTBOOK, "rho": 1.0}
 FAST = {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"}
 NUMPY, NUMBA = {"kernels": "numpy"}, {"kernels": "numba"}
 # label: (strategy keywords, bytes of one cached value); "numba": the fused kernels

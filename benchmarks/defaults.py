@@ -1,6 +1,6 @@
 """Candidate untuned defaults of `FedADMM`: rounds to target on every task, no tuning.
 
-Each candidate is a set of FedADMM keywords (rho0 = 1) run on the task's untuned
+Each candidate is a set of FedADMM keywords (rho0 = 1 unless said) run on the task's untuned
 local settings (`Problem.defaults`) through the same driver, tracker and client
 sampling as `benchmarks.convergence`, with full participation and with a sampled
 fraction (the task's own when it samples, else ``--fraction``: 3 of 10 clients), the
@@ -28,10 +28,10 @@ from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flo
 from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
 from flwr_admm import FedADMM, ResidualBalancing
-from flwr_admm.core.schedules import Constant
+from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.testing import make_proxies, run_rounds
 
-PLAIN: dict[str, Any] = {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None}
+PLAIN: dict[str, Any] = {**TEXTBOOK, "rho": 1.0}
 CANDIDATES: dict[str, dict[str, Any]] = {
     "plain (rho 1)": PLAIN,
     "RB": {**PLAIN, "rho_schedule": ResidualBalancing()},
@@ -39,22 +39,21 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "fast": {**PLAIN, "acceleration": "nesterov"},
     "fast alpha 1.6": {**PLAIN, "acceleration": "nesterov", "relaxation": 1.6},
     "fast RB": {**PLAIN, "acceleration": "nesterov", "rho_schedule": ResidualBalancing()},
-    "fast RB alpha 1.6": {
+    "fast RB alpha 1.6": {  # the defaults before the CNN task (rho0 = 1, gamma = 1)
+        **PLAIN,
         "acceleration": "nesterov",
         "rho_schedule": ResidualBalancing(),
         "relaxation": 1.6,
     },
     "defaults": {},
-    # the deep-net candidates (docs/torch.md): no over-relaxation, no acceleration, a
-    # damped dual step gamma, rho0 = 0.1 or 1
+    # the defaults' neighbours on the CNN task (docs/torch.md): rho0 = 1, gamma 0.2 or 0.5
     "RB gamma 0.2": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.2},
-    "RB gamma 0.2 rho 0.1": {
+    "RB gamma 0.5 rho 0.1": {
         **PLAIN,
         "rho_schedule": ResidualBalancing(),
-        "dual_step": 0.2,
+        "dual_step": 0.5,
         "rho": 0.1,
     },
-    "RB gamma 0.5": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.5},
     # z_average="replies" (docs/peers.md): the z-step averages this round's replies
     # only; identical to the row above it with every client replying.
     "RB alpha 1.6 z-replies": {

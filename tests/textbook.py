@@ -1,8 +1,8 @@
 """FedADMM strategies pinned to the textbook iteration the tests' references compute.
 
-The strategies' defaults (`flwr_admm.core.settings.strategy_defaults`: fast ADMM,
-`ResidualBalancing`, alpha = 1.6) are measured, not textbook; a test that checks the
-plain iteration against an independent loop asks for it explicitly.
+The strategies' defaults (`flwr_admm.core.settings`: `ResidualBalancing` from rho0 =
+0.1, a damped dual step) are measured, not textbook; a test that checks the plain
+iteration against an independent loop asks for it (`TEXTBOOK`) explicitly.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from flwr_admm import FedADMM
-from flwr_admm.core.schedules import Constant
+from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.serverapp import FedADMM as MessageFedADMM
-
-TEXTBOOK: dict[str, Any] = {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None}
 
 
 def textbook_fedadmm(**kwargs: Any) -> FedADMM:
-    """Return FedADMM(**kwargs) with constant rho, alpha = 1, no acceleration unless given."""
+    """Return FedADMM(**kwargs): the textbook iteration (`TEXTBOOK`) unless told otherwise."""
     return FedADMM(**{**TEXTBOOK, **kwargs})
 
 

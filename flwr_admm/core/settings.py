@@ -10,7 +10,9 @@ fields as read-only attributes (``strategy.rho``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
@@ -27,20 +29,36 @@ __all__ = [
     "DEFAULT_ACCELERATION",
     "DEFAULT_DUAL_STEP",
     "DEFAULT_RELAXATION",
+    "DEFAULT_RHO",
+    "FAST_CONVEX",
     "SETTING_VIEWS",
+    "TEXTBOOK",
     "ConsensusSettings",
     "SettingView",
     "schedule_of",
     "strategy_defaults",
 ]
 
-# Defaults of the FedADMM strategies (not of the core), chosen with
-# `python -m benchmarks.defaults` on seed-logreg, synthetic and digits, full and
-# partial participation (docs/tuning.md): fast ADMM, ResidualBalancing from rho0 and
-# over-relaxation 1.6. With rho = 0 (FedAvg) they fall back to Constant and 1.
-DEFAULT_ACCELERATION = "nesterov"
-DEFAULT_RELAXATION = 1.6
-DEFAULT_DUAL_STEP = 1.0
+# Defaults of the FedADMM strategies (not of the core), chosen on the workloads users
+# run, a CNN trained by momentum SGD on minibatches first (`python -m benchmarks.cnn`,
+# docs/torch.md), and measured on the convex tasks too (`python -m benchmarks.defaults`,
+# docs/tuning.md): rho0 = 0.1 under ResidualBalancing, a damped dual step 0.2, no
+# over-relaxation and no acceleration (both speed up full-batch convex runs but blow up
+# the CNN). With rho = 0 (FedAvg) the schedule falls back to Constant.
+DEFAULT_RHO = 0.1
+DEFAULT_ACCELERATION: str | None = None
+DEFAULT_RELAXATION = 1.0
+DEFAULT_DUAL_STEP = 0.2
+# The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+TEXTBOOK: Mapping[str, Any] = MappingProxyType(
+    {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None, "dual_step": 1.0}
+)
+# Full-batch convex clients (deterministic local solvers): fast ADMM, over-relaxation
+# 1.6, gamma = 1 from rho0 = 1, the defaults before the CNN task; 1.3-3x fewer rounds
+# there, divergent on the CNN (docs/tuning.md).
+FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
+    {"rho": 1.0, "relaxation": 1.6, "acceleration": "nesterov", "dual_step": 1.0}
+)
 
 T = TypeVar("T")
 

@@ -40,6 +40,7 @@ from flwr_admm.core.schedules import RhoSchedule
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
+    DEFAULT_RHO,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
@@ -176,7 +177,7 @@ class FedADMM(ConsensusStrategy):
     def __init__(
         self,
         *,
-        rho: float = 1.0,
+        rho: float = DEFAULT_RHO,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",

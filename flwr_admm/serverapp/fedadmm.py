@@ -19,6 +19,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
+    DEFAULT_RHO,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
@@ -187,7 +188,7 @@ class FedADMM(ConsensusStrategy):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: MetricsAggrFn | None = None,
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        rho: float = 1.0,
+        rho: float = DEFAULT_RHO,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",

@@ -53,7 +53,11 @@ def test_legacy_float32_state_is_stored_and_resumes_bit_identically(tmp_path: Pa
 
     def strategy(**extra: Any) -> FedADMM:
         return FedADMM(
-            initial_parameters=zeros_parameters(), state_dtype="float32", **LEGACY, **extra
+            initial_parameters=zeros_parameters(),
+            state_dtype="float32",
+            acceleration="nesterov",  # fast ADMM's y_i,prev is per-client state too
+            **LEGACY,
+            **extra,
         )
 
     def proxies() -> Any:
@@ -64,7 +68,7 @@ def test_legacy_float32_state_is_stored_and_resumes_bit_identically(tmp_path: Pa
     assert straight.admm is not None
     for record in straight.admm.records.values():
         assert record.w[0].dtype == np.float32 and record.y[0].dtype == np.float32
-    assert straight.admm.fast is not None  # the defaults: fast ADMM's y_i,prev too
+    assert straight.admm.fast is not None  # fast ADMM's y_i,prev too
     assert all(p[0].dtype == np.float32 for p in straight.admm.fast.y_prev.values())
     run_rounds(strategy(checkpoint_dir=tmp_path), proxies(), 6)
     second = strategy(checkpoint_dir=tmp_path)

@@ -105,7 +105,9 @@ def test_config_is_a_copy_plus_rho_proximal_mu_and_server_round() -> None:
 
 
 def test_per_client_rho_is_sent_as_rho_and_proximal_mu() -> None:
-    strategy = FedADMM(rho=1.0, client_rho="data_size", fraction_evaluate=0.0)
+    strategy = FedADMM(
+        rho=1.0, client_rho="data_size", rho_schedule="constant", fraction_evaluate=0.0
+    )
     _, second = two_rounds(strategy)
     sent = [m.content["config"]["rho"] for m in second]
     assert sent == pytest.approx([10 / 13, 11 / 13, 12 / 13, 1.0])
