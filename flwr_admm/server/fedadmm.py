@@ -42,6 +42,7 @@ from flwr_admm.core.settings import (
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
+    given_rho,
     strategy_defaults,
 )
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
@@ -63,12 +64,13 @@ __all__ = ["FedADMM"]
 class FedADMM(ConsensusStrategy):
     """Federated inexact consensus ADMM (server-held duals).
 
-    Takes every keyword of Flower's `FedAvg` plus:
+    Takes Flower's `FedAvg` keywords plus these; all keyword-only, as Flower's legacy FedAvg.
 
     Parameters
     ----------
-    rho : float
-        Penalty rho >= 0 (rho = 0 reproduces FedAvg).
+    rho, proximal_mu : float
+        Penalty rho >= 0 (default 1; rho = 0 reproduces FedAvg). ``proximal_mu`` is
+        FedProx's name for it: give either (both: equal, else ValueError; `given_rho`).
     rho_schedule : RhoSchedule or str, optional
         `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or one of their
         names. None (default): `ResidualBalancing()` from rho when rho > 0, else
@@ -166,7 +168,8 @@ class FedADMM(ConsensusStrategy):
     def __init__(
         self,
         *,
-        rho: float = 1.0,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
@@ -207,6 +210,7 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
+        rho = given_rho(rho, proximal_mu)
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,

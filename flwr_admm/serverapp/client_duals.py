@@ -22,6 +22,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
@@ -91,9 +92,12 @@ class FedADMMClientDuals(ConsensusStrategy):
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's Message-API `FedAvg`.
-    rho : float
-        Constant penalty rho > 0.
+        As in Flower's Message-API `FedAvg`, and positional in its order; the rest is
+        keyword-only (Flower's FedProx takes proximal_mu 11th: here a TypeError).
+        Metrics as in `FedADMM` (identity and protocol keys dropped).
+    rho, proximal_mu : float
+        Constant penalty rho > 0 (default 1). ``proximal_mu`` is FedProx's name for
+        it: give either (both: equal, else ValueError; `given_rho`).
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
     eps_abs, eps_rel, stop_on_convergence, sampling_seed :
@@ -128,7 +132,6 @@ class FedADMMClientDuals(ConsensusStrategy):
 
     def __init__(
         self,
-        *,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 2,
@@ -139,7 +142,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: MetricsAggrFn | None = None,
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        rho: float = 1.0,
+        *,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
@@ -182,7 +187,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             max_clients=max_clients,
         )
         self.state = ClientDualsState(
-            rho=rho,
+            rho=given_rho(rho, proximal_mu),
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,

@@ -21,6 +21,7 @@ from flwr_admm.core.settings import (
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
+    given_rho,
     strategy_defaults,
 )
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
@@ -84,10 +85,13 @@ class FedADMM(ConsensusStrategy):
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's Message-API `FedAvg`. ``train_metrics_aggr_fn`` sees the
-        accepted replies only; where a name it returns is one of ours, ours wins.
-    rho : float
-        Penalty rho >= 0; rho = 0 is FedAvg.
+        As in Flower's Message-API `FedAvg`, and positional in its order; the rest is
+        keyword-only (Flower's FedProx takes proximal_mu 11th: here a TypeError).
+        ``train_metrics_aggr_fn`` sees the accepted replies only; where a name it
+        returns is one of ours, ours wins; identity and protocol keys are dropped.
+    rho, proximal_mu : float
+        Penalty rho >= 0 (default 1); rho = 0 is FedAvg. ``proximal_mu`` is FedProx's
+        name for it: give either (both: equal, else ValueError; `given_rho`).
     rho_schedule : RhoSchedule or str, optional
         `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
         None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
@@ -171,7 +175,6 @@ class FedADMM(ConsensusStrategy):
 
     def __init__(
         self,
-        *,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 2,
@@ -182,7 +185,9 @@ class FedADMM(ConsensusStrategy):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: MetricsAggrFn | None = None,
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        rho: float = 1.0,
+        *,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
@@ -230,6 +235,7 @@ class FedADMM(ConsensusStrategy):
             max_client_age=max_client_age,
             max_clients=max_clients,
         )
+        rho = given_rho(rho, proximal_mu)
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
@@ -409,17 +415,12 @@ class FedADMM(ConsensusStrategy):
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
-        channel, dp = self.channel, self.channel.local_dp
         rules = [list(r) for r in self.tensor_rules]
         return {
             **({"tensor_policy": rules} if rules else {}),
             "strategy": self.label,
             **self.admm_settings.describe(),
-            "uplink": None if channel.compressor is None else channel.compressor.config(),
-            "uplink_residual": channel.residual,
-            "local_dp": None
-            if dp is None
-            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+            **self.channel.describe(),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:

@@ -1,0 +1,80 @@
+"""serverapp strategies as drop-ins for Flower's FedAvg / FedProx: constructor spelling
+and positional order, aggregate_train without configure_train, round metrics."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, FedProx
+from message_replies import FakeGrid, configure, named
+
+from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
+
+CONSENSUS = [FedADMM, FedADMMClientDuals]
+FEDAVG_FIELDS = list(inspect.signature(FedAvg.__init__).parameters)[1:]
+Z0 = {"w": np.zeros(3)}
+
+
+def rho_of(strategy: Any) -> float:
+    return float(strategy.rho if isinstance(strategy, FedADMM) else strategy.state.rho)
+
+
+def train_aggr(records: list[RecordDict], key: str) -> MetricRecord:
+    return MetricRecord({"seen": len(records)})
+
+
+def evaluate_aggr(records: list[RecordDict], key: str) -> MetricRecord:
+    return MetricRecord({"seen": -len(records)})
+
+
+# One value per FedAvg parameter, in Flower's order, none of them a default.
+FEDAVG_ARGS = (0.5, 0.25, 3, 1, 4, "weight", "model", "settings", train_aggr, evaluate_aggr)
+
+
+# ------------------------------------------------------------ rho / proximal_mu
+@pytest.mark.parametrize("cls", CONSENSUS)
+def test_proximal_mu_is_accepted_as_rho(cls: type) -> None:
+    assert rho_of(cls(proximal_mu=0.1)) == 0.1
+    assert rho_of(cls(rho=0.1, proximal_mu=0.1)) == 0.1  # both, equal
+    assert rho_of(cls()) == 1.0  # neither: the default is unchanged
+
+
+@pytest.mark.parametrize("cls", CONSENSUS)
+def test_rho_and_a_different_proximal_mu_is_a_value_error_naming_both(cls: type) -> None:
+    with pytest.raises(ValueError, match=r"rho, proximal_mu: .*rho=0.1, proximal_mu=0.2"):
+        cls(rho=0.1, proximal_mu=0.2)
+
+
+def test_a_fedprox_call_site_sends_its_proximal_mu_as_rho() -> None:
+    strategy = FedADMM(fraction_evaluate=0.0, proximal_mu=0.25)
+    messages = configure(strategy, 1, named(Z0), FakeGrid([7, 8]))
+    config = messages[0].content["config"]
+    assert config["proximal-mu"] == config["rho"] == 0.25
+
+
+# ---------------------------------------------------------- positional order
+@pytest.mark.parametrize("cls", CONSENSUS)
+def test_fedavg_parameters_come_first_in_flowers_order(cls: type) -> None:
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional == FEDAVG_FIELDS
+    ours = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert {"rho", "proximal_mu"} <= ours
+
+
+@pytest.mark.parametrize("cls", CONSENSUS)
+def test_positional_arguments_mean_what_they_mean_to_flowers_fedavg(cls: type) -> None:
+    flower, ours = FedAvg(*FEDAVG_ARGS), cls(*FEDAVG_ARGS)
+    for name in FEDAVG_FIELDS:
+        assert getattr(ours, name) == getattr(flower, name), name
+
+
+@pytest.mark.parametrize("cls", CONSENSUS)
+def test_fedprox_positional_proximal_mu_is_a_type_error(cls: type) -> None:
+    assert FedProx(*FEDAVG_ARGS, 0.1).proximal_mu == 0.1  # Flower's FedProx: 11th
+    with pytest.raises(TypeError):
+        cls(*FEDAVG_ARGS, 0.1)
