@@ -37,6 +37,7 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
+from flwr_admm.server.sampling import unconfigured
 
 
 class FedNova(FedAvg):
@@ -73,10 +74,13 @@ class FedNova(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies."""
+        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies.
+
+        Raises ValueError before any ``configure_fit`` (no x was sent: `unconfigured`).
+        """
         counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         if self.current is None:
-            raise RuntimeError("FedNova.aggregate_fit: configure_fit must run first")
+            raise unconfigured("FedNova", "aggregate_fit", "configure_fit")
         if not results or (not self.accept_failures and failures):
             return None, counts
         replies = self._valid_replies(results, counts)

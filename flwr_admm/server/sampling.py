@@ -184,6 +184,19 @@ def sample_ids(
     return [order[i] for i in picked]
 
 
+def unconfigured(strategy: str, aggregate: str, configure: str) -> ValueError:
+    """Return the error of an `aggregate` call before any `configure` call.
+
+    Every strategy of the package reads a reply against what `configure` sent that
+    node (FedADMM: the center v_i = z - u_i; SCAFFOLD, FedDyn, FedNova: x); before the
+    first `configure` call nothing was sent.
+    """
+    return ValueError(
+        f"{strategy}.{aggregate}: call {configure} first (each reply is read against "
+        f"what {configure} sent its node; nothing was sent yet)"
+    )
+
+
 def record_round(
     strategy: Any,
     server_round: int,

@@ -6,10 +6,22 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
 import pytest
+from fit_replies import Proxy, fit_res
+from flwr.common import ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg, FedProx
 
-from flwr_admm.server import FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg
+from flwr_admm.server import (
+    SCAFFOLD,
+    FedADMM,
+    FedADMMClientDuals,
+    FedADMMClientDualsSecAgg,
+    FedDyn,
+    FedNova,
+)
+from flwr_admm.testing import make_proxies
 
 CONSENSUS = [FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg]
 
@@ -45,3 +57,58 @@ def test_no_positional_argument_as_in_flowers_legacy_fedavg(cls: type) -> None:
     assert [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD] == []
     with pytest.raises(TypeError):
         cls(0.5)
+
+
+# ------------------------------------------------ aggregate_fit without configure_fit
+STRATEGIES = {
+    "FedADMM": lambda: FedADMM(rho=0.5),
+    "FedADMMClientDuals": lambda: FedADMMClientDuals(),
+    "FedADMMClientDualsSecAgg": lambda: FedADMMClientDualsSecAgg(),
+    "SCAFFOLD": lambda: SCAFFOLD(),
+    "FedDyn": lambda: FedDyn(alpha=0.1),
+    "FedNova": lambda: FedNova(),
+}
+NOT_OPEN = r"\.aggregate_fit: call configure_fit first"
+X0 = [np.zeros(3)]
+
+
+def _unused_client_fn(context: Any) -> Any:  # pragma: no cover - never called
+    raise AssertionError("client_fn must not be called in these tests")
+
+
+def started(strategy: Any) -> Any:
+    """Register two in-process clients and run configure_fit of round 1 from X0."""
+    manager = SimpleClientManager()
+    for proxy in make_proxies(_unused_client_fn, 2):
+        manager.register(proxy)
+    assert len(strategy.configure_fit(1, ndarrays_to_parameters(X0), manager)) == 2
+    return strategy
+
+
+def flower_test_results() -> list[Any]:
+    """Results as Flower's strategy tests hand-build them: arrays and num_examples."""
+    return [
+        (Proxy("1"), fit_res([np.ones(3)], 10, {})),
+        (Proxy("2"), fit_res([np.full(3, 3.0)], 30, {})),
+    ]
+
+
+@pytest.mark.parametrize("make", STRATEGIES.values(), ids=list(STRATEGIES))
+def test_aggregate_fit_before_any_configure_fit_is_a_value_error(make: Any) -> None:
+    strategy = make()
+    with pytest.raises(ValueError, match=NOT_OPEN):
+        strategy.aggregate_fit(1, flower_test_results(), [])
+    started(strategy).aggregate_fit(1, [], [])  # and the strategy still runs
+
+
+def test_a_refused_aggregate_fit_leaves_no_trace() -> None:
+    refused, fresh = STRATEGIES["FedADMM"](), STRATEGIES["FedADMM"]()
+    with pytest.raises(ValueError, match=NOT_OPEN):
+        refused.aggregate_fit(1, flower_test_results(), [])
+    for strategy in (refused, fresh):
+        started(strategy).aggregate_fit(1, flower_test_results(), [])
+    (arrays, meta), (want, want_meta) = refused.admm.state_dict(), fresh.admm.state_dict()
+    assert arrays.keys() == want.keys() and meta == want_meta
+    for name, value in want.items():
+        np.testing.assert_array_equal(arrays[name], value)
+    assert refused.history == fresh.history

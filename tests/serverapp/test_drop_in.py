@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedProx
-from message_replies import FakeGrid, configure, named
+from message_replies import FakeGrid, configure, named, reply
 
-from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
+from flwr_admm.serverapp.fednova import FedNova
 
 CONSENSUS = [FedADMM, FedADMMClientDuals]
 FEDAVG_FIELDS = list(inspect.signature(FedAvg.__init__).parameters)[1:]
@@ -78,3 +79,46 @@ def test_fedprox_positional_proximal_mu_is_a_type_error(cls: type) -> None:
     assert FedProx(*FEDAVG_ARGS, 0.1).proximal_mu == 0.1  # Flower's FedProx: 11th
     with pytest.raises(TypeError):
         cls(*FEDAVG_ARGS, 0.1)
+
+
+# ------------------------------------------- aggregate_train without configure_train
+STRATEGIES = {
+    "FedADMM": lambda: FedADMM(fraction_evaluate=0.0, rho=0.5),
+    "FedADMMClientDuals": lambda: FedADMMClientDuals(fraction_evaluate=0.0),
+    "SCAFFOLD": lambda: SCAFFOLD(fraction_evaluate=0.0),
+    "FedDyn": lambda: FedDyn(alpha=0.1, fraction_evaluate=0.0),
+    "FedNova": lambda: FedNova(fraction_evaluate=0.0),
+}
+NOT_OPEN = r"\.aggregate_train: call configure_train first"
+
+
+def flower_test_replies() -> list[Any]:
+    """Replies as Flower's strategy tests hand-build them: arrays and num-examples."""
+    return [
+        reply(7, {"w": np.ones(3)}, **{"num-examples": 10}),
+        reply(8, {"w": np.full(3, 3.0)}, **{"num-examples": 30}),
+    ]
+
+
+@pytest.mark.parametrize("make", STRATEGIES.values(), ids=list(STRATEGIES))
+def test_aggregate_train_before_any_configure_train_is_a_value_error(make: Any) -> None:
+    strategy = make()
+    with pytest.raises(ValueError, match=NOT_OPEN):
+        strategy.aggregate_train(1, flower_test_replies())
+    configure(strategy, 1, named(Z0), FakeGrid([7, 8]))  # and the strategy still runs
+    strategy.aggregate_train(1, [])
+
+
+def test_a_refused_aggregate_train_leaves_no_trace() -> None:
+    refused, fresh = STRATEGIES["FedADMM"](), STRATEGIES["FedADMM"]()
+    with pytest.raises(ValueError, match=NOT_OPEN):
+        refused.aggregate_train(1, flower_test_replies())
+    for strategy in (refused, fresh):
+        configure(strategy, 1, named(Z0), FakeGrid([7, 8]))
+        strategy.aggregate_train(1, flower_test_replies())
+    assert refused.admm is not None and fresh.admm is not None
+    (arrays, meta), (want, want_meta) = refused.admm.state_dict(), fresh.admm.state_dict()
+    assert arrays.keys() == want.keys() and meta == want_meta
+    for name, value in want.items():
+        np.testing.assert_array_equal(arrays[name], value)
+    assert refused.history == fresh.history
