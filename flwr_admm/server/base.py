@@ -104,7 +104,8 @@ class ConsensusStrategy(FedAvg):
     sets itself (``rho``, ``proximal_mu``, ``server_round``, ``admm-*``, ``uplink*``,
     ``dp-*``): ValueError naming it. ``fit_metrics_aggregation_fn`` sees the accepted
     replies only; a name it returns that the strategy also reports is logged as a
-    warning and the strategy's value is kept.
+    warning and the strategy's value is kept, and the identity and protocol keys it
+    returns (``client-key``, ``partition-id``, ``num-examples``, ``admm-*``) are dropped.
 
     Checkpoints: `settings` (the shared settings plus the strategy's `configuration`)
     is fingerprinted; a checkpoint written under other settings is refused with a

@@ -37,6 +37,7 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
+from flwr_admm.server.report import without_reply_keys
 from flwr_admm.server.sampling import unconfigured
 
 
@@ -95,8 +96,10 @@ class FedNova(FedAvg):
             **counts,
         }
         if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, res in results]
+            user = without_reply_keys(
+                self.fit_metrics_aggregation_fn(
+                    [(res.num_examples, res.metrics) for _, res in results]
+                )
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})

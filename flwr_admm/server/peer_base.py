@@ -47,6 +47,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server.identity import client_key_of
+from flwr_admm.server.report import without_reply_keys
 from flwr_admm.server.sampling import unconfigured
 
 Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
@@ -169,8 +170,10 @@ class PeerStrategy(FedAvg):
             return None, counts
         metrics: dict[str, Scalar] = {**self.fold(replies), **counts}
         if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for res in self._accepted]
+            user = without_reply_keys(
+                self.fit_metrics_aggregation_fn(
+                    [(res.num_examples, res.metrics) for res in self._accepted]
+                )
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})

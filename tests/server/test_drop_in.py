@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fit_replies import Proxy, fit_res
+from flower_run import admm_client_fn, zeros_parameters
 from flwr.common import ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg, FedProx
@@ -21,7 +22,7 @@ from flwr_admm.server import (
     FedDyn,
     FedNova,
 )
-from flwr_admm.testing import make_proxies
+from flwr_admm.testing import make_proxies, run_rounds
 
 CONSENSUS = [FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg]
 
@@ -112,3 +113,43 @@ def test_a_refused_aggregate_fit_leaves_no_trace() -> None:
     for name, value in want.items():
         np.testing.assert_array_equal(arrays[name], value)
     assert refused.history == fresh.history
+
+
+# ------------------------------------------------------------------ round metrics
+RUN = {"min_available_clients": 4, "min_fit_clients": 4}
+RUNS = {
+    "FedADMM": lambda **kw: FedADMM(rho=0.1, **RUN, **kw),
+    "FedADMMClientDuals": lambda **kw: FedADMMClientDuals(rho=0.1, **RUN, **kw),
+    "SCAFFOLD": lambda **kw: SCAFFOLD(**RUN, **kw),
+    "FedDyn": lambda **kw: FedDyn(alpha=0.1, **RUN, **kw),
+    "FedNova": lambda **kw: FedNova(**RUN, **kw),
+}
+CLIENT = {"local_steps": 5, "learning_rate": 0.5}
+
+
+def reply_only(name: str) -> bool:
+    return name in ("partition-id", "client-key", "num-examples") or name.startswith("admm-")
+
+
+def weighted_mean_of_every_metric(fit_metrics: list[tuple[int, dict[str, Any]]]) -> dict:
+    """A user's fit_metrics_aggregation_fn: Flower's Message-API default, for legacy."""
+    total = sum(n for n, _ in fit_metrics)
+    names = {k for _, m in fit_metrics for k, v in m.items() if isinstance(v, int | float)}
+    return {k: sum(n * float(m.get(k, 0.0)) for n, m in fit_metrics) / total for k in names}
+
+
+@pytest.mark.parametrize("make", RUNS.values(), ids=list(RUNS))
+def test_round_metrics_hold_no_identity_or_protocol_key(make: Any) -> None:
+    seen: list[set[str]] = []
+
+    def user(fit_metrics: list[tuple[int, dict[str, Any]]]) -> dict:
+        seen.extend(set(m) for _, m in fit_metrics)
+        return weighted_mean_of_every_metric(fit_metrics)
+
+    strategy = make(fit_metrics_aggregation_fn=user)
+    proxies = make_proxies(admm_client_fn(**CLIENT), 4)
+    result = run_rounds(strategy, proxies, 2, initial_parameters=zeros_parameters())
+    for metrics in result.fit_metrics:
+        assert [name for name in metrics if reply_only(name)] == []
+        assert "loss" in metrics  # the replies' own metrics are still averaged
+    assert seen and all({"partition-id", "loss"} <= keys for keys in seen)  # unchanged

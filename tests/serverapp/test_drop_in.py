@@ -8,12 +8,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from flower_run import admm_client_fn
 from flwr.app import MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg, FedProx
+from flwr.serverapp.strategy import FedAvg, FedProx, strategy_utils
+from message_apps import zeros
 from message_replies import FakeGrid, configure, named, reply
 
+from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from flwr_admm.serverapp.fednova import FedNova
+from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
 CONSENSUS = [FedADMM, FedADMMClientDuals]
 FEDAVG_FIELDS = list(inspect.signature(FedAvg.__init__).parameters)[1:]
@@ -122,3 +126,46 @@ def test_a_refused_aggregate_train_leaves_no_trace() -> None:
     for name, value in want.items():
         np.testing.assert_array_equal(arrays[name], value)
     assert refused.history == fresh.history
+
+
+# ------------------------------------------------------------------ round metrics
+RUN = {"fraction_evaluate": 0.0, "min_available_nodes": 4, "min_train_nodes": 4}
+RUNS = {
+    "FedADMM": lambda **kw: FedADMM(rho=0.1, **RUN, **kw),
+    "FedADMMClientDuals": lambda **kw: FedADMMClientDuals(rho=0.1, **RUN, **kw),
+    "SCAFFOLD": lambda **kw: SCAFFOLD(**RUN, **kw),
+    "FedDyn": lambda **kw: FedDyn(alpha=0.1, **RUN, **kw),
+    "FedNova": lambda **kw: FedNova(**RUN, **kw),
+}
+CLIENT = {"local_steps": 5, "learning_rate": 0.5}
+
+
+def reply_only(name: str) -> bool:
+    return name in ("partition-id", "client-key", "num-examples") or name.startswith("admm-")
+
+
+def two_rounds(strategy: Any) -> list[dict[str, Any]]:
+    """Round metrics of two rounds of `make_client_app` around ADMMClients, 4 nodes."""
+    grid = InProcessGrid(make_client_app(admm_client_fn(**CLIENT)), 4)
+    result = run_strategy(strategy, grid, zeros(), 2)
+    return [dict(result.train_metrics_clientapp[k]) for k in (1, 2)]
+
+
+@pytest.mark.parametrize("make", RUNS.values(), ids=list(RUNS))
+def test_round_metrics_hold_no_identity_or_protocol_key(make: Any) -> None:
+    for metrics in two_rounds(make()):  # Flower's default train_metrics_aggr_fn
+        assert [name for name in metrics if reply_only(name)] == []
+        assert "loss" in metrics  # the replies' own metrics are still averaged
+
+
+@pytest.mark.parametrize("make", RUNS.values(), ids=list(RUNS))
+def test_a_users_train_metrics_aggr_fn_sees_the_replies_unchanged(make: Any) -> None:
+    seen: list[set[str]] = []
+
+    def user(records: list[RecordDict], key: str) -> MetricRecord:
+        seen.extend(set(next(iter(r.metric_records.values()))) for r in records)
+        return strategy_utils.aggregate_metricrecords(records, key)
+
+    for metrics in two_rounds(make(train_metrics_aggr_fn=user)):
+        assert [name for name in metrics if reply_only(name)] == []
+    assert seen and all({"partition-id", "num-examples", "loss"} <= keys for keys in seen)
