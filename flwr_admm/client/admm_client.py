@@ -27,15 +27,14 @@ from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters
 from numpy.typing import NDArray
 
 from flwr_admm.client import client_duals, peers
+from flwr_admm.client.evaluation import evaluate_model
 from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.client.secagg import SecureRound, secure_reply
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
 from flwr_admm.protocol import (
-    ACCURACY,
     ACK_ROUND,
-    AUC,
     BATCH_SIZE,
     CLIENT_KEY,
     GRAD_NORM,
@@ -79,8 +78,9 @@ class ADMMClient(NumPyClient):
         Minibatch size; None = full batch.
     local_init : {"auto", "previous", "center", "consensus"}
         Start: own last w_i (in ``context.state``), v_i, or the received z (as FedDyn;
-        client-held duals only). "auto" (default): z under client-held duals, else the
-        own last w_i. With rho = 0 the loop starts at the received z.
+        client-held duals only: this client asks server-held FedADMM for no z, its
+        replies say it starts elsewhere). "auto" (default): z under client-held duals,
+        else the own last w_i. With rho = 0 the loop starts at the received z.
     prox_step : {"exact", "gradient"}
         Proximal-gradient step (stable for any rho) or the seed's explicit step.
     grad_tol : float, optional
@@ -223,8 +223,7 @@ class ADMMClient(NumPyClient):
             GRAD_NORM: float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
         }
         metrics.update(self._key_metrics())
-        if RHO in config:  # it solves FedADMM's step (from its own last w_i or v_i)
-            metrics[START_MARK] = 0
+        metrics.update({START_MARK: 0} if RHO in config else {})  # solves FedADMM's step
         return list(reply.arrays), int(self.X.shape[0]), metrics
 
     def _fit_client_duals(
@@ -420,33 +419,3 @@ def _nonnegative(value: Scalar, field: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: must be a finite number >= 0, got {value!r}")
     return number
-
-
-def evaluate_model(
-    model: Model, params: Params, X: NDArray[np.float64], y: NDArray[np.int64]
-) -> tuple[float, int, dict[str, Scalar]]:
-    """Loss, n and {accuracy, auc (binary, both classes present)} of `params` on (X, y)."""
-    loss = model.loss(params, X, y)
-    proba = model.predict_proba(params, X)
-    metrics: dict[str, Scalar] = {ACCURACY: float(np.mean(proba.argmax(axis=1) == y))}
-    if proba.shape[1] == 2 and np.unique(y).size == 2:
-        metrics[AUC] = binary_auc(y, proba[:, 1])
-    return float(loss), int(X.shape[0]), metrics
-
-
-def binary_auc(y: NDArray[np.int64], score: NDArray[np.float64]) -> float:
-    """ROC AUC by the Mann-Whitney statistic, ties counted one half.
-
-    AUC = (sum of the positives' mid-ranks - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
-    numpy only: importing scikit-learn costs every fresh ClientApp process ~1.3 s.
-    """
-    positive = np.asarray(y) == 1
-    n_pos = int(positive.sum())
-    n_neg = positive.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError("y: AUC needs both classes")
-    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    mid_ranks = ends - (counts - 1) / 2.0  # 1-based average rank of each distinct value
-    rank_sum = float(mid_ranks[inverse][positive].sum())
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))

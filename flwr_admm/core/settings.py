@@ -5,7 +5,8 @@ rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a ba
 value or combination (ValueError naming the field), and `new_admm` starts the numpy
 core (`ConsensusADMM`) from it. `schedule_of` reads a schedule given by name.
 `SETTING_VIEWS` lets a strategy that holds settings in ``admm_settings`` show their
-fields as read-only attributes (``strategy.rho``).
+fields as read-only attributes (``strategy.rho``). `given_rho` reads rho under either
+of its names, ``rho`` or FedProx's ``proximal_mu``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "TEXTBOOK",
     "ConsensusSettings",
     "SettingView",
+    "given_rho",
     "schedule_of",
     "strategy_defaults",
 ]
@@ -195,6 +197,29 @@ def strategy_defaults(
     if relaxation is None:
         relaxation = DEFAULT_RELAXATION if penalized else 1.0
     return schedule, relaxation
+
+
+def given_rho(rho: float | None, proximal_mu: float | None) -> float:
+    """Return the penalty rho a strategy was given as ``rho`` or as ``proximal_mu``.
+
+    ``proximal_mu`` is Flower's FedProx name for the same weight of ||w - center||^2,
+    accepted so that a FedProx call site runs unchanged. Neither given: DEFAULT_RHO.
+    The value itself is checked where it is used (`ConsensusSettings`).
+
+    Raises
+    ------
+    ValueError
+        If both are given and differ, naming both.
+
+    """
+    if rho is None:
+        return DEFAULT_RHO if proximal_mu is None else proximal_mu
+    if proximal_mu is not None and proximal_mu != rho:
+        raise ValueError(
+            f"rho, proximal_mu: two names of one penalty (proximal_mu is FedProx's name "
+            f"for rho); give one, or equal values, got rho={rho!r}, proximal_mu={proximal_mu!r}"
+        )
+    return rho
 
 
 def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:

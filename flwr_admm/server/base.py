@@ -51,6 +51,7 @@ from flwr_admm.server.sampling import (
     record_round,
     reject_reply,
     sample_clients,
+    unconfigured,
 )
 from flwr_admm.uplink.channel import UplinkChannel
 
@@ -68,7 +69,9 @@ class ConsensusStrategy(FedAvg):
     the wrong type or size rejects that reply only), settles who may speak for each key
     (`KeyBinding`), and folds the replies in one at a time, in natural key order
     (deterministic sums), through `_fold_reply`; `_finish_round` then updates z.
-    Round numbers continue after a resume.
+    Round numbers continue after a resume. Before any ``configure_fit``,
+    ``aggregate_fit`` raises ValueError naming ``configure_fit`` and changes nothing
+    (why not FedAvg's mean: `flwr_admm.serverapp.base.ConsensusStrategy`).
 
     Identity (``key_binding``, `flwr_admm.server.identity`). ``"node"`` (default): a
     key is accepted only from the node (cid) it was first accepted from, and a node
@@ -101,7 +104,8 @@ class ConsensusStrategy(FedAvg):
     sets itself (``rho``, ``proximal_mu``, ``server_round``, ``admm-*``, ``uplink*``,
     ``dp-*``): ValueError naming it. ``fit_metrics_aggregation_fn`` sees the accepted
     replies only; a name it returns that the strategy also reports is logged as a
-    warning and the strategy's value is kept.
+    warning and the strategy's value is kept, and the identity and protocol keys it
+    returns (``client-key``, ``partition-id``, ``num-examples``, ``admm-*``) are dropped.
 
     Checkpoints: `settings` (the shared settings plus the strategy's `configuration`)
     is fingerprinted; a checkpoint written under other settings is refused with a
@@ -140,6 +144,7 @@ class ConsensusStrategy(FedAvg):
         self._round_offset = 0  # rounds done before a resume
         self._clock = 0  # rounds begun (configure_fit calls), continuing after a resume
         self._evicted = 0  # keys evicted since this round's configure_fit
+        self._configured = False  # configure_fit ran: the replies' centers exist
         self._dtypes: list[np.dtype[Any]] = []  # of the broadcast z, kept on the wire
         self.checkpoint_every = checkpoint_every_value(checkpoint_every)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
@@ -175,6 +180,7 @@ class ConsensusStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Evict stale keys, adopt the broadcast z^k, sample clients, send each its FitIns."""
         self._adopt(parameters)
+        self._configured = True
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
@@ -201,7 +207,12 @@ class ConsensusStrategy(FedAvg):
     def aggregate_fit(
         self, server_round: int, results: Results, failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Fold the usable replies in client-key order, then update z (`_finish_round`)."""
+        """Fold the usable replies in client-key order, then update z (`_finish_round`).
+
+        Raises ValueError before any ``configure_fit`` (class docstring).
+        """
+        if not self._configured:
+            raise unconfigured(self.label, "aggregate_fit", "configure_fit")
         server_round += self._round_offset
         counts: dict[str, Scalar] = {
             NUM_FAILURES: len(failures),
@@ -210,7 +221,7 @@ class ConsensusStrategy(FedAvg):
             NUM_EVICTED: self._evicted,
         }
         counts.update({name: 0 for name in self.counters})
-        if self._consensus() is None or (not self.accept_failures and failures):
+        if not self.accept_failures and failures:
             return None, counts
         with single_thread_blas():
             accepted = self._fold_replies(results, server_round, counts)

@@ -229,8 +229,6 @@ def shared_settings(strategy: Any) -> dict[str, Any]:
     Sampling, failures, stopping, client identity and eviction, uplink compression
     and local DP: each changes the iterates.
     """
-    channel = strategy.channel
-    dp = channel.local_dp
     return {
         "sampling_seed": strategy.sampling_seed,
         "fraction_fit": float(strategy.fraction_fit),
@@ -240,11 +238,7 @@ def shared_settings(strategy: Any) -> dict[str, Any]:
         "key_binding": strategy.key_binding,
         "max_client_age": strategy.max_client_age,
         "max_clients": strategy.max_clients,
-        "uplink": None if channel.compressor is None else channel.compressor.config(),
-        "uplink_residual": channel.residual,
-        "local_dp": None
-        if dp is None
-        else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+        **strategy.channel.describe(),
     }
 
 

@@ -96,6 +96,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     MODE_CLIENT,
@@ -126,12 +127,13 @@ STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its che
 class FedADMMClientDuals(ConsensusStrategy):
     """Federated consensus ADMM with client-held duals (see the module docstring).
 
-    Takes every keyword of Flower's `FedAvg` plus:
+    Takes Flower's `FedAvg` keywords plus these; all keyword-only, as Flower's legacy FedAvg.
 
     Parameters
     ----------
-    rho : float
-        Constant penalty rho > 0.
+    rho, proximal_mu : float
+        Constant penalty rho > 0 (default 1). ``proximal_mu`` is FedProx's name for
+        it: give either (both: equal, else ValueError; `given_rho`).
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
     eps_abs, eps_rel : float
@@ -177,7 +179,8 @@ class FedADMMClientDuals(ConsensusStrategy):
     def __init__(
         self,
         *,
-        rho: float = 1.0,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
@@ -208,7 +211,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             **fedavg_kwargs,
         )
         self.state = ClientDualsState(
-            rho=rho,
+            rho=given_rho(rho, proximal_mu),
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,

@@ -40,12 +40,13 @@ from flwr_admm.core.schedules import RhoSchedule
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    DEFAULT_RHO,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
+    given_rho,
     strategy_defaults,
 )
+from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
@@ -72,97 +73,28 @@ __all__ = ["FedADMM"]
 
 
 class FedADMM(ConsensusStrategy):
-    """Federated inexact consensus ADMM (server-held duals).
+    """Federated inexact consensus ADMM (server-held duals), Flower's legacy strategy API.
 
-    Takes every keyword of Flower's `FedAvg` plus:
+    The round, the defaults and every keyword below are those of the Message-API
+    `flwr_admm.serverapp.FedADMM`, the reference; the same replies give the same
+    iterates. Takes Flower's legacy `FedAvg` keywords plus these, all keyword-only as
+    Flower's legacy FedAvg:
 
     Parameters
     ----------
-    rho : float
-        Penalty rho >= 0 (rho = 0 reproduces FedAvg).
-    rho_schedule : RhoSchedule or str, optional
-        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or one of their
-        names. None (default): `ResidualBalancing()` from rho when rho > 0, else
-        `Constant()`.
-    regularizer : Regularizer, optional
-        Server regularizer g (`L1`, `L2`); the z-step is its prox.
-    client_rho : {"uniform", "data_size"}
-        rho_i = rho or rho * n_i / max_j n_j.
-    eps_abs, eps_rel : float
-        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
-    relaxation : float or None
-        Over-relaxation alpha in (0, 2) (Boyd et al. 2011, 3.4.3): replies enter the
-        z-step and the dual step as alpha w_i + (1 - alpha) z. 1 is plain ADMM.
-        None (default): 1.6 when rho > 0, else 1.
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
-        z and the replying clients' duals are extrapolated between rounds, restarting
-        from the current point when the combined residual grows.
-        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
-        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
-        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
-        acceleration=None``.
-    restart_eta : float
-        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
-    state_dtype : {"float64", "float32"}
-        Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
-        "float32" halves the server's per-client memory, the optimum is reached up to
-        float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
-    kernels : {"auto", "numpy", "numba"}
-        numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
-    z_average : {"cached", "replies"}
-        The z-step averages the last w_i of every client seen ("cached", default) or
-        only the round's replies (as FedDyn): faster with partial participation
-        (docs/peers.md), the same with every client replying. Fingerprinted if set.
-    dual_step : float
-        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); as the Message-API
-        `flwr_admm.serverapp.FedADMM`.
-    stop_on_convergence : bool
-        Sample no clients once r <= eps_pri and s <= eps_dual.
-    sampling_seed : int or None
-        Seeded client sampling (clients ordered by key, then cid); None uses
-        Flower's unseeded `ClientManager.sample`.
-    checkpoint_dir : path, optional
-        Write the server state (z, duals, cached w_i, weights, rho and schedule state,
-        round, config fingerprint) there after every `checkpoint_every` aggregations.
-        If it already holds a checkpoint and `resume` is true, start from it.
-    checkpoint_every : int
-        Aggregations between checkpoints.
-    resume : bool
-        Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
-        damaged checkpoint is an error, never a silent fresh start).
-    uplink : Compressor, optional
-        Compress client updates w_i - v_i (`StochasticQuantizer`, `TopK`); replies are
-        decoded against the center each client was sent before validation.
-    uplink_residual : {"update", "dual"}
-        Where a client's compression residual goes (with ``error_feedback``): into its
-        next update (error feedback, default) or into its share of the dual.
-    local_dp : LocalDP, optional
-        Clients clip w_i - v_i to norm C and add N(0, (sigma C)^2); ``dp_epsilon`` is
-        reported every round (`flwr_admm.uplink.privacy`).
-    key_binding : {"node", "authenticated", "reported"}
-        "node" (default): a client key is accepted only from the node it was first
-        accepted from; a conflicting claim is rejected (``num_key_conflicts``) and the
-        owner's dual untouched; a key whose node left the federation restarts fresh
-        under its new node. "authenticated" (SuperNode authentication on: node ids are
-        fixed by registered keys): never rebound, so no node can take over an absent
-        node's key. "reported": trust reported keys (a returning key keeps its
-        dual under any node id, ``num_resynced``); only for trusted deployments. See
-        `ConsensusStrategy`.
-    max_client_age : int or None
-        Evict (forget w_i, u_i, n_i; re-sum exactly) a client key whose last accepted
-        reply is more than this many rounds old. None (default): never.
-    max_clients : int or None
-        Keep at most this many client keys, evicting the least recently heard (ties in
-        key order) before each round. None (default): no limit.
-    tensor_policy : mapping, optional
-        ``{name pattern: role}`` with roles ``"consensus"`` (ADMM), ``"average"``
-        (FedAvg, no dual) or ``"keep"`` (never changed); unmatched tensors: integer
-        dtypes keep, ``*running_mean`` / ``*running_var`` average, the rest consensus
-        (`flwr_admm.core.tensor_policy`).
+    rho, proximal_mu, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, \
+    relaxation, acceleration, restart_eta, state_dtype, kernels, z_average, dual_step, \
+    stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
+    uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
+    tensor_policy :
+        As in `flwr_admm.serverapp.FedADMM`. Clients are Flower's `ClientProxy`s (keyed
+        by ``client-key`` or ``partition-id`` in the fit metrics, else the cid); the
+        start point z follows the center as a second block of tensors (config
+        ``admm-start = 1``) for clients whose replies say they start there
+        (`flwr_admm.core.start_marks`).
     tensor_names : sequence of str, optional
-        The names the patterns match (e.g. ``list(model.state_dict())``); default
-        ``"0"``, ``"1"``, ... (legacy parameters carry no names).
+        The names the `tensor_policy` patterns match (e.g. ``list(model.state_dict())``);
+        default ``"0"``, ``"1"``, ... (legacy parameters carry no names).
 
     """
 
@@ -177,7 +109,8 @@ class FedADMM(ConsensusStrategy):
     def __init__(
         self,
         *,
-        rho: float = DEFAULT_RHO,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
@@ -219,6 +152,7 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             **fedavg_kwargs,
         )
+        rho = given_rho(rho, proximal_mu)
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
@@ -437,31 +371,16 @@ class FedADMM(ConsensusStrategy):
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho, schedule and privacy ledger."""
-        assert self.admm is not None
-        arrays, meta = self.admm.state_dict()
+        assert self.admm is not None and self.tensors is not None
+        arrays, manifest = snapshot(self.admm, self.tensors)
         ledger = self.channel.ledger
-        assert self.tensors is not None
-        arrays.update({f"tensors.{i}": t for i, t in self.tensors.held.items()})
-        manifest = {
-            "tensor_roles": list(self.tensors.roles),
-            "admm": meta,
-            "sent_key": self._sent_key,
-            "privacy": ledger.state_dict() if ledger is not None else {},
-        }
-        return arrays, manifest
+        privacy = ledger.state_dict() if ledger is not None else {}
+        return arrays, {**manifest, "sent_key": self._sent_key, "privacy": privacy}
 
     def _load_state_dict(
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
     ) -> None:
-        meta = manifest["admm"]
-        admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
-        admm.load_state_dict(arrays, meta)
-        roles = manifest.get("tensor_roles") or ["consensus"] * len(admm.z)
-        held = iter(admm.z)
-        z = [
-            arrays[f"tensors.{i}"] if r != "consensus" else next(held) for i, r in enumerate(roles)
-        ]
-        self.admm, self.tensors = admm, TensorSplit(roles, z)
+        self.admm, self.tensors = restore(self.admm_settings, arrays, manifest)
         self._sent_key = dict(manifest.get("sent_key", {}))
         if self.channel.ledger is not None:
             self.channel.ledger.load_state_dict(manifest.get("privacy", {}))

@@ -37,6 +37,8 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
+from flwr_admm.server.report import without_reply_keys
+from flwr_admm.server.sampling import unconfigured
 
 
 class FedNova(FedAvg):
@@ -73,10 +75,13 @@ class FedNova(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies."""
+        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the valid replies.
+
+        Raises ValueError before any ``configure_fit`` (no x was sent: `unconfigured`).
+        """
         counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         if self.current is None:
-            raise RuntimeError("FedNova.aggregate_fit: configure_fit must run first")
+            raise unconfigured("FedNova", "aggregate_fit", "configure_fit")
         if not results or (not self.accept_failures and failures):
             return None, counts
         replies = self._valid_replies(results, counts)
@@ -91,8 +96,10 @@ class FedNova(FedAvg):
             **counts,
         }
         if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, res in results]
+            user = without_reply_keys(
+                self.fit_metrics_aggregation_fn(
+                    [(res.num_examples, res.metrics) for _, res in results]
+                )
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})

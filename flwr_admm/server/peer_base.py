@@ -47,6 +47,8 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server.identity import client_key_of
+from flwr_admm.server.report import without_reply_keys
+from flwr_admm.server.sampling import unconfigured
 
 Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
 
@@ -152,11 +154,14 @@ class PeerStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Fold the valid replies in key order into x (and the server state)."""
+        """Fold the valid replies in key order into x (and the server state).
+
+        Raises ValueError before any ``configure_fit`` (no x was sent: `unconfigured`).
+        """
         counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         name = type(self).__name__
         if self.current is None:
-            raise RuntimeError(f"{name}.aggregate_fit: configure_fit must run first")
+            raise unconfigured(name, "aggregate_fit", "configure_fit")
         if not results or (not self.accept_failures and failures):
             return None, counts
         replies = self._valid_replies(results, counts)
@@ -165,8 +170,10 @@ class PeerStrategy(FedAvg):
             return None, counts
         metrics: dict[str, Scalar] = {**self.fold(replies), **counts}
         if self.fit_metrics_aggregation_fn is not None:
-            user = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for res in self._accepted]
+            user = without_reply_keys(
+                self.fit_metrics_aggregation_fn(
+                    [(res.num_examples, res.metrics) for res in self._accepted]
+                )
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})

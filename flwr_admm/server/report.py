@@ -2,10 +2,15 @@
 
 Both FedADMMs (legacy `flwr_admm.server.fedadmm`, Message-API
 `flwr_admm.serverapp.fedadmm`) report a `RoundReport` of the numpy core through
-`report_metrics`, so their metric names and values cannot drift apart.
+`report_metrics`, so their metric names and values cannot drift apart. Every strategy
+of the package, on both APIs, passes what a metrics-aggregation function returns
+through `without_reply_keys`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
 
 from flwr.common import Scalar
 
@@ -20,10 +25,14 @@ from flwr_admm.protocol import (
     NUM_REPLIES,
     OBJECTIVE,
     PRIMAL_RESIDUAL,
+    REPLY_ONLY_METRICS,
+    REPLY_ONLY_PREFIX,
     RHO,
 )
 
-__all__ = ["report_metrics"]
+__all__ = ["report_metrics", "without_reply_keys"]
+
+V = TypeVar("V")
 
 
 def report_metrics(report: RoundReport) -> dict[str, Scalar]:
@@ -42,3 +51,19 @@ def report_metrics(report: RoundReport) -> dict[str, Scalar]:
     if report.objective is not None:
         metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
     return metrics
+
+
+def without_reply_keys(aggregated: Mapping[str, V]) -> dict[str, V]:
+    """Return aggregated reply metrics without the replies' identity and protocol keys.
+
+    Dropped: ``client-key``, ``partition-id``, ``num-examples`` and every ``admm-*``
+    key (`flwr_admm.protocol.REPLY_ONLY_METRICS`): Flower's default
+    ``train_metrics_aggr_fn`` weight-averages every numeric reply metric, ids included,
+    and an average of ids or protocol counters is no round metric. The function that
+    produced `aggregated` saw the replies unchanged.
+    """
+    return {
+        name: value
+        for name, value in aggregated.items()
+        if name not in REPLY_ONLY_METRICS and not name.startswith(REPLY_ONLY_PREFIX)
+    }

@@ -32,6 +32,7 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
+from flwr_admm.server.report import without_reply_keys
 
 IdT = TypeVar("IdT", int, str)  # a legacy cid or a Message-API node id
 
@@ -184,6 +185,19 @@ def sample_ids(
     return [order[i] for i in picked]
 
 
+def unconfigured(strategy: str, aggregate: str, configure: str) -> ValueError:
+    """Return the error of an `aggregate` call before any `configure` call.
+
+    Every strategy of the package reads a reply against what `configure` sent that
+    node (FedADMM: the center v_i = z - u_i; SCAFFOLD, FedDyn, FedNova: x); before the
+    first `configure` call nothing was sent.
+    """
+    return ValueError(
+        f"{strategy}.{aggregate}: call {configure} first (each reply is read against "
+        f"what {configure} sent its node; nothing was sent yet)"
+    )
+
+
 def record_round(
     strategy: Any,
     server_round: int,
@@ -193,12 +207,15 @@ def record_round(
     """Record one aggregation: merged metrics, appended to `strategy.history`.
 
     The user's `fit_metrics_aggregation_fn` sees the `accepted` replies only; its
-    entries come first, and where a name is also one of ours, ours wins (with a
-    warning naming the names). `strategy.last_round` becomes `server_round`.
+    entries, without identity and protocol keys (`without_reply_keys`), come first,
+    and where a name is also one of ours, ours wins (with a warning naming the
+    names). `strategy.last_round` becomes `server_round`.
     """
     if strategy.fit_metrics_aggregation_fn is not None:
-        user = strategy.fit_metrics_aggregation_fn(
-            [(res.num_examples, res.metrics) for _, res in accepted]
+        user = without_reply_keys(
+            strategy.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, res in accepted]
+            )
         )
         clashes = sorted(set(user) & set(metrics))
         if clashes:

@@ -46,7 +46,7 @@ from flwr_admm.server.checkpoint import (
     strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, optional_count
-from flwr_admm.server.sampling import sample_ids
+from flwr_admm.server.sampling import sample_ids, unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.nodes import admit, wait_for_nodes
 from flwr_admm.serverapp.records import Layout, ReadReply, has_weight, merge_metrics, plain_metrics
@@ -65,6 +65,13 @@ class ConsensusStrategy(FedAvg):
     may speak for each key (`KeyBinding`, ``num_key_conflicts``), evicts beyond
     ``max_clients``, folds the replies in natural key order (`_fold_reply`) and takes
     the z-step (`_finish_round`). Round numbers continue after a resume.
+
+    Before any ``configure_train`` (as Flower's own strategy tests call it, on
+    hand-built replies) ``aggregate_train`` raises a ValueError naming
+    ``configure_train`` and changes nothing. Not FedAvg's mean instead: a reply's w_i
+    means something only against the center configure_train sent its node (folded
+    without one it corrupts the duals), and a mean returned beside an unchanged state
+    is a model the state does not describe (the next round would adopt it as z).
 
     Checkpoints: after every `checkpoint_every` aggregations the state goes to
     `checkpoint_dir` (`flwr_admm.server.checkpoint`: atomic, checksummed, settings
@@ -107,6 +114,7 @@ class ConsensusStrategy(FedAvg):
         self._clock = 0  # rounds begun, continuing after a resume
         self._evicted = 0  # keys evicted since this round's configure_train
         self._restored = False  # a checkpoint was loaded and its z not yet sent
+        self._configured = False  # configure_train ran: the replies' centers exist
         self.population = 0  # nodes connected at the last train sampling
 
     def _resume(self, resume: bool) -> None:
@@ -122,6 +130,7 @@ class ConsensusStrategy(FedAvg):
         user = copy_config(config, check=True)  # Strategy.start reuses `config` every round
         arrays = self._received(arrays)
         self._adopt(arrays)
+        self._configured = True
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
@@ -154,12 +163,15 @@ class ConsensusStrategy(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Fold the usable replies in client-key order; return z' and the round metrics."""
+        """Fold the usable replies in client-key order; return z' and the round metrics.
+
+        Raises ValueError before any ``configure_train`` (class docstring).
+        """
+        if not self._configured:
+            raise unconfigured(self.label, "aggregate_train", "configure_train")
         server_round += self._round_offset
         counts = {NUM_FAILURES: 0, NUM_REJECTED: 0, NUM_KEY_CONFLICTS: 0, NUM_EVICTED: 0}
         counts.update(dict.fromkeys(self.counters, 0))
-        if self.layout is None:
-            return None, None
         usable: list[ReadReply] = []
         for message in replies:
             if message.has_error():

@@ -22,6 +22,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
@@ -31,7 +32,6 @@ from flwr_admm.protocol import (
     NUM_EXAMPLES,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
-    PAYLOAD_RECORD,
     PREVIOUS_ROUND,
     RHO,
     SHARE_RECORD,
@@ -44,7 +44,7 @@ from flwr_admm.server.client_duals_settings import checked_uplink
 from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
-from flwr_admm.serverapp.payloads import decoded
+from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
@@ -91,9 +91,12 @@ class FedADMMClientDuals(ConsensusStrategy):
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's Message-API `FedAvg`.
-    rho : float
-        Constant penalty rho > 0.
+        As in Flower's Message-API `FedAvg`, and positional in its order; the rest is
+        keyword-only (Flower's FedProx takes proximal_mu 11th: here a TypeError).
+        Metrics as in `FedADMM` (identity and protocol keys dropped).
+    rho, proximal_mu : float
+        Constant penalty rho > 0 (default 1). ``proximal_mu`` is FedProx's name for
+        it: give either (both: equal, else ValueError; `given_rho`).
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
     eps_abs, eps_rel, stop_on_convergence, sampling_seed :
@@ -128,7 +131,6 @@ class FedADMMClientDuals(ConsensusStrategy):
 
     def __init__(
         self,
-        *,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 2,
@@ -139,7 +141,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: MetricsAggrFn | None = None,
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        rho: float = 1.0,
+        *,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
@@ -182,7 +186,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             max_clients=max_clients,
         )
         self.state = ClientDualsState(
-            rho=rho,
+            rho=given_rho(rho, proximal_mu),
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
@@ -251,16 +255,15 @@ class FedADMMClientDuals(ConsensusStrategy):
     def _read(self, message: Message) -> ReadReply:
         """Read Delta_i (decoded from ``admm-payload`` when compressed) and sigma_i'."""
         assert self.layout is not None
-        try:
-            z = self.state.z
-            assert z is not None
-            message = decoded(message, self.layout, self.channel, lambda: z, self.arrayrecord_key)
-        except Exception as error:  # a malformed payload must not stop the server
-            node_id = int(message.metadata.src_node_id)
-            problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
-            return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
+        z = self.state.z
+        assert z is not None
+        plain = decoded_or_problem(
+            message, self.layout, self.channel, lambda: z, self.arrayrecord_key
+        )
+        if isinstance(plain, ReadReply):
+            return plain
         return read_reply(
-            message, self.layout, self.weighted_by_key, share_key=SHARE_RECORD, finite=True
+            plain, self.layout, self.weighted_by_key, share_key=SHARE_RECORD, finite=True
         )
 
     def _open_round(self, keys: list[str]) -> None:

@@ -19,12 +19,13 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    DEFAULT_RHO,
     SETTING_VIEWS,
     ConsensusSettings,
     SettingView,
+    given_rho,
     strategy_defaults,
 )
+from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
 from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
@@ -36,13 +37,12 @@ from flwr_admm.protocol import (
     NUM_EXAMPLES,
     NUM_RESYNCED,
     NUM_STOCK_REPLIES,
-    PAYLOAD_RECORD,
     RHO,
     START_RECORD,
 )
 from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
-from flwr_admm.serverapp.payloads import decoded
+from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
@@ -56,43 +56,49 @@ MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 class FedADMM(ConsensusStrategy):
     r"""Federated inexact consensus ADMM with server-held duals (Message API).
 
-    Same math and numpy core (`flwr_admm.core.ConsensusADMM`) as the legacy
-    `flwr_admm.FedADMM`: identical replies give identical iterates. Per round k,
-    with u_i = y_i / rho_i the scaled dual of client i:
+    The round (the reference for every module of the package), with u_i = y_i / rho_i
+    the scaled dual of client i, p_i = n_i / sum_j n_j over every client seen:
 
-        v_i  = z - u_i                                   (center sent to node i)
-        w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (the node's local solve)
-        z'   = prox_{g/rho}(sum_i p_i (w_i + u_i)),  u_i += w_i - z'
+        send  v_i = z - u_i, rho_i and z                 (center, penalty, start)
+        w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (local solve, started at z)
+        z'   = prox_{g/rho}(sum_i p_i (w_i + u_i))       (stale w_i, u_i of absent
+        u_i += gamma (w_i - z')                           clients keep counting)
 
-    Wire contract (what Flower's Message-API ``FedProx`` client already does): each
-    sampled node gets its own center v_i under ``arrays`` (same tensor names, dtypes
-    and shapes as the global model) and, in ``config``, a copy of the given config
-    plus ``rho`` and ``proximal-mu`` (both rho_i) and ``server-round``. So an
-    unmodified FedProx-style ``@app.train()`` handler (start at the received arrays,
-    add proximal-mu/2 ||w - received||^2) runs a valid inexact ADMM w-step. A reply
-    carries one ArrayRecord (w_i) and one MetricRecord with ``num-examples`` (a
-    positive int), optionally ``loss`` (f_i(w_i)) and the client's key:
-    ``client-key`` (int), else ``partition-id``, else the sending node's id.
+    The core is `flwr_admm.core.ConsensusADMM` (over-relaxation, per-client rho,
+    acceleration); the legacy `flwr_admm.server.FedADMM` runs the same round.
+
+    Wire contract: each sampled node gets its center v_i under ``arrays`` (the model's
+    tensor names, dtypes and shapes), z under ``admm-start``, and in ``config`` a copy
+    of the given config plus ``rho`` and ``proximal-mu`` (both rho_i) and
+    ``server-round``. A reply carries one ArrayRecord (w_i) and one MetricRecord with
+    ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's key (``client-key``,
+    else ``partition-id``, else the node id) and ``admm-started-at-z``, which our
+    helpers (`flwr_admm.torch.TorchADMM`, `flwr_admm.clientapp.ADMMTrainStep`) set.
+    A reply without it comes from a stock FedProx handler, which starts at v_i: with
+    momentum SGD that start feeds the dual back into the drift and diverges, so such
+    a node's dual is held at 0 and it runs FedProx's step around z
+    (`flwr_admm.core.start_marks`, ``num_stock_replies``).
 
     Robustness: error replies count as ``num_failures``; replies with missing or extra
     records, other tensor names, shapes or non-numeric dtypes, NaN/inf, or a bad
     ``num-examples`` are rejected (``num_rejected``) and the round goes on (Flower's
     FedAvg would raise `InconsistentMessageReplies`). A key is accepted only from the
-    node it was first accepted from (``num_key_conflicts``; see
-    `flwr_admm.server.identity.KeyBinding`); replies sharing a key are rejected.
-    Nodes are sampled after waiting for ``min_available_nodes`` (FedAvg sizes the
-    sample before waiting); with ``sampling_seed`` the draw is reproducible and the
-    same as the legacy strategy's.
+    node it was first accepted from (``num_key_conflicts``, `KeyBinding`). Nodes are
+    sampled after waiting for ``min_available_nodes``; with ``sampling_seed`` the draw
+    is reproducible and the same as the legacy strategy's.
 
     Parameters
     ----------
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's Message-API `FedAvg`. ``train_metrics_aggr_fn`` sees the
-        accepted replies only; where a name it returns is one of ours, ours wins.
-    rho : float
-        Penalty rho >= 0; rho = 0 is FedAvg.
+        As in Flower's Message-API `FedAvg`, and positional in its order; the rest is
+        keyword-only (Flower's FedProx takes proximal_mu 11th: here a TypeError).
+        ``train_metrics_aggr_fn`` sees the accepted replies only; where a name it
+        returns is one of ours, ours wins; identity and protocol keys are dropped.
+    rho, proximal_mu : float
+        Penalty rho >= 0 (default 0.1); rho = 0 is FedAvg. ``proximal_mu`` is FedProx's
+        name for it: give either (both: equal, else ValueError; `given_rho`).
     rho_schedule : RhoSchedule or str, optional
         `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
         None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
@@ -101,18 +107,16 @@ class FedADMM(ConsensusStrategy):
     client_rho : {"uniform", "data_size"}
         rho_i = rho or rho * n_i / max_j n_j.
     relaxation : float or None
-        Over-relaxation alpha in (0, 2); 1 is plain ADMM. None (default): 1.6 when
-        rho > 0, else 1.
+        Over-relaxation alpha in (0, 2); 1 (default, also None) is plain ADMM.
     eps_abs, eps_rel : float
         Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
     acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
-        from the current point when the combined residual grows.
-        "nesterov" by default; None is plain ADMM. No effect with rho = 0.
-        Defaults measured with ``python -m benchmarks.defaults`` (docs/tuning.md); the
-        textbook iteration is ``rho_schedule=Constant(), relaxation=1,
-        acceleration=None``.
+        from the current point when the combined residual grows. None (default) is
+        plain ADMM. The defaults are measured on the CNN task and the convex ones
+        (`flwr_admm.core.settings`, docs/tuning.md); ``**TEXTBOOK`` is the seeds'
+        iteration, ``**FAST_CONVEX`` the faster one for full-batch convex clients.
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
     state_dtype : {"float64", "float32"}
@@ -134,19 +138,17 @@ class FedADMM(ConsensusStrategy):
     sampling_seed : int or None
         Seed of the node sample (None: Python's `random`, as Flower).
     checkpoint_dir, checkpoint_every, resume :
-        Checkpoints as in the legacy `flwr_admm.FedADMM` (same file format): the state
-        (z, every cached w_i and dual, the sums, rho and its schedule, key bindings)
-        after every `checkpoint_every` aggregations; with `resume` the strategy starts
-        from it and continues bit-identically (`ConsensusStrategy`).
+        The state (z, every cached w_i and dual, the sums, rho and its schedule, key
+        bindings) after every `checkpoint_every` aggregations; with `resume` the
+        strategy starts from it and continues bit-identically (`ConsensusStrategy`).
     key_binding, max_client_age, max_clients :
-        Client identity and eviction as in the legacy strategies: under ``"node"``
-        (default) a key is accepted only from its node; keys unheard for more than
-        `max_client_age` rounds, or the least recently heard beyond `max_clients`,
-        are evicted (their w_i and dual leave the sums).
-
+        Client identity and eviction: under ``"node"`` (default) a key is accepted
+        only from its node; keys unheard for more than `max_client_age` rounds, or the
+        least recently heard beyond `max_clients`, are evicted (their w_i and dual
+        leave the sums).
     uplink, uplink_residual, local_dp :
-        Uplink compression and local DP as in the legacy `flwr_admm.FedADMM`
-        (`flwr_admm.uplink`): nodes send the compressed w_i - v_i under
+        Uplink compression and local DP (`flwr_admm.uplink`): nodes send the
+        compressed w_i - v_i under
         ``admm-payload`` (one uint8 tensor of bytes per model tensor) and the server
         rebuilds w_i = v_i + decode(payload); ``uplink_bytes`` and, with noise,
         ``dp_epsilon`` are reported every round.
@@ -177,7 +179,6 @@ class FedADMM(ConsensusStrategy):
 
     def __init__(
         self,
-        *,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 2,
@@ -188,7 +189,9 @@ class FedADMM(ConsensusStrategy):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: MetricsAggrFn | None = None,
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        rho: float = DEFAULT_RHO,
+        *,
+        rho: float | None = None,
+        proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         client_rho: ClientRho = "uniform",
@@ -237,6 +240,7 @@ class FedADMM(ConsensusStrategy):
             max_client_age=max_client_age,
             max_clients=max_clients,
         )
+        rho = given_rho(rho, proximal_mu)
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(
             rho=rho,
@@ -306,16 +310,13 @@ class FedADMM(ConsensusStrategy):
     def _read(self, message: Message) -> ReadReply:
         """Read w_i (v_i + decode(payload) when compressed), n_i, f_i(w_i)."""
         assert self.layout is not None
-        node_id = int(message.metadata.src_node_id)
-        try:
-            sent = partial(self._center_sent_to, str(node_id))
-            message = decoded(
-                message, self.layout, self.channel, sent, self.arrayrecord_key, add_center=True
-            )
-        except Exception as error:  # a malformed payload must not stop the server
-            problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
-            return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
-        return read_reply(message, self.layout, self.weighted_by_key)
+        sent = partial(self._center_sent_to, str(message.metadata.src_node_id))
+        plain = decoded_or_problem(
+            message, self.layout, self.channel, sent, self.arrayrecord_key, add_center=True
+        )
+        if isinstance(plain, ReadReply):
+            return plain
+        return read_reply(plain, self.layout, self.weighted_by_key)
 
     def _center_sent_to(self, node: str) -> list[Any]:
         """Return the center node `node` was sent this round (with its rho_i), as received."""
@@ -428,41 +429,22 @@ class FedADMM(ConsensusStrategy):
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return rho, rho_schedule, regularizer, client_rho, eps, relaxation (JSON)."""
-        channel, dp = self.channel, self.channel.local_dp
         rules = [list(r) for r in self.tensor_rules]
         return {
             **({"tensor_policy": rules} if rules else {}),
             "strategy": self.label,
             **self.admm_settings.describe(),
-            "uplink": None if channel.compressor is None else channel.compressor.config(),
-            "uplink_residual": channel.residual,
-            "local_dp": None
-            if dp is None
-            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+            **self.channel.describe(),
         }
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, every cached w_i and dual, the sums, rho and the schedule state."""
         assert self.admm is not None
-        arrays, meta = self.admm.state_dict()
+        arrays, manifest = snapshot(self.admm, self._split())
         ledger = self.channel.ledger
-        tensors = self._split()
-        arrays.update({f"tensors.{i}": t for i, t in tensors.held.items()})
-        return arrays, {
-            "tensor_roles": list(tensors.roles),
-            "admm": meta,
-            "privacy": ledger.state_dict() if ledger is not None else {},
-        }
+        return arrays, {**manifest, "privacy": ledger.state_dict() if ledger is not None else {}}
 
     def _load_state_dict(self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any]) -> None:
-        meta = manifest["admm"]
-        admm = self.admm_settings.new_admm([np.zeros(tuple(shape)) for shape in meta["shapes"]])
-        admm.load_state_dict(arrays, meta)
-        roles = manifest.get("tensor_roles") or ["consensus"] * len(admm.z)
-        held = iter(admm.z)
-        z = [
-            arrays[f"tensors.{i}"] if r != "consensus" else next(held) for i, r in enumerate(roles)
-        ]
+        self.admm, self.tensors = restore(self.admm_settings, arrays, manifest)
         if self.channel.ledger is not None:
             self.channel.ledger.load_state_dict(manifest.get("privacy", {}))
-        self.admm, self.tensors = admm, TensorSplit(roles, z)

@@ -30,6 +30,7 @@ from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, TAU_EFF
 from flwr_admm.server.fednova import local_steps_problem, normalized_average
+from flwr_admm.server.sampling import unconfigured
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
 __all__ = ["FedNova"]
@@ -60,9 +61,12 @@ class FedNova(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Return x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the usable replies."""
+        """Return x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i over the usable replies.
+
+        Raises ValueError before any ``configure_train`` (no x was sent: `unconfigured`).
+        """
         if self.current is None:
-            raise RuntimeError("FedNova.aggregate_train: configure_train must run first")
+            raise unconfigured("FedNova", "aggregate_train", "configure_train")
         replies = list(replies)
         counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
         layout = Layout.of(self.current)

@@ -18,11 +18,11 @@ from flwr.common import Parameters
 
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import PAYLOAD_RECORD
-from flwr_admm.serverapp.records import Layout
+from flwr_admm.serverapp.records import Layout, ReadReply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
 
-__all__ = ["decoded"]
+__all__ = ["decoded", "decoded_or_problem"]
 
 
 def decoded(
@@ -64,3 +64,24 @@ def decoded(
         }
     )
     return Message(content=RecordDict(records), metadata=message.metadata)  # type: ignore[call-overload,no-any-return]
+
+
+def decoded_or_problem(
+    message: Message,
+    layout: Layout,
+    channel: UplinkChannel,
+    like: Callable[[], Arrays],
+    arrayrecord_key: str,
+    *,
+    add_center: bool = False,
+) -> Message | ReadReply:
+    """Return `decoded` `message`, or the rejected `ReadReply` of an unreadable payload.
+
+    A malformed payload must not stop the server: its error becomes the reply's problem.
+    """
+    try:
+        return decoded(message, layout, channel, like, arrayrecord_key, add_center=add_center)
+    except Exception as error:
+        node_id = int(message.metadata.src_node_id)
+        problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
+        return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)

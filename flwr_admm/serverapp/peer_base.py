@@ -44,6 +44,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server.peer_base import PeerStrategy, Reply
+from flwr_admm.server.sampling import unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
@@ -119,10 +120,13 @@ class PeerFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Fold the usable replies in key order into x (and the state); count the rest."""
+        """Fold the usable replies in key order into x (and the state); count the rest.
+
+        Raises ValueError before any ``configure_train`` (no x was sent: `unconfigured`).
+        """
         name = type(self).__name__
         if self.layout is None or self.algorithm.current is None:
-            raise RuntimeError(f"{name}.aggregate_train: configure_train must run first")
+            raise unconfigured(name, "aggregate_train", "configure_train")
         replies = list(replies)
         counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
         accepted: list[Reply] = []

@@ -30,6 +30,7 @@ from flwr_admm.protocol import (
     LOSS,
 )
 from flwr_admm.server.identity import client_key_of
+from flwr_admm.server.report import without_reply_keys
 
 __all__ = [
     "Layout",
@@ -201,11 +202,14 @@ def merge_metrics(
 ) -> MetricRecord:
     """Return ``aggregate(contents, weighted_by_key)`` overlaid with `ours` (ours wins).
 
-    A failing `aggregate` (a user's function) is logged and left out, never raised.
+    `aggregate` sees the replies as they came; its identity and protocol keys
+    (`without_reply_keys`: ``partition-id``, ``client-key``, ``num-examples``,
+    ``admm-*``) are dropped. A failing `aggregate` (a user's function) is logged and
+    left out, never raised.
     """
     merged = MetricRecord()
     try:
-        merged = MetricRecord(dict(aggregate(contents, weighted_by_key)))
+        merged = MetricRecord(without_reply_keys(aggregate(contents, weighted_by_key)))
     except Exception as error:  # a user function must not end the run
         log(WARNING, "FedADMM: train_metrics_aggr_fn failed (%r); its metrics left out", error)
     clashes = sorted(set(merged) & set(ours))

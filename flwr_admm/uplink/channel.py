@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -177,6 +177,17 @@ class UplinkChannel:
         if self.local_dp is not None:
             entries.update(self.local_dp.config())
         return entries
+
+    def describe(self) -> dict[str, Any]:
+        """Return the uplink compressor, residual mode and local DP as JSON (fingerprinted)."""
+        dp = self.local_dp
+        return {
+            "uplink": None if self.compressor is None else self.compressor.config(),
+            "uplink_residual": self.residual,
+            "local_dp": None
+            if dp is None
+            else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
+        }
 
     def sampled(self, sample_size: int, population: int) -> None:
         """Remember this round's sample for the ledger; reset the byte count."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from flwr_admm.client.admm_client import binary_auc
+from flwr_admm.client.evaluation import binary_auc
 
 
 @pytest.mark.parametrize("seed", range(20))
