@@ -26,6 +26,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
+
+from flwr_admm.clientapp import build_reply, build_scaffold_reply, received_arrays, received_control
+from flwr_admm.torch import TorchADMM, state_arrays
 from quickstart_admm.task import (
     Net,
     Settings,
@@ -35,9 +38,6 @@ from quickstart_admm.task import (
     test,
 )
 from quickstart_admm.task import train as train_epochs
-
-from flwr_admm.clientapp import build_reply, build_scaffold_reply, received_arrays, received_control
-from flwr_admm.torch import TorchADMM, state_arrays
 
 app = ClientApp()
 
@@ -73,7 +73,7 @@ class Node:
 
     def load_received(self) -> None:
         """Load the received arrays into the model."""
-        self.model.load_state_dict(self.msg.content["arrays"].to_torch_state_dict())
+        self.model.load_state_dict(self.msg.content.array_records["arrays"].to_torch_state_dict())
 
     def reply(self, loss: float) -> Message:
         """Return the quickstart's reply: the model's state_dict and its metrics."""
@@ -241,9 +241,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     node = Node(msg, context)
     node.load_received()
     loss, accuracy = test(node.model, node.val_loader)
-    metrics = {
-        "eval-loss": loss,
-        "eval-acc": accuracy,
-        "num-examples": len(node.val_loader.dataset),  # type: ignore[arg-type]
-    }
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+    metrics = MetricRecord(
+        {
+            "eval-loss": loss,
+            "eval-acc": accuracy,
+            "num-examples": len(node.val_loader.dataset),  # type: ignore[arg-type]
+        }
+    )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
