@@ -3,8 +3,9 @@
 The strategy line is the only difference between runs: Flower's ``FedAvg`` /
 ``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults), ``SCAFFOLD()`` and
 ``FedDyn(alpha=...)``. Every round the global model is tested on the central test
-set and ``<output-dir>/<strategy>[-<handler>]-seed<seed>.json`` is rewritten; a
-non-finite global model fails the run (the JSON says so, and the app raises).
+set and ``<output-dir>/<strategy>[-<handler>]-seed<seed>.json`` is rewritten. A
+ClientApp error (or a missing reply) and a non-finite global model fail the run:
+the JSON says so, and the app raises.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from flwr.supercore.run import Run
-from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
 
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedDyn
+from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
 
 app = ServerApp()
 
