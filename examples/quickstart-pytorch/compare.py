@@ -129,16 +129,21 @@ def read_result(path: Path, name: str, seed: int, rounds: int, seconds: float) -
     if not path.exists():
         return RunResult(name, seed, [], seconds, f"no result file {path}")
     document = json.loads(path.read_text())
-    accuracy = [r["accuracy"] for r in document["rounds"]]
-    finite = [a for a in accuracy if isinstance(a, float) and math.isfinite(a)]
+    accuracy = []  # the rounds before the first non-finite accuracy or loss
+    for row in document["rounds"]:
+        if not all(_finite(row[key]) for key in ("accuracy", "loss")):
+            break
+        accuracy.append(float(row["accuracy"]))
     problem = ""
     if document["status"] != "completed":
         problem = f"{document['status']}: {document['reason']}"
-    elif len(finite) != rounds + 1 or len(accuracy) != rounds + 1:
-        problem = f"{len(finite)} finite accuracies of {rounds + 1} rounds"
-    elif any(r["loss"] is None for r in document["rounds"]):
-        problem = "a non-finite central loss"
-    return RunResult(name, seed, finite, seconds, problem)
+    elif len(accuracy) != rounds + 1 or len(document["rounds"]) != rounds + 1:
+        problem = f"{len(accuracy)} finite rounds of {rounds + 1}"
+    return RunResult(name, seed, accuracy, seconds, problem)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def run_all(args: argparse.Namespace) -> list[RunResult]:
@@ -175,12 +180,19 @@ def table(results: list[RunResult], seeds: list[int]) -> str:
     by_run = {(r.name, r.seed): r for r in results}
     for name in dict.fromkeys(r.name for r in results):
         runs = [by_run[(name, s)] for s in seeds]
-        finals = ["failed" if r.final is None else f"{r.final:.3f}" for r in runs]
+        finals = [_final_cell(r) for r in runs]
         reached = [
             "-" if r.round_of_target is None or r.problem else str(r.round_of_target) for r in runs
         ]
         lines.append("| " + " | ".join([name, *finals, *reached]) + " |")
     return "\n".join(lines)
+
+
+def _final_cell(result: RunResult) -> str:
+    """Return the final accuracy, or "failed (round k)" with k its first bad round."""
+    if result.final is not None:
+        return f"{result.final:.3f}"
+    return f"failed (round {len(result.accuracy)})" if result.accuracy else "failed"
 
 
 def plot(results: list[RunResult], path: Path) -> None:

@@ -165,6 +165,11 @@ def test_a_non_finite_model_fails_the_run(tmp_path: Path) -> None:
     document = json.loads(evaluation.path.read_text())
     assert document["status"] == "failed"
     assert document["rounds"][1]["accuracy"] is None
+    state = initial_model(settings).state_dict()
+    state["fc3.weight"] *= 1e38  # finite weights, logits overflow: a diverged model
+    with pytest.raises(RuntimeError, match="round 2: the global central loss is not finite"):
+        evaluation(2, ArrayRecord(state))
+    assert json.loads(evaluation.path.read_text())["rounds"][2]["loss"] is None
 
 
 @pytest.mark.ray

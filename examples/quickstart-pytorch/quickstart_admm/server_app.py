@@ -4,8 +4,8 @@ The strategy line is the only difference between runs: Flower's ``FedAvg`` /
 ``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults), ``SCAFFOLD()`` and
 ``FedDyn(alpha=...)``. Every round the global model is tested on the central test
 set and ``<output-dir>/<strategy>[-<handler>]-seed<seed>.json`` is rewritten. A
-ClientApp error (or a missing reply) and a non-finite global model fail the run:
-the JSON says so, and the app raises.
+ClientApp error (or a missing reply) and a non-finite global model or central loss
+fail the run: the JSON says so, and the app raises.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ class CentralEvaluation:
         self.rounds.append(
             {"round": server_round, "accuracy": accuracy, "loss": loss, "seconds": seconds}
         )
-        if not finite:
-            reason = f"round {server_round}: the global model is not finite"
+        if not (finite and math.isfinite(loss)):
+            what = "central loss" if finite else "model"
+            reason = f"round {server_round}: the global {what} is not finite (diverged)"
             self.write("failed", reason)
             raise RuntimeError(f"{self.settings.run_name}: {reason}; the run failed")
         self.write("running")
