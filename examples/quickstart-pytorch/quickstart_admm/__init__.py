@@ -1,0 +1,1 @@
+"""quickstart_admm: FedADMM in Flower's PyTorch quickstart (a Flower App)."""

@@ -1,0 +1,192 @@
+"""examples/quickstart-pytorch: one ``flwr run`` in Flower's engine, every handler in process.
+
+The engine test runs compare.py (private FLWR_HOME, ports and SuperLink, stopped by
+PID) for FedADMM, 2 rounds, 10 nodes. The other strategies and the FedProx-style
+handler under FedADMM run through `flwr_admm.serverapp.testing.InProcessGrid`, the
+app's own ``@app.main()`` included (no Ray): each must train, leave its own client
+state and give its own trajectory; SCAFFOLD's control variate must be option II's
+under plain SGD; a crashing ClientApp or a non-finite model must fail the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from quickstart_admm import client_app, server_app
+from quickstart_admm.task import Settings, central_split, initial_model, node_rows, partitioner
+
+from flwr_admm.protocol import MESSAGE_STATE_W, SCAFFOLD_CONTROL_RECORD
+from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch"
+PYPROJECT = tomllib.loads((QUICKSTART / "pyproject.toml").read_text())
+CONFIG: dict[str, Any] = PYPROJECT["tool"]["flwr"]["app"]["config"]
+RUNS = [
+    ("fedavg", "torchadmm"),
+    ("fedprox", "torchadmm"),
+    ("fedadmm", "torchadmm"),
+    ("fedadmm", "fedprox"),
+    ("scaffold", "torchadmm"),
+    ("feddyn", "torchadmm"),
+]
+STATE = {  # what each run leaves in every node's context.state
+    ("fedavg", "torchadmm"): set(),
+    ("fedprox", "torchadmm"): set(),
+    ("fedadmm", "torchadmm"): {MESSAGE_STATE_W},  # TorchADMM's warm start
+    ("fedadmm", "fedprox"): set(),  # the stock FedProx handler keeps nothing
+    ("scaffold", "torchadmm"): {client_app.SCAFFOLD_C},
+    ("feddyn", "torchadmm"): {client_app.FEDDYN_GRAD},
+}
+
+
+class Recording:
+    """A ClientApp stand-in that records every (message, reply) pair by partition."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[tuple[Message, Message]]] = {}
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        reply = client_app.app(message, context)
+        self.calls.setdefault(int(context.node_config["partition-id"]), []).append((message, reply))
+        return reply
+
+
+def run_app(tmp_path: Path, rounds: int = 2, app: Any = None, **overrides: Any) -> Any:
+    """Run the app's ``main`` on an in-process grid; return (document, grid)."""
+    config = {**CONFIG, **overrides, "num-server-rounds": rounds, "output-dir": str(tmp_path)}
+    grid = InProcessGrid(app or client_app.app, config["num-partitions"])
+    for context in grid.contexts.values():
+        context.run_config = dict(config)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    path = tmp_path / f"{Settings.from_run_config(config).run_name}.json"
+    with flower_task_identity(grid.run.run_id):
+        try:
+            server_app.main(grid, context)
+        finally:
+            document = json.loads(path.read_text()) if path.exists() else None
+    return document, grid
+
+
+def test_settings_are_the_pyproject_keys() -> None:
+    assert "federations" not in PYPROJECT["tool"]["flwr"]
+    settings = Settings.from_run_config(CONFIG)
+    assert {k.replace("_", "-") for k in vars(settings)} == set(CONFIG)
+    assert (settings.strategy, settings.handler, settings.num_server_rounds) == (
+        "fedadmm",
+        "torchadmm",
+        30,
+    )
+    with pytest.raises(ValueError, match="strategy: must be one of"):
+        Settings.from_run_config({**CONFIG, "strategy": "fedsgd"})
+    with pytest.raises(ValueError, match="'seed': missing"):
+        Settings.from_run_config({k: v for k, v in CONFIG.items() if k != "seed"})
+    with pytest.raises(ValueError, match="batch-norm: not supported with strategy 'scaffold'"):
+        Settings.from_run_config({**CONFIG, "strategy": "scaffold", "batch-norm": True})
+
+
+def test_the_split_is_fixed_and_covers_the_federated_rows() -> None:
+    rows = [node_rows(i, 10, 0.1, 0) for i in range(10)]
+    every = np.concatenate([np.concatenate(pair) for pair in rows])
+    assert len(every) == len(set(every.tolist())) == 1437  # 80% of 1797 digits
+    assert all(len(train) + len(val) >= 10 for train, val in rows)
+    partitioner.cache_clear()  # as a fresh ClientApp process would rebuild it
+    central_split.cache_clear()
+    again = [node_rows(i, 10, 0.1, 0) for i in range(10)]
+    for (train, val), (train2, val2) in zip(rows, again, strict=True):
+        assert np.array_equal(train, train2) and np.array_equal(val, val2)
+    assert not np.array_equal(node_rows(0, 10, 0.1, 1)[0], rows[0][0])  # the seed matters
+
+
+def test_every_strategy_trains_with_its_own_handler(tmp_path: Path) -> None:
+    losses = {}
+    for strategy, handler in RUNS:
+        document, grid = run_app(tmp_path, strategy=strategy, handler=handler)
+        assert document["status"] == "completed", document["reason"]
+        accuracy = [r["accuracy"] for r in document["rounds"]]
+        assert len(accuracy) == 3 and all(math.isfinite(a) for a in accuracy), accuracy
+        for context in grid.contexts.values():
+            assert set(context.state.array_records) == STATE[(strategy, handler)]
+        losses[(strategy, handler)] = document["rounds"][-1]["loss"]
+        assert losses[(strategy, handler)] != document["rounds"][0]["loss"]  # it trained
+    assert len(set(losses.values())) == len(RUNS), losses  # six different trajectories
+
+
+def test_scaffold_control_is_option_two_under_plain_sgd(tmp_path: Path) -> None:
+    """c_i+ - c_i = -c + (x - y_i) / (K lr) with K the steps, lr the SGD step."""
+    recording = Recording()
+    document, _ = run_app(tmp_path, app=recording, strategy="scaffold", momentum=0.0)
+    assert document["status"] == "completed"
+    lr, batch = CONFIG["learning-rate"], CONFIG["batch-size"]
+    for partition, calls in recording.calls.items():
+        steps = math.ceil(len(node_rows(partition, 10, 0.1, 0)[0]) / batch)
+        trains = [(m, r) for m, r in calls if m.metadata.message_type == "train"]
+        assert len(trains) == 2
+        for message, reply in trains:
+            sent, received = message.content.array_records, reply.content.array_records
+            x, c = sent["arrays"], sent[SCAFFOLD_CONTROL_RECORD]
+            y, change = received["arrays"], received[SCAFFOLD_CONTROL_RECORD]
+            for name in x:
+                expected = -c[name].numpy() + (x[name].numpy() - y[name].numpy()) / (steps * lr)
+                np.testing.assert_allclose(change[name].numpy(), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_a_crashing_client_app_fails_the_run(tmp_path: Path) -> None:
+    config = {**CONFIG, "output-dir": str(tmp_path), "num-server-rounds": 2}
+    grid = InProcessGrid(client_app.app, 10)  # contexts keep an empty run config: every node raises
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    with (
+        flower_task_identity(grid.run.run_id),
+        pytest.raises(RuntimeError, match="10 error replies"),
+    ):
+        server_app.main(grid, context)
+    document = json.loads((tmp_path / "fedadmm-seed0.json").read_text())
+    assert document["status"] == "failed" and "run config 'num-server-rounds'" in document["reason"]
+
+
+def test_a_non_finite_model_fails_the_run(tmp_path: Path) -> None:
+    settings = Settings.from_run_config({**CONFIG, "output-dir": str(tmp_path)})
+    evaluation = server_app.CentralEvaluation(settings)
+    arrays = ArrayRecord(initial_model(settings).state_dict())
+    assert float(evaluation(0, arrays)["accuracy"]) > 0  # type: ignore[arg-type]
+    broken = ArrayRecord(
+        {k: Array(np.full(a.shape, np.nan, np.float32)) for k, a in arrays.items()}
+    )
+    with pytest.raises(RuntimeError, match="round 1: the global model is not finite"):
+        evaluation(1, broken)
+    document = json.loads(evaluation.path.read_text())
+    assert document["status"] == "failed"
+    assert document["rounds"][1]["accuracy"] is None
+    state = initial_model(settings).state_dict()
+    state["fc3.weight"] *= 1e38  # finite weights, logits overflow: a diverged model
+    with pytest.raises(RuntimeError, match="round 2: the global central loss is not finite"):
+        evaluation(2, ArrayRecord(state))
+    assert json.loads(evaluation.path.read_text())["rounds"][2]["loss"] is None
+
+
+@pytest.mark.ray
+def test_flwr_run_fedadmm_two_rounds(tmp_path: Path) -> None:
+    """compare.py: one private SuperLink, one ``flwr run`` of FedADMM, 2 rounds, 10 nodes."""
+    output = tmp_path / "outputs"
+    command = [sys.executable, str(QUICKSTART / "compare.py"), "--strategies", "fedadmm"]
+    command += ["--seeds", "0", "--rounds", "2", "--output-dir", str(output)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    log = output / "logs" / "fedadmm-seed0.log"
+    assert done.returncode == 0, (
+        done.stdout + done.stderr + (log.read_text()[-3000:] if log.exists() else "")
+    )
+    document = json.loads((output / "fedadmm-seed0.json").read_text())
+    assert document["status"] == "completed"
+    assert document["settings"]["strategy"] == "fedadmm"
+    accuracy = [r["accuracy"] for r in document["rounds"]]
+    assert len(accuracy) == 3 and all(math.isfinite(a) for a in accuracy), accuracy
+    assert "| fedadmm |" in done.stdout
+    assert (output / "quickstart_pytorch.png").stat().st_size > 0
