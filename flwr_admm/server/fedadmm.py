@@ -200,7 +200,8 @@ class FedADMM(ConsensusStrategy):
             self._sent_rho[client.cid] = rho_i
             fit_config = {**config, RHO: rho_i, PROXIMAL_MU: rho_i}
             if center is not admm.z and key in self.marks.at_z:  # v_i, then z: the start
-                payload = self._to_parameters(self._merge(center) + self._merge(admm.z))
+                both = self._merge(center) + self._merge(admm.z)
+                payload = to_parameters(both, self._dtypes * 2)
                 fit_config[START_TENSORS] = 1
             instructions.append((client, FitIns(payload, fit_config)))
         return instructions

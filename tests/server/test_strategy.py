@@ -505,3 +505,33 @@ def test_float32_model_round_trips_and_matches_the_float64_core() -> None:
     for key, record in reference.records.items():
         for got, want in zip(strategy.admm.records[key].y, record.y, strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+class StartsAtZClient(NumPyClient):
+    """Replies like TorchADMM.from_parameters: mark 1 (send z), a fixed w_i, what it got."""
+
+    def __init__(self, i: int, received: list[tuple[int, dict, int]]) -> None:
+        self.i, self.received = i, received
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict]:
+        self.received.append((self.i, dict(config), len(parameters)))
+        w = np.full(D, float(self.i))
+        return [w], 10, {"partition-id": self.i, START_MARK: 1 if self.i else 0}
+
+
+def test_legacy_sends_z_after_the_center_to_clients_that_start_there() -> None:
+    """Mark 1 (client 1): from round 2 its FitIns is v_i then z with admm-start = 1;
+    mark 0 (client 0): v_i alone, as a stock NumPyClient expects."""
+    received: list[tuple[int, dict, int]] = []
+    strategy = seed_strategy()
+    proxies = make_proxies(
+        lambda c: StartsAtZClient(int(c.node_config["partition-id"]), received), 2
+    )
+    run_rounds(strategy, proxies, 3)
+    by_round = {(i, int(config["server_round"])): (config, n) for i, config, n in received}
+    assert by_round[(1, 1)][1] == 1 and "admm-start" not in by_round[(1, 1)][0]  # v = z
+    for server_round in (2, 3):
+        config, count = by_round[(1, server_round)]
+        assert count == 2 and config["admm-start"] == 1
+        config, count = by_round[(0, server_round)]
+        assert count == 1 and "admm-start" not in config

@@ -345,3 +345,32 @@ def test_adam_with_the_loss_term_reaches_the_penalized_minimizer_and_prox_stays_
             np.testing.assert_allclose(w, (a * c + rho * v) / (a + rho), atol=1e-4)
         else:  # eta rho = 1e4: the prox step pins w to v, no blow-up
             np.testing.assert_allclose(w, v, atol=1e-3)
+
+
+def test_both_builders_start_at_the_received_z_and_mark_the_reply() -> None:
+    """FedADMM sends z next to v_i (Message API: admm-start record; legacy: v_i then z
+    with admm-start = 1): auto starts there, the reply says so; without z, mark 1 asks
+    the legacy server for it (the first center of a new client is z itself)."""
+    model = TorchLogistic(3).double()
+    v = {n: a + 1.0 for n, a in Z2.items()}
+    message = train_message(v, rho=0.5, **{"server-round": 2})
+    message.content.array_records["admm-start"] = named(Z2)
+    legacy_config = {"rho": 0.5, "server_round": 2, "admm-start": 1}
+    parameters = [*v.values(), *Z2.values()]
+    for admm in (
+        TorchADMM.from_message(model, message, context()),
+        TorchADMM.from_parameters(model, parameters, legacy_config, context()),
+    ):
+        admm.start()
+        np.testing.assert_array_equal(state_arrays(model)["coef"], Z2["coef"])
+        np.testing.assert_array_equal(admm.received["coef"], v["coef"])  # the center
+    message_reply = TorchADMM.from_message(model, message, context())
+    message_reply.start()
+    assert message_reply.reply(10).content["metrics"]["admm-started-at-z"] == 1
+    legacy = TorchADMM.from_parameters(model, list(v.values()), {"rho": 0.5}, context())
+    legacy.start()  # no z received: from v (or the warm start); still asks for z
+    assert legacy.fit_result(10)[2]["admm-started-at-z"] == 1
+    legacy.start(init="previous")
+    assert legacy.fit_result(10)[2]["admm-started-at-z"] == 0
+    with pytest.raises(ValueError, match=r"twice \(v_i, then z"):
+        TorchADMM.from_parameters(model, list(v.values()), legacy_config, context())

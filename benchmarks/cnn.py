@@ -1,0 +1,156 @@
+"""The CNN task: Flower's PyTorch quickstart on offline digits, every strategy, in process.
+
+The workload most Flower users run: the quickstart's CNN trained by the user's own
+optimizer (SGD lr 0.1 with momentum 0.9, minibatches of 32, one local epoch; or Adam
+lr 1e-3; or a BatchNorm layer), 10 nodes with a Dirichlet(0.1) label split, 30
+rounds. It runs the app of ``examples/quickstart-pytorch`` itself (its `make_strategy`,
+its ClientApp, its data) on `flwr_admm.serverapp.testing.InProcessGrid` instead of
+Flower's engine, so each run is deterministic (Python's `random`, which Flower's
+FedAvg samples with, is seeded per run) and takes seconds. ``flwr run
+examples/quickstart-pytorch`` runs the same app in Flower's engine
+(``examples/quickstart-pytorch/compare.py``).
+
+Rows: Flower's FedAvg and FedProx(0.1); FedADMM with its defaults and `TorchADMM`, and
+with a stock FedProx handler; SCAFFOLD and FedDyn(0.1). Columns: final central
+accuracy per seed, the round it first reaches 90 % (- = never), and the mean.
+
+    python -m benchmarks.cnn [--quick] [--tasks cnn-sgd,cnn-adam,cnn-bn] [--seeds 0,1,2]
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import base_parser, format_table, quiet_flower, write_json
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart-pytorch"
+# task -> run-config overrides of the example's pyproject.toml
+TASKS: dict[str, dict[str, Any]] = {
+    "cnn-sgd": {},
+    "cnn-adam": {"optimizer": "adam"},
+    "cnn-bn": {"batch-norm": True},
+}
+# row label -> run-config overrides
+ROWS: dict[str, dict[str, Any]] = {
+    "FedAvg": {"strategy": "fedavg"},
+    "FedProx (mu 0.1)": {"strategy": "fedprox"},
+    "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
+    "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
+    "SCAFFOLD": {"strategy": "scaffold"},
+    "FedDyn (alpha 0.1)": {"strategy": "feddyn"},
+}
+TARGET = 0.9
+
+
+def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Return the example's run config (pyproject.toml) with `overrides`."""
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())
+    return {**project["tool"]["flwr"]["app"]["config"], **overrides}
+
+
+def run_one(config: dict[str, Any]) -> list[float]:
+    """Run the example's strategy on its ClientApp in process; return the accuracies."""
+    if str(EXAMPLE) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE))
+    import torch
+    from flwr.app import ArrayRecord
+    from quickstart_admm.client_app import app as client_app
+    from quickstart_admm.server_app import CentralEvaluation, make_strategy
+    from quickstart_admm.task import Settings, initial_model
+
+    from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
+
+    torch.set_num_threads(1)
+    settings = Settings.from_run_config(config)
+    random.seed(settings.seed)  # Flower's FedAvg samples with Python's random
+    grid = InProcessGrid(client_app, settings.num_partitions)
+    for context in grid.contexts.values():
+        context.run_config = dict(config)
+    evaluation = CentralEvaluation(settings)
+    model = initial_model(settings)
+    try:
+        run_strategy(
+            make_strategy(settings),
+            grid,
+            ArrayRecord(model.state_dict()),
+            settings.num_server_rounds,
+            evaluate_fn=evaluation,
+        )
+    except Exception as error:  # a diverged run: its rounds so far, then it failed
+        print(f"  {settings.run_name}: {type(error).__name__}: {error}")
+    return [float(r["accuracy"]) for r in evaluation.rounds]
+
+
+def first_round(accuracies: list[float], target: float) -> int | None:
+    """Return the first round whose accuracy is >= `target` (None: never)."""
+    return next((k for k, a in enumerate(accuracies) if a >= target), None)
+
+
+def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
+    """Run every row on `task` over `seeds`; print the table."""
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as out:
+        for label, row in ROWS.items():
+            if TASKS[task].get("batch-norm") and row["strategy"] in ("scaffold", "feddyn"):
+                continue  # the example refuses BatchNorm statistics as their weights
+            runs: list[dict[str, Any]] = []
+            for seed in seeds:
+                started = time.perf_counter()
+                overrides = {**TASKS[task], **row, "seed": seed, "output-dir": out}
+                accuracies = run_one(run_config({**overrides, "num-server-rounds": rounds}))
+                final = accuracies[-1] if len(accuracies) == rounds + 1 else float("nan")
+                runs.append(
+                    {
+                        "seed": seed,
+                        "final": final,
+                        "round_to_target": first_round(accuracies, TARGET),
+                        "accuracies": accuracies,
+                        "seconds": time.perf_counter() - started,
+                    }
+                )
+            finals = [float(r["final"]) for r in runs]
+            rows[label] = {"runs": runs, "mean_final": sum(finals) / len(finals)}
+    headers = ["strategy", *(f"seed {s}" for s in seeds), "mean", f"round to {TARGET:g}"]
+    table = [
+        [
+            label,
+            *(f"{r['final']:.3f}" for r in row["runs"]),
+            f"{row['mean_final']:.3f}",
+            " / ".join(str(r["round_to_target"] or "-") for r in row["runs"]),
+        ]
+        for label, row in rows.items()
+    ]
+    print(f"\n## {task}: final central accuracy after {rounds} rounds")
+    print(format_table(headers, table))
+    return {"task": task, "rounds": rounds, "seeds": seeds, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the CNN tasks, print the tables, write JSON."""
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--seeds", default="0,1,2")
+    args = parser.parse_args(argv)
+    quiet_flower()
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"--tasks: {unknown} not among {list(TASKS)}")
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    rounds = 2 if args.quick else 30
+    started = time.perf_counter()
+    results = [run_task(task, seeds, rounds) for task in (tasks[:1] if args.quick else tasks)]
+    payload = {"quick": args.quick, "seconds": time.perf_counter() - started, "tasks": results}
+    path = write_json("cnn", payload, args.output)
+    print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
