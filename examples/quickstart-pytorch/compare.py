@@ -215,7 +215,7 @@ def plot(results: list[RunResult], path: Path) -> None:
     axes.axhline(TARGET, color="grey", linewidth=0.5, linestyle="--")
     axes.set(xlabel="round", ylabel="central test accuracy", ylim=(0, 1))
     axes.set_title("quickstart-pytorch on digits, Dirichlet(0.1) over 10 nodes")
-    axes.legend(loc="lower right")
+    axes.legend(loc="upper left")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

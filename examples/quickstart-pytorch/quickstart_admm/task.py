@@ -16,10 +16,8 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
-import datasets
 import numpy as np
 import torch
-from flwr_datasets.partitioner import DirichletPartitioner
 from numpy.typing import NDArray
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -170,8 +168,12 @@ def central_split() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
 
 
 @cache
-def partitioner(num_partitions: int, alpha: float, seed: int) -> DirichletPartitioner:
+def partitioner(num_partitions: int, alpha: float, seed: int) -> Any:
     """Return the Dirichlet(alpha) label split of the federated rows over the nodes."""
+    # Imported here: only ClientApps partition, and `datasets` takes seconds to import.
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     _, labels = digits()
     rows, _ = central_split()
     split = DirichletPartitioner(
