@@ -252,6 +252,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
             rho=settings.rho,
             rho_schedule=schedule,
             relaxation=settings.relaxation,
+            dual_step=settings.dual_step,
             acceleration=None,  # the run config spells out rho-schedule and relaxation
             sampling_seed=settings.seed,
             **common,

@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "rho-schedule": "constant",
     "rho-factor": 0.95,
     "relaxation": 1.0,
+    "dual-step": 1.0,
     "local-init": "auto",
     "prox-step": "exact",
     "local-steps": 0,
@@ -88,6 +89,7 @@ HELP: dict[str, str] = {
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
+    "dual-step": "FedADMM dual step gamma, number in (0, 1] (1 = the textbook step)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
     "not with strategy fedadmm, whose server-held duals send z - u_i; auto: consensus with "
     "client-held duals, else previous)",
@@ -126,6 +128,7 @@ class RunSettings:
     rho_schedule: str
     rho_factor: float
     relaxation: float
+    dual_step: float
     local_init: str
     prox_step: str
     local_steps: int | None
@@ -339,6 +342,7 @@ def parse_run_config(
         rho_schedule=rho_schedule,
         rho_factor=_number(config, "rho-factor", 0.0, strict=True),
         relaxation=_relaxation(config),
+        dual_step=_number(config, "dual-step", 0.0, strict=True, maximum=1.0),
         local_init=_choice(config, "local-init", LOCAL_INITS),
         prox_step=_choice(config, "prox-step", PROX_STEPS),
         local_steps=steps if steps > 0 else None,

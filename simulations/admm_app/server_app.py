@@ -163,6 +163,7 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             rho=settings.rho,
             rho_schedule=schedule,
             relaxation=settings.relaxation,
+            dual_step=settings.dual_step,
             acceleration=None,  # the run config spells out rho-schedule and relaxation
             sampling_seed=None,
             tensor_names=getattr(model, "tensor_names", None),  # framework=torch: state_dict

@@ -4,9 +4,10 @@ A Message-API ServerApp (``@app.main()`` + ``strategy.start``) and a user's plai
 FedProx-style ``@app.train()`` handler (`message_apps.plain_app`: 20 gradient steps of
 lr 1.0 on f_i + proximal-mu/2 ||w - received||^2) on seed 000's task, 10 nodes. The
 strategy line is the only change: Flower's ``FedProx(proximal_mu=0.1)`` stalls near a
-2e-4 relative gap, ``FedADMM(rho=0.1)`` reaches <= 1e-5 by round 60; the same handler
-with a warm start from ``context.state`` (`message_apps.warm_app`) reaches <= 1e-9 in
-40 rounds; ``FedADMM(rho=0)`` is Flower's FedAvg; the warm-start handler under
+2e-4 relative gap, and so does ``FedADMM(rho=0.1)`` with that stock handler (its duals
+are held at 0: a solve started at the far center diverges on deep nets); our
+`ADMMTrainStep` handler (`message_apps.warm_app`) reaches <= 1e-9 in 60 rounds with the
+defaults; ``FedADMM(rho=0)`` is Flower's FedAvg; the same handler under
 ``FedADMMClientDuals(rho=0.1)`` (client-held-dual mode of `ADMMTrainStep`) reaches <= 1e-10
 in 30 rounds. Two ``run_simulation`` calls (one per ClientApp); each runs its strategies
 one after the other in one ServerApp.
@@ -68,7 +69,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "fedadmm_rho0": Run(FedADMM(rho=0.0, **COMMON), 20),
         }
         warm = {
-            "fedadmm_warm": Run(FedADMM(rho=0.1, **COMMON), 40),
+            "fedadmm_warm": Run(FedADMM(rho=0.1, **COMMON), 60),
             # The same ADMMTrainStep handler, now in client-held-dual mode (its state
             # keys differ from the warm start's: it starts fresh).
             "duals_warm": Run(FedADMMClientDuals(rho=0.1, **COMMON), 30),
@@ -87,19 +88,23 @@ def z_of(engine: dict[str, Any], name: str) -> np.ndarray:
     return z
 
 
-def test_one_line_swap_fedprox_stalls_fedadmm_reaches_1e5_in_60_rounds(engine: Any) -> None:
+def test_one_line_swap_with_a_stock_handler_is_fedprox_at_least(engine: Any) -> None:
+    """A stock FedProx handler under FedADMM: duals held at 0, FedProx's step around z
+    (with ResidualBalancing's rho), ending at least where Flower's FedProx stalls."""
     prox, admm = gaps(z_of(engine, "fedprox")), gaps(z_of(engine, "fedadmm"))
     assert 1e-4 <= prox[60] <= 4e-4, prox[50:]  # measured 2.34e-4
     assert np.all(prox[20:] >= 1e-4), "FedProx should stall at a biased point"
-    assert admm[60] <= 1e-5, admm[50:]  # measured 3.67e-6
-    assert [h["num_replies"] for h in engine["fedadmm"].strategy.history] == [10] * 60
+    assert admm[60] <= prox[60], admm[50:]  # measured 1.72e-4 in process
+    history = engine["fedadmm"].strategy.history
+    assert [h["num_replies"] for h in history] == [10] * 60
+    assert [h["num_stock_replies"] for h in history] == [10] * 60
     print(f"FedProx gap {prox[60]:.3e}, FedADMM gap {admm[60]:.3e} after 60 rounds")
 
 
-def test_warm_start_handler_reaches_1e9_in_40_rounds(engine: Any) -> None:
+def test_our_handler_reaches_1e9_in_60_rounds(engine: Any) -> None:
     gap = gaps(z_of(engine, "fedadmm_warm"))
-    assert gap[40] <= 1e-9, gap[30:]
-    print(f"warm start: gap <= 1e-9 at round {first_round_below(gap[1:], 1e-9)}, {gap[40]:.2e}")
+    assert gap[60] <= 1e-9, gap[50:]  # measured 1.5e-10 (1e-6 at round 28) in process
+    print(f"ADMMTrainStep: gap <= 1e-9 at round {first_round_below(gap[1:], 1e-9)}, {gap[60]:.2e}")
 
 
 def test_fedadmm_with_rho_zero_is_flowers_fedavg(engine: Any) -> None:
