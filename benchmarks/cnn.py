@@ -42,10 +42,12 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedProx (mu 0.1)": {"strategy": "fedprox"},
     "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
     "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
+    "FedADMMClientDuals (defaults), TorchADMM": {"strategy": "fedadmm-client-duals"},
     "SCAFFOLD": {"strategy": "scaffold"},
     "FedDyn (alpha 0.1)": {"strategy": "feddyn"},
 }
 TARGET = 0.9
+REFUSE_BATCH_NORM = ("fedadmm-client-duals", "scaffold", "feddyn")
 
 
 def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +99,7 @@ def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as out:
         for label, row in ROWS.items():
-            if TASKS[task].get("batch-norm") and row["strategy"] in ("scaffold", "feddyn"):
+            if TASKS[task].get("batch-norm") and row["strategy"] in REFUSE_BATCH_NORM:
                 continue  # the example refuses BatchNorm statistics as their weights
             runs: list[dict[str, Any]] = []
             for seed in seeds:

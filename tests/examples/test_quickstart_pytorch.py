@@ -24,7 +24,14 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from quickstart_admm import client_app, server_app
 from quickstart_admm.task import Settings, central_split, initial_model, node_rows, partitioner
 
-from flwr_admm.protocol import MESSAGE_STATE_W, SCAFFOLD_CONTROL_RECORD
+from flwr_admm.protocol import (
+    DUALS_PENDING_U,
+    DUALS_PENDING_W,
+    DUALS_STATE_U,
+    DUALS_STATE_W,
+    MESSAGE_STATE_W,
+    SCAFFOLD_CONTROL_RECORD,
+)
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch"
@@ -35,6 +42,7 @@ RUNS = [
     ("fedprox", "torchadmm"),
     ("fedadmm", "torchadmm"),
     ("fedadmm", "fedprox"),
+    ("fedadmm-client-duals", "torchadmm"),
     ("scaffold", "torchadmm"),
     ("feddyn", "torchadmm"),
 ]
@@ -43,6 +51,13 @@ STATE = {  # what each run leaves in every node's context.state
     ("fedprox", "torchadmm"): set(),
     ("fedadmm", "torchadmm"): {MESSAGE_STATE_W},  # TorchADMM's warm start
     ("fedadmm", "fedprox"): set(),  # the stock FedProx handler keeps nothing
+    # the committed and the pending (not yet acknowledged) w_i, u_i
+    ("fedadmm-client-duals", "torchadmm"): {
+        DUALS_STATE_W,
+        DUALS_STATE_U,
+        DUALS_PENDING_W,
+        DUALS_PENDING_U,
+    },
     ("scaffold", "torchadmm"): {client_app.SCAFFOLD_C},
     ("feddyn", "torchadmm"): {client_app.FEDDYN_GRAD},
 }

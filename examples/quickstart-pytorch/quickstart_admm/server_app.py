@@ -1,7 +1,8 @@
 """The ServerApp: the run config's strategy, central evaluation every round, a JSON record.
 
 The strategy line is the only difference between runs: Flower's ``FedAvg`` /
-``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults), ``SCAFFOLD()`` and
+``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults), ``FedADMMClientDuals()``,
+``SCAFFOLD()`` and
 ``FedDyn(alpha=...)``. Every round the global model is tested on the central test
 set and ``<output-dir>/<strategy>[-<handler>]-seed<seed>.json`` is rewritten. A
 ClientApp error (or a missing reply) and a non-finite global model or central loss
@@ -25,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from flwr.supercore.run import Run
 
-from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedDyn
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
 
 app = ServerApp()
@@ -49,6 +50,8 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fedadmm":
         return FedADMM(**common)
+    if settings.strategy == "fedadmm-client-duals":
+        return FedADMMClientDuals(**common)
     if settings.strategy == "scaffold":
         return SCAFFOLD(**common)
     return FedDyn(alpha=settings.feddyn_alpha, **common)

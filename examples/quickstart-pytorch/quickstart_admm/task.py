@@ -24,7 +24,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-STRATEGIES = ("fedavg", "fedprox", "fedadmm", "scaffold", "feddyn")
+STRATEGIES = ("fedavg", "fedprox", "fedadmm", "fedadmm-client-duals", "scaffold", "feddyn")
 HANDLERS = ("torchadmm", "fedprox")
 OPTIMIZERS = ("sgd", "adam")
 ADAM_LR = 1e-3
@@ -115,11 +115,10 @@ class Settings:
                 )
         if not isinstance(self.batch_norm, bool):
             raise ValueError(f"batch-norm: must be true or false, got {self.batch_norm!r}")
-        if self.batch_norm and self.strategy in ("scaffold", "feddyn"):
+        if self.batch_norm and self.strategy in ("scaffold", "feddyn", "fedadmm-client-duals"):
             raise ValueError(
-                f"batch-norm: not supported with strategy {self.strategy!r} (its server "
-                "update would treat BatchNorm statistics as weights); use fedavg, fedprox "
-                "or fedadmm"
+                f"batch-norm: not supported with strategy {self.strategy!r} (it would treat "
+                "BatchNorm statistics as weights); use fedavg, fedprox or fedadmm"
             )
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ValueError(f"output-dir: must be a non-empty path, got {self.output_dir!r}")
