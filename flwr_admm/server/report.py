@@ -2,13 +2,19 @@
 
 Both FedADMMs (legacy `flwr_admm.server.fedadmm`, Message-API
 `flwr_admm.serverapp.fedadmm`) report a `RoundReport` of the numpy core through
-`report_metrics`, so their metric names and values cannot drift apart.
+`report_metrics`, so their metric names and values cannot drift apart. Every
+strategy's round layer hands its round to the divergence watchdog through
+`watch_round`, which reads the residual and objective under the same names.
 """
 
 from __future__ import annotations
 
-from flwr.common import Scalar
+from collections.abc import Mapping
+from typing import Any
 
+from flwr.common import NDArrays, Scalar
+
+from flwr_admm.core.health import RunHealth
 from flwr_admm.core.types import RoundReport
 from flwr_admm.protocol import (
     CONVERGED,
@@ -19,11 +25,12 @@ from flwr_admm.protocol import (
     NUM_CLIENTS_CACHED,
     NUM_REPLIES,
     OBJECTIVE,
+    PREVIOUS_PRIMAL_RESIDUAL,
     PRIMAL_RESIDUAL,
     RHO,
 )
 
-__all__ = ["report_metrics"]
+__all__ = ["report_metrics", "watch_round"]
 
 
 def report_metrics(report: RoundReport) -> dict[str, Scalar]:
@@ -42,3 +49,35 @@ def report_metrics(report: RoundReport) -> dict[str, Scalar]:
     if report.objective is not None:
         metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
     return metrics
+
+
+def watch_round(
+    health: RunHealth | None,
+    server_round: int,
+    counts: tuple[int, int, int],
+    before: NDArrays | None = None,
+    after: NDArrays | None = None,
+    metrics: Mapping[str, Any] | None = None,
+) -> None:
+    """Feed one round to the divergence watchdog (`flwr_admm.core.health`; None: off).
+
+    `counts` are the replies accepted, rejected and failed (or lost); `before` and
+    `after` the model sent and the one returned (None: nothing aggregated); the primal
+    residual (client-held duals: the delayed one) and the objective come from the
+    round's `metrics`. Raises `RunDivergedError` when the run diverged or stalled.
+    """
+    if health is None:
+        return
+    metrics = metrics or {}
+    residual = metrics.get(PRIMAL_RESIDUAL, metrics.get(PREVIOUS_PRIMAL_RESIDUAL))
+    accepted, rejected, failed = counts
+    health.observe(
+        server_round,
+        accepted=accepted,
+        rejected=rejected,
+        failed=failed,
+        before=before,
+        after=after,
+        primal_residual=residual,
+        objective=metrics.get(OBJECTIVE),
+    )

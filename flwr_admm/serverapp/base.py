@@ -5,8 +5,9 @@ their math, as the legacy `flwr_admm.server.base.ConsensusStrategy` does for the
 API: keyword checks, waiting for nodes and seeded sampling, client identity
 (``key_binding``) and eviction (``max_client_age``, ``max_clients``), keyed and ordered
 reply folding that rejects and counts bad replies instead of ending the run, round
-records, evaluation and checkpoints (``checkpoint_dir``, ``checkpoint_every``,
-``resume``; the legacy file format, `flwr_admm.server.checkpoint`). A strategy fills in
+records, evaluation, checkpoints (``checkpoint_dir``, ``checkpoint_every``,
+``resume``; the legacy file format, `flwr_admm.server.checkpoint`) and the divergence
+watchdog (``health``, `flwr_admm.core.health`). A strategy fills in
 the hooks (`_adopt`, `_train_messages`, `_read`, `_open_round`, `_fold_reply`,
 `_finish_round`, `_discard_round`, `_evict`, `_state_dict`, ...).
 """
@@ -28,6 +29,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck, RunHealth
 from flwr_admm.protocol import (
     MESSAGE_SERVER_ROUND,
     NUM_EVICTED,
@@ -46,6 +48,7 @@ from flwr_admm.server.checkpoint import (
     strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, optional_count
+from flwr_admm.server.report import watch_round
 from flwr_admm.server.sampling import sample_ids
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.nodes import admit, wait_for_nodes
@@ -65,6 +68,13 @@ class ConsensusStrategy(FedAvg):
     may speak for each key (`KeyBinding`, ``num_key_conflicts``), evicts beyond
     ``max_clients``, folds the replies in natural key order (`_fold_reply`) and takes
     the z-step (`_finish_round`). Round numbers continue after a resume.
+
+    Health: every round goes to the watchdog (`health`, a `HealthCheck`; None: off):
+    a run whose z' is NaN/inf or explodes, whose update norm keeps rising, or that
+    accepts no reply (all rejected, failed or lost) for several rounds raises
+    `RunDivergedError` from ``aggregate_train`` (before that round's checkpoint), which
+    ends ``Strategy.start`` with the message. It only reads: iterates and metrics
+    are the same with it off.
 
     Checkpoints: after every `checkpoint_every` aggregations the state goes to
     `checkpoint_dir` (`flwr_admm.server.checkpoint`: atomic, checksummed, settings
@@ -88,6 +98,7 @@ class ConsensusStrategy(FedAvg):
         key_binding: str,
         max_client_age: int | None,
         max_clients: int | None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
         super().__init__(**fedavg)
         check_fields(self, sampling_seed)
@@ -108,6 +119,9 @@ class ConsensusStrategy(FedAvg):
         self._evicted = 0  # keys evicted since this round's configure_train
         self._restored = False  # a checkpoint was loaded and its z not yet sent
         self.population = 0  # nodes connected at the last train sampling
+        self.health = health
+        self.health_state = RunHealth.of(health, self.label)
+        self._sent: tuple[ArrayRecord | None, int] = (None, 0)  # this round's z^k, messages
 
     def _resume(self, resume: bool) -> None:
         """Load the checkpoint in `checkpoint_dir` if `resume` (last step of ``__init__``)."""
@@ -125,6 +139,7 @@ class ConsensusStrategy(FedAvg):
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
+        self._sent = (arrays, 0)
         stale = self.binding.stale(self._clock, self.max_client_age, self.max_clients)
         if stale:
             self._evict_keys(stale, "stale: beyond max_client_age or max_clients")
@@ -134,7 +149,9 @@ class ConsensusStrategy(FedAvg):
         if self.fraction_train == 0.0:
             return []
         sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
-        return self._train_messages(sampled, arrays, user, server_round)
+        messages = self._train_messages(sampled, arrays, user, server_round)
+        self._sent = (arrays, len(messages))
+        return messages
 
     def _received(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return `arrays`, or right after a resume the checkpoint's z (same names, shapes)."""
@@ -161,7 +178,9 @@ class ConsensusStrategy(FedAvg):
         if self.layout is None:
             return None, None
         usable: list[ReadReply] = []
+        received = 0
         for message in replies:
+            received += 1
             if message.has_error():
                 counts[NUM_FAILURES] += 1
                 log(INFO, "%s: error reply from node %s", self.label, message.metadata.src_node_id)
@@ -185,17 +204,37 @@ class ConsensusStrategy(FedAvg):
                 self.binding.bind(r.key, str(r.node_id), self._clock)
                 accepted.append(r)
         counts[NUM_EVICTED] = self._evicted
+        lost = max(0, self._sent[1] - received)  # late replies are simply absent
+        tally = (len(accepted), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
-            return None, plain_metrics({**counts, **self._discard_round()})
+            idle = plain_metrics({**counts, **self._discard_round()})
+            watch_round(self.health_state, server_round, tally)
+            return None, idle
         contents = [r.content for r in accepted if r.content is not None]
         ours = {**self._finish_round(server_round), **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
         self.last_round = server_round
+        z_new = self._broadcast()
+        self._watch(server_round, tally, z_new, ours)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
-        return self._broadcast(), metrics
+        return z_new, metrics
+
+    def _watch(
+        self,
+        server_round: int,
+        tally: tuple[int, int, int],
+        z_new: ArrayRecord,
+        ours: dict[str, Any],
+    ) -> None:
+        """Hand the round to the watchdog: z^k sent, z' returned, the strategy's metrics."""
+        if self.health_state is not None:
+            sent = self._sent[0]
+            before = None if sent is None else sent.to_numpy_ndarrays()
+            after = z_new.to_numpy_ndarrays()
+            watch_round(self.health_state, server_round, tally, before, after, ours)
 
     def _fold_all(
         self, replies: list[ReadReply], server_round: int, counts: dict[str, int]

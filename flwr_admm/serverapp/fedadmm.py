@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from logging import INFO
 from typing import Any, ClassVar
@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
+from flwr_admm.core import DEFAULT_HEALTH, ConsensusADMM, HealthCheck, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
@@ -38,14 +38,12 @@ from flwr_admm.protocol import (
 from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.payloads import decoded
-from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
 
 __all__ = ["FedADMM"]
-
-MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedADMM(ConsensusStrategy):
@@ -137,7 +135,6 @@ class FedADMM(ConsensusStrategy):
         (default) a key is accepted only from its node; keys unheard for more than
         `max_client_age` rounds, or the least recently heard beyond `max_clients`,
         are evicted (their w_i and dual leave the sums).
-
     uplink, uplink_residual, local_dp :
         Uplink compression and local DP as in the legacy `flwr_admm.FedADMM`
         (`flwr_admm.uplink`): nodes send the compressed w_i - v_i under
@@ -150,6 +147,8 @@ class FedADMM(ConsensusStrategy):
         changed); unmatched tensors: integer dtypes keep, ``*running_mean`` /
         ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
         The held (non-consensus) tensors are in the checkpoints too.
+    health : HealthCheck or None
+        Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
 
     Attributes
     ----------
@@ -206,6 +205,7 @@ class FedADMM(ConsensusStrategy):
         uplink_residual: Residual = "update",
         local_dp: LocalDP | None = None,
         tensor_policy: Mapping[str, str] | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
         self.tensor_rules = check_rules(tensor_policy)
         self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
@@ -229,6 +229,7 @@ class FedADMM(ConsensusStrategy):
             key_binding=key_binding,
             max_client_age=max_client_age,
             max_clients=max_clients,
+            health=health,
         )
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
         self.admm_settings = ConsensusSettings(

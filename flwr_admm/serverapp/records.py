@@ -33,12 +33,17 @@ from flwr_admm.server.identity import client_key_of
 
 __all__ = [
     "Layout",
+    "MetricsAggrFn",
     "ReadReply",
     "has_weight",
     "merge_metrics",
     "plain_metrics",
     "read_reply",
 ]
+
+
+# Flower's Message-API metrics aggregation: (reply contents, weighted_by_key) -> record
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,7 @@ def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
 
 
 def merge_metrics(
-    aggregate: Callable[[list[RecordDict], str], MetricRecord],
+    aggregate: MetricsAggrFn,
     contents: list[RecordDict],
     weighted_by_key: str,
     ours: Mapping[str, Any],
