@@ -12,6 +12,11 @@ seen so far for the server's running state (SCAFFOLD's c, FedDyn's h), each clie
 counted with the n_i of its first accepted reply. With equal n_i and once every client
 has been seen these are the papers' uniform 1/|S| and 1/N; before that the state
 averages the clients seen so far, where the papers count unseen clients as zero.
+
+Both hand every round to the divergence watchdog (``health``, `flwr_admm.core.health`;
+the Message-API `flwr_admm.serverapp.peer_base.PeerFedAvg` through the same object):
+a NaN/inf or exploding x, a rising update norm or rounds without an accepted reply
+raise `RunDivergedError` from the aggregation.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.types import natural_key
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
@@ -47,6 +53,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server.identity import client_key_of
+from flwr_admm.server.report import watch_round
 
 Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
 
@@ -56,17 +63,22 @@ class PeerStrategy(FedAvg):
 
     Subclasses set `peer` and implement `_outgoing` (the arrays sent with x),
     `_blocks` (how many model-shaped blocks a reply holds) and `_update` (x' and the
-    round metrics from the accepted replies, state updated in place).
+    round metrics from the accepted replies, state updated in place). ``health`` (a
+    `HealthCheck`, default on; None: off) is the divergence watchdog (`watch`).
     """
 
     peer: str = ""
 
-    def __init__(self, **fedavg_kwargs: Any) -> None:
+    def __init__(
+        self, *, health: HealthCheck | None = DEFAULT_HEALTH, **fedavg_kwargs: Any
+    ) -> None:
         super().__init__(**fedavg_kwargs)
         self.current: NDArrays | None = None  # x, float64
         self.dtypes: list[np.dtype[Any]] = []
         self.examples: dict[str, int] = {}  # n_i of every client seen, by key
         self.history: list[dict[str, Scalar]] = []
+        self.health = health
+        self.health_state = RunHealth.of(health, type(self).__name__, PEER_ADVICE)
 
     # ------------------------------------------------------------------ hooks
     def _outgoing(self, x: NDArrays) -> NDArrays:
@@ -126,6 +138,21 @@ class PeerStrategy(FedAvg):
         assert self.current is not None
         return [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
 
+    def watch(
+        self,
+        server_round: int,
+        tally: tuple[int, int, int],
+        before: NDArrays | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """Hand a round to the watchdog: replies accepted/rejected/failed, x sent, x' now.
+
+        `before` is x as sent (model dtypes), None when nothing was aggregated.
+        """
+        if self.health_state is not None:
+            after = None if before is None else self.model()
+            watch_round(self.health_state, server_round, tally, before, after, metrics)
+
     # ------------------------------------------------------------ Flower API
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -158,18 +185,24 @@ class PeerStrategy(FedAvg):
         if self.current is None:
             raise RuntimeError(f"{name}.aggregate_fit: configure_fit must run first")
         if not results or (not self.accept_failures and failures):
+            self.watch(server_round, (0, 0, len(failures)))
             return None, counts
         replies = self._valid_replies(results, counts)
+        tally = (len(replies), int(counts[NUM_REJECTED]), len(failures))
         if not replies:
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
+            self.watch(server_round, tally)
             return None, counts
-        metrics: dict[str, Scalar] = {**self.fold(replies), **counts}
+        before = self.model()
+        own = self.fold(replies)
+        metrics: dict[str, Scalar] = {**own, **counts}
         if self.fit_metrics_aggregation_fn is not None:
             user = self.fit_metrics_aggregation_fn(
                 [(res.num_examples, res.metrics) for res in self._accepted]
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})
+        self.watch(server_round, tally, before, own)
         return ndarrays_to_parameters(self.model()), metrics
 
     def _valid_replies(

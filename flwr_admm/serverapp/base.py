@@ -121,7 +121,7 @@ class ConsensusStrategy(FedAvg):
         self.population = 0  # nodes connected at the last train sampling
         self.health = health
         self.health_state = RunHealth.of(health, self.label)
-        self._sent: tuple[ArrayRecord | None, int] = (None, 0)  # this round's z^k, messages
+        self._round_sent: tuple[ArrayRecord | None, int] = (None, 0)  # this round's z^k, messages
 
     def _resume(self, resume: bool) -> None:
         """Load the checkpoint in `checkpoint_dir` if `resume` (last step of ``__init__``)."""
@@ -139,7 +139,7 @@ class ConsensusStrategy(FedAvg):
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
-        self._sent = (arrays, 0)
+        self._round_sent = (arrays, 0)
         stale = self.binding.stale(self._clock, self.max_client_age, self.max_clients)
         if stale:
             self._evict_keys(stale, "stale: beyond max_client_age or max_clients")
@@ -150,7 +150,7 @@ class ConsensusStrategy(FedAvg):
             return []
         sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
         messages = self._train_messages(sampled, arrays, user, server_round)
-        self._sent = (arrays, len(messages))
+        self._round_sent = (arrays, len(messages))
         return messages
 
     def _received(self, arrays: ArrayRecord) -> ArrayRecord:
@@ -175,6 +175,7 @@ class ConsensusStrategy(FedAvg):
         server_round += self._round_offset
         counts = {NUM_FAILURES: 0, NUM_REJECTED: 0, NUM_KEY_CONFLICTS: 0, NUM_EVICTED: 0}
         counts.update(dict.fromkeys(self.counters, 0))
+        (sent, num_sent), self._round_sent = self._round_sent, (None, 0)  # this round only
         if self.layout is None:
             return None, None
         usable: list[ReadReply] = []
@@ -204,7 +205,7 @@ class ConsensusStrategy(FedAvg):
                 self.binding.bind(r.key, str(r.node_id), self._clock)
                 accepted.append(r)
         counts[NUM_EVICTED] = self._evicted
-        lost = max(0, self._sent[1] - received)  # late replies are simply absent
+        lost = max(0, num_sent - received)  # late replies are simply absent
         tally = (len(accepted), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
@@ -217,24 +218,13 @@ class ConsensusStrategy(FedAvg):
         self.history.append({ROUND: server_round, **metrics})
         self.last_round = server_round
         z_new = self._broadcast()
-        self._watch(server_round, tally, z_new, ours)
-        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
-            self.save_checkpoint(self.checkpoint_dir)
-        return z_new, metrics
-
-    def _watch(
-        self,
-        server_round: int,
-        tally: tuple[int, int, int],
-        z_new: ArrayRecord,
-        ours: dict[str, Any],
-    ) -> None:
-        """Hand the round to the watchdog: z^k sent, z' returned, the strategy's metrics."""
-        if self.health_state is not None:
-            sent = self._sent[0]
+        if self.health_state is not None:  # z^k sent, z' returned, the strategy's metrics
             before = None if sent is None else sent.to_numpy_ndarrays()
             after = z_new.to_numpy_ndarrays()
             watch_round(self.health_state, server_round, tally, before, after, ours)
+        if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir)
+        return z_new, metrics
 
     def _fold_all(
         self, replies: list[ReadReply], server_round: int, counts: dict[str, int]
