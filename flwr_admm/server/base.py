@@ -157,7 +157,7 @@ class ConsensusStrategy(FedAvg):
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.health = health
         self.health_state = RunHealth.of(health, self.label)
-        self._round_sent: Parameters | None = None  # this round's z^k, as sent
+        self._round_sent: tuple[Parameters | None, int] = (None, 0)  # z^k sent, to how many
 
     @property
     def _key_of_cid(self) -> dict[str, str]:
@@ -190,7 +190,7 @@ class ConsensusStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Evict stale keys, adopt the broadcast z^k, sample clients, send each its FitIns."""
         self._adopt(parameters)
-        self._round_sent = parameters
+        self._round_sent = (parameters, 0)
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
@@ -212,6 +212,7 @@ class ConsensusStrategy(FedAvg):
         config = {**user, **self.channel.config(), SERVER_ROUND: server_round}
         instructions = self._fit_instructions(clients, parameters, config)
         check_user_config(user, instructions, server_round)
+        self._round_sent = (parameters, len(instructions))
         return instructions
 
     def aggregate_fit(
@@ -226,16 +227,18 @@ class ConsensusStrategy(FedAvg):
             NUM_EVICTED: self._evicted,
         }
         counts.update({name: 0 for name in self.counters})
-        sent, self._round_sent = self._round_sent, None  # held for this round only
+        (sent, num_sent), self._round_sent = self._round_sent, (None, 0)  # this round only
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, num_sent - len(results) - len(failures))
         if self._consensus() is None:
             return None, counts
         if not self.accept_failures and failures:
-            watch_round(self.health_state, server_round, (0, 0, len(failures)))
+            watch_round(self.health_state, server_round, (0, 0, failed))
             return None, counts
         with single_thread_blas():
             accepted = self._fold_replies(results, server_round, counts)
         counts[NUM_EVICTED] = self._evicted  # with the keys freed by their nodes leaving
-        tally = (len(accepted), int(counts[NUM_REJECTED]), len(failures))
+        tally = (len(accepted), int(counts[NUM_REJECTED]), failed)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
             idle = self._discard_round()

@@ -64,6 +64,7 @@ class FedNova(FedAvg):
         self.history: list[dict[str, Scalar]] = []
         self.health = health
         self.health_state = RunHealth.of(health, "FedNova", PEER_ADVICE)
+        self._num_sent = 0  # fit instructions of this round (replies may never come)
 
     def __repr__(self) -> str:
         return f"FedNova(accept_failures={self.accept_failures})"
@@ -73,7 +74,9 @@ class FedNova(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Remember the global model x the clients start from, then sample as FedAvg."""
         self.current = parameters_to_ndarrays(parameters)
-        return super().configure_fit(server_round, parameters, client_manager)
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self._num_sent = len(instructions)
+        return instructions
 
     def aggregate_fit(
         self,
@@ -85,11 +88,14 @@ class FedNova(FedAvg):
         counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         if self.current is None:
             raise RuntimeError("FedNova.aggregate_fit: configure_fit must run first")
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, self._num_sent - len(results) - len(failures))
+        self._num_sent = 0
         if not results or (not self.accept_failures and failures):
-            watch_round(self.health_state, server_round, (0, 0, len(failures)))
+            watch_round(self.health_state, server_round, (0, 0, failed))
             return None, counts
         replies = self._valid_replies(results, counts)
-        tally = (len(replies), int(counts[NUM_REJECTED]), len(failures))
+        tally = (len(replies), int(counts[NUM_REJECTED]), failed)
         if not replies:
             log(WARNING, "FedNova round %s: no usable reply; model unchanged", server_round)
             watch_round(self.health_state, server_round, tally)

@@ -79,6 +79,7 @@ class PeerStrategy(FedAvg):
         self.history: list[dict[str, Scalar]] = []
         self.health = health
         self.health_state = RunHealth.of(health, type(self).__name__, PEER_ADVICE)
+        self.num_sent = 0  # fit instructions of this round (replies may never come)
 
     # ------------------------------------------------------------------ hooks
     def _outgoing(self, x: NDArrays) -> NDArrays:
@@ -171,6 +172,7 @@ class PeerStrategy(FedAvg):
                     f"(reserved: {sorted({*own, *RESERVED_CONFIG_KEYS})}); rename it"
                 )
             out.append((proxy, FitIns(sent, {**ins.config, **own})))
+        self.num_sent = len(out)
         return out
 
     def aggregate_fit(
@@ -184,11 +186,14 @@ class PeerStrategy(FedAvg):
         name = type(self).__name__
         if self.current is None:
             raise RuntimeError(f"{name}.aggregate_fit: configure_fit must run first")
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, self.num_sent - len(results) - len(failures))
+        self.num_sent = 0
         if not results or (not self.accept_failures and failures):
-            self.watch(server_round, (0, 0, len(failures)))
+            self.watch(server_round, (0, 0, failed))
             return None, counts
         replies = self._valid_replies(results, counts)
-        tally = (len(replies), int(counts[NUM_REJECTED]), len(failures))
+        tally = (len(replies), int(counts[NUM_REJECTED]), failed)
         if not replies:
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
             self.watch(server_round, tally)

@@ -85,7 +85,6 @@ class PeerFedAvg(FedAvg):
         self.layout: Layout | None = None
         self.history: list[dict[str, Any]] = []  # round metrics, as returned
         self._extra: dict[str, ArrayRecord] = {}  # this round's blocks after x
-        self._num_sent = 0  # train messages of this round
 
     @property
     def current(self) -> NDArrays | None:
@@ -121,7 +120,7 @@ class PeerFedAvg(FedAvg):
         messages = list(
             super().configure_train(server_round, x, ConfigRecord({**given, **own}), grid)
         )
-        self._num_sent = len(messages)  # replies missing from aggregate_train were lost
+        self.algorithm.num_sent = len(messages)  # replies missing from aggregate_train: lost
         return messages
 
     def _construct_messages(
@@ -139,7 +138,7 @@ class PeerFedAvg(FedAvg):
         name = type(self).__name__
         if self.layout is None or self.algorithm.current is None:
             raise RuntimeError(f"{name}.aggregate_train: configure_train must run first")
-        replies, sent, self._num_sent = list(replies), self._num_sent, 0
+        replies, sent, self.algorithm.num_sent = list(replies), self.algorithm.num_sent, 0
         counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
         accepted: list[Reply] = []
         contents: list[RecordDict] = []
