@@ -11,9 +11,10 @@ No `flwr` import: the strategies of both Flower APIs share it.
 The signals, each with its default (`HealthCheck`):
 
 - **non-finite**: z' (or the primal residual) holds NaN/inf, or ||z'|| overflows;
-- **explosion**: ||z'|| > explosion * max(1, s), s the largest ||z|| among the first
-  model sent and the first `warmup` rounds' z'; the objective likewise, |f| against
-  max(1, its largest |f| in the first `warmup` rounds that reported one);
+- **explosion**: ||z'|| > explosion * max(1, s), s the largest ||z|| so far among the
+  first model sent and the first `warmup` rounds' z' (a round is held to s before it
+  joins it, so a blow-up in the first rounds fires at once); the objective likewise,
+  |f| against max(1, its largest |f| among the first report and `warmup` more);
 - **growth**: the update norm ||z' - z|| rose in each of the last `growth_rounds`
   aggregations, by a factor >= `growth` in all, and the last step is longer than
   max(1, ||z||) of the model the rise started from;
@@ -60,14 +61,16 @@ class HealthCheck:
     Parameters
     ----------
     explosion : float
-        ||z'|| may reach `explosion` times max(1, s), s the largest ||z|| among the
-        first model sent and the first `warmup` rounds' z' (> 1; default 1e3). A
+        ||z'|| may reach `explosion` times max(1, s), s the largest ||z|| so far among
+        the first model sent and the first `warmup` rounds' z' (> 1; default 1e3). A
         healthy model's weight norm changes by a small factor over training (a CNN's
-        grows 2-10x from its initialization); the floor 1 covers a start at z = 0. A
-        diverging run passes 1e3 within a few rounds of growing geometrically. The
-        objective |f| is held to the same factor of max(1, its first rounds' |f|): a
-        cross-entropy starts near log(classes) and a healthy one never gets 1e3 times
-        larger.
+        grows 2-10x from its initialization); the floor 1 covers a start at z = 0 (a
+        model whose weights legitimately exceed 1e3 from a zero start, e.g. a
+        regression on unscaled targets, needs a larger value). A diverging run passes
+        1e3 within a few rounds of growing geometrically, a blown-up first round at
+        once. The objective |f| is held to the same factor of max(1, its first
+        rounds' |f|): a cross-entropy starts near log(classes) and a healthy one never
+        gets 1e3 times larger.
     warmup : int
         Rounds whose z' (and objective) set the scale s, after the first model sent
         (>= 0; default 3): a model started at zero reaches its own scale in the first
@@ -216,32 +219,35 @@ class RunHealth:
     def _explosion(
         self, server_round: int, norm: float, start: float | None, objective: float | None
     ) -> None:
-        """Fire when ||z'|| or |f| passes `explosion` x its first rounds' scale."""
+        """Fire when ||z'|| or |f| passes `explosion` x its scale so far; grow the scale.
+
+        A round is held to the scale before it joins it: a blow-up in a warmup round
+        fires at once instead of raising the bound.
+        """
         check = self.check
         if self.scale is None:
             self.scale = start if start is not None and math.isfinite(start) else 0.0
-        if self._scaled < check.warmup:
-            self.scale = max(self.scale, norm)
-            self._scaled += 1
-        if objective is not None and self._objectives < check.warmup:
-            self.objective_scale = max(self.objective_scale or 0.0, abs(objective))
-            self._objectives += 1
-        bound = check.explosion * max(1.0, self.scale)
-        if norm > bound:
+        if norm > check.explosion * max(1.0, self.scale):
             self._fail(
                 server_round,
                 f"||z'|| = {norm:.3g} exceeds {check.explosion:g} x max(1, {self.scale:.3g}), "
                 "the largest ||z|| of the first rounds (explosion)",
             )
-        if objective is not None and self.objective_scale is not None:
-            limit = check.explosion * max(1.0, self.objective_scale)
-            if abs(objective) > limit:
-                self._fail(
-                    server_round,
-                    f"the objective {objective:.3g} exceeds {check.explosion:g} x max(1, "
-                    f"{self.objective_scale:.3g}), its largest size in the first rounds "
-                    "(explosion)",
-                )
+        if self._scaled < check.warmup:
+            self.scale = max(self.scale, norm)
+            self._scaled += 1
+        if objective is None:
+            return
+        scale = self.objective_scale
+        if scale is not None and abs(objective) > check.explosion * max(1.0, scale):
+            self._fail(
+                server_round,
+                f"the objective {objective:.3g} exceeds {check.explosion:g} x max(1, "
+                f"{scale:.3g}), its largest size in the first rounds (explosion)",
+            )
+        if self._objectives <= check.warmup:  # the first objective, then `warmup` more
+            self.objective_scale = max(scale or 0.0, abs(objective))
+            self._objectives += 1
 
     def _growth(self, server_round: int, update: float, start: float) -> None:
         """Fire when ||z' - z|| rose `growth_rounds` times, `growth` x in all, past ||z||."""

@@ -235,3 +235,11 @@ def test_the_state_takes_a_health_check_or_none() -> None:
     assert isinstance(RunHealth.of(DEFAULT_HEALTH, "FedADMM"), RunHealth)
     with pytest.raises(ValueError, match="health: must be a HealthCheck or None"):
         RunHealth.of({"explosion": 10}, "FedADMM")  # type: ignore[arg-type]
+
+
+def test_a_blown_up_first_round_fires_at_once() -> None:
+    # A CNN-sized start (||z^0|| = 20) and replies of 1e10 after one round: the warmup
+    # must not absorb the blow-up into the scale.
+    z0 = np.full(100, 2.0)
+    number, message = fired_at(watchdog(), [z0, np.full(100, 1e9), np.full(100, 1e24)])
+    assert number == 1 and "exceeds 1000 x max(1, 20)" in message
