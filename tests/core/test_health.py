@@ -88,6 +88,14 @@ def test_an_exploding_objective_fires() -> None:
             health.observe(k, accepted=3, rejected=0, failed=0, after=[z], objective=f)
 
 
+def test_a_non_finite_objective_alone_is_not_the_state() -> None:
+    # One client's loss of inf (log 0) with a healthy model: not a divergence signal.
+    health = watchdog()
+    for k, f in enumerate([2.0, math.inf, 2.1, math.nan, 1.9], start=1):
+        health.observe(k, accepted=3, rejected=0, failed=0, after=[np.ones(2)], objective=f)
+    assert [r.objective for r in health.rounds] == [2.0, None, 2.1, None, 1.9]
+
+
 def test_a_rising_update_norm_fires_within_a_few_rounds() -> None:
     # x5 a round from a model of norm 10: the explosion bound is far, growth is not.
     z = [np.array([10.0, 0.0])]

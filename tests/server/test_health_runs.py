@@ -1,10 +1,12 @@
 """A diverging or stalled legacy run stops with `RunDivergedError` (flwr_admm.core.health).
 
 Through `flwr_admm.testing` (the legacy server loop in process) and through Flower's
-own loops: `flwr.server.Server.fit` and a ``ServerApp(server_fn=...)`` on the
-in-process grid (Flower 1.42's `DefaultWorkflow`), neither of which catches an error
-raised by ``aggregate_fit``. The seed task with lr 10 and a plain gradient step on the
-penalty (lr rho = 10 > 2) diverges for real; NaN replies are rejected every round.
+own loops on the in-process grid: `flwr.server.Server.fit`, a
+``ServerApp(server_fn=...)`` (Flower 1.42 runs it through `start_grid` and
+`Server.fit`) and an ``@app.main()`` running `DefaultWorkflow`; none of them catches
+an error raised by ``aggregate_fit``. The seed task with lr 10 and a plain gradient
+step on the penalty (lr rho = 10 > 2) diverges for real; NaN replies are rejected
+every round.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from flwr.client import ClientApp, NumPyClient
 from flwr.common import NDArrays, Scalar
 from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import LegacyContext
 from flwr.server.strategy import Strategy
+from flwr.server.workflow import DefaultWorkflow
+from flwr.serverapp import Grid
 
 from flwr_admm import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.core import HealthCheck, RunDivergedError
@@ -72,7 +77,7 @@ def seeded(factory: Any, **kwargs: Any) -> Strategy:
 def test_learning_rate_ten_stops_the_run_within_a_few_rounds(factory: Any) -> None:
     strategy = seeded(factory)
     number, message = diverged(strategy, admm_client_fn(**LR10))
-    assert number <= 5, message
+    assert number == 1, message  # lr rho = 10: the first round already blows up
     name = type(strategy).__name__
     assert message.startswith(f"{name}: the run diverged or stalled at round {number}: ")
     assert "learning_rate * rho > 2" in message and f"{name}(health=None)" in message
@@ -94,8 +99,9 @@ def test_blown_up_replies_stop_every_strategy(factory: Any) -> None:
     assert number == 3, message
     assert "no reply was accepted in 3 rounds in a row" in message
     assert f"round 3: -, -, -, -; replies 0/{NUM_CLIENTS}/0" in message
-    if not isinstance(seeded(factory), FedADMMClientDuals):  # its protocol rejects these
-        number, message = diverged(seeded(factory), blown_up("x100"))
+    strategy = seeded(factory)
+    if not isinstance(strategy, FedADMMClientDuals):  # x 100 breaks its protocol: rejected
+        number, message = diverged(strategy, blown_up("x100"))
         assert number <= 5 and ("(growth)" in message or "(explosion)" in message), message
 
 
@@ -108,18 +114,37 @@ def test_flowers_server_loop_does_not_swallow_the_error() -> None:
         server.fit(num_rounds=10, timeout=None)
 
 
-def test_a_legacy_server_app_ends_with_the_error() -> None:
-    """Flower 1.42 runs a ``server_fn`` ServerApp through its DefaultWorkflow, unguarded."""
+@pytest.mark.parametrize("workflow", [False, True], ids=["server_fn", "DefaultWorkflow"])
+@pytest.mark.parametrize("fault", ["nan", "lost"])
+def test_a_legacy_server_app_ends_with_the_error(fault: str, workflow: bool) -> None:
+    """Both legacy paths of Flower 1.42 leave ``aggregate_fit``'s errors alone.
+
+    ``ServerApp(server_fn=...)`` runs `Server.fit` through one GridClientProxy per client
+    (a reply that never comes is a failure there); an ``@app.main()`` running Flower's
+    `DefaultWorkflow` (as the app's SecAgg+ path does) drops it: it counts as failed.
+    """
     strategy = seeded(lambda **kw: FedADMM(rho=0.1, **kw))
+    components = ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=10))
+    if workflow:
+        app = ServerApp()
 
-    def server_fn(context: Context) -> ServerAppComponents:
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=10))
+        @app.main()
+        def main(grid: Grid, context: Context) -> None:
+            legacy = LegacyContext(context, config=components.config, strategy=strategy)
+            DefaultWorkflow()(grid, legacy)
 
-    client_app = ClientApp(client_fn=lambda context: blown_up("nan")(context).to_client())
+    else:
+        app = ServerApp(server_fn=lambda context: components)
+    client_fn = blown_up("nan") if fault == "nan" else admm_client_fn()
+    client_app = ClientApp(client_fn=lambda context: client_fn(context).to_client())
     grid = InProcessGrid(client_app, NUM_CLIENTS)
+    if fault == "lost":
+        grid.offline.update(grid.contexts)
+    counts = f"0/{NUM_CLIENTS}/0" if fault == "nan" else f"0/0/{NUM_CLIENTS}"
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    with flower_task_identity(), pytest.raises(RunDivergedError, match="at round 3"):
-        ServerApp(server_fn=server_fn)(grid, context)
+    with flower_task_identity(), pytest.raises(RunDivergedError, match="at round 3") as caught:
+        app(grid, context)
+    assert f"round 3: -, -, -, -; replies {counts}" in str(caught.value)
 
 
 def test_a_healthy_run_is_bit_identical_with_the_watchdog_on_and_off() -> None:
