@@ -194,8 +194,9 @@ class RunHealth:
                 if self._idle >= self.check.idle_rounds:
                     self._fail(
                         server_round,
-                        f"no reply was accepted in {self._idle} rounds in a row (all rejected "
-                        "or failed: see the 'rejected reply' warnings above)",
+                        f"no reply was accepted in {self._idle} rounds in a row (each was "
+                        "rejected, e.g. NaN: see the 'rejected reply' warnings above, or "
+                        "failed, or never came)",
                     )
             return
         self._idle = 0
@@ -274,7 +275,7 @@ class RunHealth:
             "Last rounds (||z'||, ||z' - z||, primal residual, objective; replies "
             f"accepted/rejected/failed):\n{lines}\n"
             f"What to try: {self.advice}. {self.check!r} set these thresholds: pass "
-            f"{self.label}(health=HealthCheck(...)) to loosen them or "
+            f"{self.label}(health=flwr_admm.HealthCheck(...)) to loosen them or "
             f"{self.label}(health=None) to turn the check off."
         )
 
