@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flower_run import NUM_CLIENTS, D
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 from message_apps import ZRecorder, plain_app, warm_app, zeros
@@ -172,3 +172,58 @@ def test_a_healthy_run_is_bit_identical_with_the_watchdog_on_and_off(make: Any, 
     assert z_on.shape == (13, D)
     np.testing.assert_array_equal(z_on, z_off)
     assert history_on == history_off
+
+
+def momentum_cnn_app(lr: float) -> tuple[ClientApp, Any]:
+    """The issue's setting in small: a CNN trained by momentum SGD with the loss penalty."""
+    torch = pytest.importorskip("torch")
+    from sklearn.datasets import load_digits
+
+    from flwr_admm.torch import SmallCNN, TorchADMM
+
+    digits = load_digits()
+    X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target)
+    rows = np.argsort(digits.target, kind="stable")[::4]  # 450 images, label-sorted
+    shards = np.array_split(rows, NODES)
+
+    def model() -> Any:
+        torch.manual_seed(0)
+        return SmallCNN((1, 8, 8), 10, width=4)
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        i = int(context.node_config["partition-id"])
+        net = model()
+        admm = TorchADMM.from_message(net, msg, context, penalty="loss")
+        admm.start()
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+        rows = torch.tensor(shards[i])
+        for b in range(0, len(rows), 32):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(X[rows[b : b + 32]]), y[rows[b : b + 32]])
+            (loss + admm.penalty_term()).backward()
+            optimizer.step()
+            admm.after_step(optimizer)
+        return admm.reply(len(rows), {"loss": float(loss.detach()), "partition-id": i})
+
+    state = {k: np.asarray(v.detach().numpy()) for k, v in model().state_dict().items()}
+    return app, ArrayRecord({k: Array(v) for k, v in state.items()})
+
+
+def test_a_momentum_sgd_cnn_at_lr_10_stops_at_once_and_at_lr_005_trains_on() -> None:
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny convolutions: more threads only contend
+    try:
+        app, initial = momentum_cnn_app(10.0)
+        with pytest.raises(RunDivergedError, match=r"at round 1: \|\|z'\|\| = .* \(explosion\)"):
+            run_strategy(FedADMM(rho=0.1, **COMMON), InProcessGrid(app, NODES), initial, 10)
+        app, initial = momentum_cnn_app(0.05)
+        strategy = FedADMM(rho=0.1, **COMMON)
+        run_strategy(strategy, InProcessGrid(app, NODES), initial, 6)
+        assert len(strategy.history) == 6
+    finally:
+        torch.set_num_threads(threads)
