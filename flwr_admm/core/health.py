@@ -22,16 +22,16 @@ The signals, each with its default (`HealthCheck`):
 
 Only floating-point tensors count (an integer buffer such as ``num_batches_tracked``
 can be neither NaN nor a sign of divergence). The norms are measured on the arrays the
-round layer passes: what was sent, in the wire dtypes.
+round layer passes: what was sent, in the wire dtypes, in one pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, zip_longest
 from typing import Any
 
 import numpy as np
@@ -173,12 +173,16 @@ class RunHealth:
         accepted: int,
         rejected: int,
         failed: int,
-        before: Sequence[NDArray[Any]] | None = None,
-        after: Sequence[NDArray[Any]] | None = None,
+        before: Iterable[NDArray[Any]] | None = None,
+        after: Iterable[NDArray[Any]] | None = None,
         primal_residual: float | None = None,
         objective: float | None = None,
     ) -> None:
         """Take one round: z sent (`before`), z' returned (`after`, None if none).
+
+        `before` and `after` are the tensors in the same order, read once, one of each
+        at a time: generators that deserialize tensor by tensor keep the peak memory
+        at two tensors.
 
         Raises
         ------
@@ -200,15 +204,14 @@ class RunHealth:
                     )
             return
         self._idle = 0
-        norm = _norm(after)
-        start = None if before is None else _norm(before)
-        update = None if before is None or not math.isfinite(norm) else _distance(after, before)
+        measured = _measure(after, before)
+        norm, start, update = measured.norm, measured.start, measured.update
         residual, objective = _number(primal_residual), _number(objective)
         if objective is not None and not math.isfinite(objective):
             objective = None  # one client's inf loss is not the state's
         self.rounds.append(_Round(server_round, norm, update, residual, objective, counts))
         if not math.isfinite(norm):
-            what = "||z'|| overflows float64" if _finite(after) else "z' holds NaN or inf"
+            what = "||z'|| overflows float64" if measured.finite else "z' holds NaN or inf"
             self._fail(server_round, f"{what} (non-finite state)")
         if residual is not None and not math.isfinite(residual):
             self._fail(server_round, f"the primal residual is {residual} (non-finite state)")
@@ -280,35 +283,45 @@ class RunHealth:
         )
 
 
-def _floats(arrays: Sequence[NDArray[Any]]) -> list[NDArray[Any]]:
-    return [a for a in (np.asarray(t) for t in arrays) if a.dtype.kind in "fc"]
+@dataclass(frozen=True)
+class _Norms:
+    """||z'||, ||z|| and ||z' - z|| over the floating tensors; whether z' is finite."""
+
+    norm: float
+    start: float | None
+    update: float | None
+    finite: bool
 
 
-def _norm(arrays: Sequence[NDArray[Any]]) -> float:
-    """Return ||arrays|| over the floating tensors (inf on overflow, nan with NaN)."""
-    total = 0.0
+def _measure(after: Iterable[NDArray[Any]], before: Iterable[NDArray[Any]] | None) -> _Norms:
+    """Measure z' against z in one pass, a tensor of each at a time (lazy inputs welcome).
+
+    Non-floating tensors are skipped; an overflowing square sums to inf, NaN to nan;
+    ``update`` is None without `before` or when the tensors' shapes differ.
+    """
+    norm_sq, start_sq, update_sq = 0.0, 0.0, 0.0
+    finite, comparable = True, before is not None
+    pairs = zip_longest(after, () if before is None else before)
     with np.errstate(over="ignore", invalid="ignore"):
-        for a in _floats(arrays):
-            flat = np.ravel(a).astype(np.float64, copy=False)
-            total += float(np.dot(flat, flat))
-    return math.sqrt(total)
-
-
-def _distance(after: Sequence[NDArray[Any]], before: Sequence[NDArray[Any]]) -> float | None:
-    """Return ||after - before|| over the floating tensors (None if the layouts differ)."""
-    new, old = _floats(after), _floats(before)
-    if [a.shape for a in new] != [b.shape for b in old]:
-        return None
-    total = 0.0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for a, b in zip(new, old, strict=True):
-            d = np.subtract(a, b, dtype=np.float64).ravel()
-            total += float(np.dot(d, d))
-    return math.sqrt(total)
-
-
-def _finite(arrays: Sequence[NDArray[Any]]) -> bool:
-    return all(bool(np.isfinite(a).all()) for a in _floats(arrays))
+        for new, old in pairs:
+            a = None if new is None else np.asarray(new)
+            b = None if old is None else np.asarray(old)
+            if a is not None and a.dtype.kind in "fc":
+                flat = np.ravel(a).astype(np.float64, copy=False)
+                sq = float(np.dot(flat, flat))
+                norm_sq += sq
+                finite = finite and (math.isfinite(sq) or bool(np.isfinite(a).all()))
+            if b is not None and b.dtype.kind in "fc":
+                old_flat = np.ravel(b).astype(np.float64, copy=False)
+                start_sq += float(np.dot(old_flat, old_flat))
+            if a is None or b is None or a.shape != b.shape or a.dtype.kind != b.dtype.kind:
+                comparable = False
+            elif comparable and a.dtype.kind in "fc" and math.isfinite(norm_sq):
+                d = np.subtract(a, b, dtype=np.float64).ravel()
+                update_sq += float(np.dot(d, d))
+    update = math.sqrt(update_sq) if comparable and math.isfinite(norm_sq) else None
+    start = None if before is None else math.sqrt(start_sq)
+    return _Norms(math.sqrt(norm_sq), start, update, finite)
 
 
 def _number(value: object) -> float | None:

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    bytes_to_ndarray,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -248,9 +255,9 @@ class ConsensusStrategy(FedAvg):
         metrics = {**own, **counts, **self.channel.round_metrics(aggregated=True)}
         metrics = record_round(self, server_round, accepted, metrics)
         z_new = self._serialized_consensus()
-        if self.health_state is not None:
-            before = None if sent is None else parameters_to_ndarrays(sent)
-            after = parameters_to_ndarrays(z_new)
+        if self.health_state is not None:  # z^k sent, z' returned: read a tensor at a time
+            before = None if sent is None else map(bytes_to_ndarray, sent.tensors)
+            after = map(bytes_to_ndarray, z_new.tensors)
             watch_round(self.health_state, server_round, tally, before, after, own)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)

@@ -21,6 +21,7 @@ raise `RunDivergedError` from the aggregation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from logging import WARNING
 from typing import Any
 
@@ -38,6 +39,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
+from numpy.typing import NDArray
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.types import natural_key
@@ -148,11 +150,17 @@ class PeerStrategy(FedAvg):
     ) -> None:
         """Hand a round to the watchdog: replies accepted/rejected/failed, x sent, x' now.
 
-        `before` is x as sent (model dtypes), None when nothing was aggregated.
+        `before` is x as sent (float64, as `current` was), None when nothing was
+        aggregated; both are measured in the model's dtypes, a tensor at a time.
         """
         if self.health_state is not None:
-            after = None if before is None else self.model()
-            watch_round(self.health_state, server_round, tally, before, after, metrics)
+            after = None if before is None else self._in_dtypes(self.current)
+            sent = None if before is None else self._in_dtypes(before)
+            watch_round(self.health_state, server_round, tally, sent, after, metrics)
+
+    def _in_dtypes(self, x: NDArrays | None) -> Iterator[NDArray[Any]]:
+        assert x is not None
+        return (a.astype(d, copy=False) for a, d in zip(x, self.dtypes, strict=True))
 
     # ------------------------------------------------------------ Flower API
     def configure_fit(
@@ -198,7 +206,7 @@ class PeerStrategy(FedAvg):
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
             self.watch(server_round, tally)
             return None, counts
-        before = self.model()
+        before = self.current  # fold replaces x (and its arrays), never writes into them
         own = self.fold(replies)
         metrics: dict[str, Scalar] = {**own, **counts}
         if self.fit_metrics_aggregation_fn is not None:

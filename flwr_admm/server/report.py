@@ -9,10 +9,11 @@ strategy's round layer hands its round to the divergence watchdog through
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flwr.common import NDArrays, Scalar
+from flwr.common import Scalar
+from numpy.typing import NDArray
 
 from flwr_admm.core.health import RunHealth
 from flwr_admm.core.types import RoundReport
@@ -55,16 +56,17 @@ def watch_round(
     health: RunHealth | None,
     server_round: int,
     counts: tuple[int, int, int],
-    before: NDArrays | None = None,
-    after: NDArrays | None = None,
+    before: Iterable[NDArray[Any]] | None = None,
+    after: Iterable[NDArray[Any]] | None = None,
     metrics: Mapping[str, Any] | None = None,
 ) -> None:
     """Feed one round to the divergence watchdog (`flwr_admm.core.health`; None: off).
 
     `counts` are the replies accepted, rejected and failed (or lost); `before` and
-    `after` the model sent and the one returned (None: nothing aggregated); the primal
-    residual (client-held duals: the delayed one) and the objective come from the
-    round's `metrics`. Raises `RunDivergedError` when the run diverged or stalled.
+    `after` the model sent and the one returned, tensor by tensor (read once; None:
+    nothing aggregated); the primal residual (client-held duals: the delayed one) and
+    the objective come from the round's `metrics`. Raises `RunDivergedError` when the
+    run diverged or stalled.
     """
     if health is None:
         return

@@ -218,9 +218,9 @@ class ConsensusStrategy(FedAvg):
         self.history.append({ROUND: server_round, **metrics})
         self.last_round = server_round
         z_new = self._broadcast()
-        if self.health_state is not None:  # z^k sent, z' returned, the strategy's metrics
-            before = None if sent is None else sent.to_numpy_ndarrays()
-            after = z_new.to_numpy_ndarrays()
+        if self.health_state is not None:  # z^k sent, z' returned: read a tensor at a time
+            before = None if sent is None else (a.numpy() for a in sent.values())
+            after = (a.numpy() for a in z_new.values())
             watch_round(self.health_state, server_round, tally, before, after, ours)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)

@@ -100,9 +100,11 @@ class FedNova(FedAvg):
         ours = {TAU_EFF: tau_eff, NUM_REPLIES: len(usable), **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         new = layout.record(new_x)
-        if self.health_state is not None:  # x sent, x' returned, in the model's dtypes
-            before, after = self.current.to_numpy_ndarrays(), new.to_numpy_ndarrays()
-            watch_round(self.health_state, server_round, tally, before, after)
+        if self.health_state is not None:  # x sent, x' returned: read a tensor at a time
+            before = (a.numpy() for a in self.current.values())
+            watch_round(
+                self.health_state, server_round, tally, before, (a.numpy() for a in new.values())
+            )
         return new, metrics
 
 

@@ -159,7 +159,7 @@ class PeerFedAvg(FedAvg):
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
             self.algorithm.watch(server_round, tally)
             return None, MetricRecord(counts)  # type: ignore[arg-type]
-        before = self.algorithm.model()
+        before = self.algorithm.current  # fold replaces x, never writes into it
         own = self.algorithm.fold(accepted)
         ours = {**own, **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
