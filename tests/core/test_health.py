@@ -157,6 +157,17 @@ def test_integer_tensors_do_not_count() -> None:
     assert health.rounds[-1].update == 0.0
 
 
+def test_tensors_are_read_once_each_from_lazy_readers() -> None:
+    before = [np.ones(3), np.full((2, 2), 2.0, dtype=np.float32)]
+    after = [np.zeros(3), np.full((2, 2), 2.0, dtype=np.float32)]
+    health = watchdog()
+    health.observe(1, accepted=1, rejected=0, failed=0, before=iter(before), after=iter(after))
+    assert health.rounds[-1].norm == pytest.approx(4.0)
+    assert health.rounds[-1].update == pytest.approx(math.sqrt(3))
+    health.observe(2, accepted=1, rejected=0, failed=0, before=[np.ones(3)], after=after)
+    assert health.rounds[-1].update is None  # another layout: no update norm
+
+
 # ------------------------------------------------------------- healthy runs pass
 def noisy_deep_net(rounds: int, seed: int) -> list[np.ndarray]:
     """A CNN-like run: ||z|| grows 3x over training, steps vary 10x round to round."""
