@@ -52,7 +52,7 @@ from benchmarks.peers import (
 )
 from benchmarks.problems import Problem, build_problems
 from benchmarks.tables import ratio_text, report_table
-from flwr_admm import ADMMClient, Constant, FedADMM, ResidualBalancing
+from flwr_admm import ADMMClient, Constant, FedADMM, ResidualBalancing, RunDivergedError
 from flwr_admm.models import Model
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -203,6 +203,8 @@ def run_one(
             run_rounds(strategy, proxies, problem.max_rounds)
         except _StopRunError:
             pass
+        except RunDivergedError:  # the strategies' watchdog (flwr_admm.core.health)
+            tracker.stop_reason = "diverged"
     return {
         "algorithm": algorithm,
         **config,

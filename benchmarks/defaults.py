@@ -27,7 +27,7 @@ from threadpoolctl import threadpool_limits
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
 from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
-from flwr_admm import FedADMM, ResidualBalancing
+from flwr_admm import FedADMM, ResidualBalancing, RunDivergedError
 from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -122,6 +122,8 @@ def tracked_run(
             run_rounds(strategy, proxies, problem.max_rounds)
         except _StopRunError:
             pass
+        except RunDivergedError:  # the strategies' watchdog (flwr_admm.core.health)
+            tracker.stop_reason = "diverged"
     return {
         "rounds_to": {str(t): tracker.rounds_to.get(t) for t in problem.targets},
         "rounds_run": len(tracker.values),

@@ -7,6 +7,8 @@ schedules, server regularizers and numpy models; the math lives in `ConsensusADM
 The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run with the same client.
 Uplink compression (`StochasticQuantizer`, `TopK`) and local differential privacy
 (`LocalDP`, `PrivacyLedger`) for FedADMM and, via `UplinkWrapper`, any legacy strategy.
+Every strategy stops a diverging or stalled run with `RunDivergedError` (thresholds:
+`HealthCheck`, the ``health`` keyword).
 """
 
 from flwr_admm.client import ADMMClient, evaluate_model
@@ -16,6 +18,7 @@ from flwr_admm.core import (
     ConsensusADMM,
     Constant,
     Geometric,
+    HealthCheck,
     LocalPlan,
     LocalResult,
     Regularizer,
@@ -24,6 +27,7 @@ from flwr_admm.core import (
     RhoSchedule,
     RoundReport,
     RoundResiduals,
+    RunDivergedError,
     StallIncrease,
     make_schedule,
     penalized_local_solve,
@@ -59,6 +63,7 @@ __all__ = [
     "FedDyn",
     "FedNova",
     "Geometric",
+    "HealthCheck",
     "LocalDP",
     "LocalPlan",
     "LocalResult",
@@ -69,6 +74,7 @@ __all__ = [
     "RhoSchedule",
     "RoundReport",
     "RoundResiduals",
+    "RunDivergedError",
     "StallIncrease",
     "StochasticQuantizer",
     "TopK",

@@ -8,7 +8,9 @@ Each strategy is one ``flwr run simulations --stream`` against a private SuperLi
 (`simulations.launcher.LocalFlower`: temporary FLWR_HOME, free port, runtime
 dependency installation off, stopped by PID afterwards). Since `flwr run` exits 0
 even when a run failed, every result file is checked (status, all rounds present,
-no client failure, no error marker); the command exits 1 if any is not right.
+no client failure, no error marker); the command exits 1 if any is not right, and
+prints each failed run's first problem last (a run the strategies' divergence
+watchdog stopped: its full `RunDivergedError` message, with what to try).
 Writes, under ``output-dir/<task>/``: ``<stem>.json/.csv`` (by the ServerApp),
 ``<stem>.log`` (the streamed Flower log), PNG plots and ``summary.md``.
 """
@@ -178,9 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     summary_path.write_text(summary)
     print(summary)
     print(f"wrote {summary_path} and plots in {task_dir}")
-    failed = [r.stem for r in results if r.problems]
+    failed = [r for r in results if r.problems]
     if failed:
-        print(f"FAILED: {', '.join(failed)} (see {summary_path})", file=sys.stderr)
+        print(f"FAILED: {', '.join(r.stem for r in failed)} (see {summary_path})", file=sys.stderr)
+        for r in failed:  # last in the output: a diverged run says what happened, what to try
+            marker = [p for p in r.problems if p.startswith("error marker")]
+            print(f"{r.stem}: {(marker or r.problems)[0]}", file=sys.stderr)
         return 1
     return 0
 

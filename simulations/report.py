@@ -13,6 +13,8 @@ from typing import Any
 
 from .admm_app.plots import FLOOR, GAP_TARGETS, RunResult, plot_all
 
+DIVERGED = "RunDivergedError"  # flwr_admm.core.health: the message says what to try
+
 __all__ = [
     "FLOOR",
     "GAP_TARGETS",
@@ -28,15 +30,22 @@ __all__ = [
 def check_result(
     task_dir: Path, stem: str, num_rounds: int, *, allow_failures: bool = False
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Load ``<stem>.json`` and list everything that makes it incomplete or failed."""
+    """Load ``<stem>.json`` and list everything that makes it incomplete or failed.
+
+    An error marker is reported by its first line; a diverged or stalled run
+    (``RunDivergedError``, the strategies' watchdog) in full: what happened, the last
+    rounds and what to try.
+    """
     problems: list[str] = []
     error = task_dir / f"{stem}.error.json"
     if error.exists():
         try:
-            message = json.loads(error.read_text()).get("message", "")
+            marker = json.loads(error.read_text())
+            message, kind = str(marker.get("message", "")), marker.get("error")
         except ValueError:
-            message = error.read_text()[:500]
-        problems.append(f"error marker {error.name}: {message.splitlines()[0] if message else ''}")
+            message, kind = error.read_text()[:500], None
+        shown = message if kind == DIVERGED else (message.splitlines() or [""])[0]
+        problems.append(f"error marker {error.name}: {shown}")
     path = task_dir / f"{stem}.json"
     if not path.exists():
         return None, [*problems, f"missing result file {path}"]
@@ -190,7 +199,7 @@ def summary_markdown(
         "round 1 (Ray start-up); wall s is the whole `flwr run`.",
         "",
     ]
-    problems = [f"- {r.stem}: {p}" for r in results for p in r.problems]
+    problems = [f"- {r.stem}: {p}".replace("\n", "\n  ") for r in results for p in r.problems]
     if problems:
         lines += ["## Problems", "", *problems, ""]
     return "\n".join(lines)

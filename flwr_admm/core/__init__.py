@@ -5,10 +5,12 @@
 `schedules` (rho rules), `regularizers` (prox of g), `local_solver` (the penalized
 local loop), `client_duals` (client-held-dual arithmetic), `acceleration` (fast
 ADMM), `kernels` (one-pass array updates), `types` (value types and errors),
-`validation` (reply checks).
+`validation` (reply checks), `health` (the divergence watchdog every strategy's round
+layer feeds).
 """
 
 from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck, RunHealth
 from flwr_admm.core.local_solver import LocalPlan, LocalResult, penalized_local_solve
 from flwr_admm.core.regularizers import L1, L2, Regularizer
 from flwr_admm.core.schedules import (
@@ -21,9 +23,16 @@ from flwr_admm.core.schedules import (
     make_schedule,
 )
 from flwr_admm.core.settings import ConsensusSettings
-from flwr_admm.core.types import Arrays, NonFiniteReplyError, Reply, RoundReport
+from flwr_admm.core.types import (
+    Arrays,
+    NonFiniteReplyError,
+    Reply,
+    RoundReport,
+    RunDivergedError,
+)
 
 __all__ = [
+    "DEFAULT_HEALTH",
     "L1",
     "L2",
     "Arrays",
@@ -31,6 +40,7 @@ __all__ = [
     "ConsensusSettings",
     "Constant",
     "Geometric",
+    "HealthCheck",
     "LocalPlan",
     "LocalResult",
     "NonFiniteReplyError",
@@ -40,6 +50,8 @@ __all__ = [
     "RhoSchedule",
     "RoundReport",
     "RoundResiduals",
+    "RunDivergedError",
+    "RunHealth",
     "StallIncrease",
     "make_schedule",
     "penalized_local_solve",

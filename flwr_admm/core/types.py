@@ -5,7 +5,8 @@ y_i = rho_i u_i, n_i and the rho multiplier s_i, rho_i = rho * s_i); a `Reply` i
 accepted local model w_i with its n_i and local loss f_i(w_i); a `RoundReport` holds
 Boyd's residuals r, s and thresholds eps_pri, eps_dual of one aggregation, and
 `converged` is r <= eps_pri and s <= eps_dual. Replies holding NaN/inf raise
-`NonFiniteReplyError`.
+`NonFiniteReplyError`; a run that diverges or stalls, `RunDivergedError`
+(`flwr_admm.core.health`).
 """
 
 from __future__ import annotations
@@ -135,3 +136,7 @@ class RoundReport:
 
 class NonFiniteReplyError(ValueError):
     """A reply holds NaN/inf (or entries whose squared norm overflows float64)."""
+
+
+class RunDivergedError(RuntimeError):
+    """A run diverged or stalled (`flwr_admm.core.health`): the message says how, what to try."""

@@ -2,7 +2,8 @@
 
 `ConsensusStrategy` runs what both consensus-ADMM strategies do around their math:
 keyword checks, seeded sampling, the fit config, client identity and eviction, keyed
-and ordered reply folding, round records and checkpoints. A strategy fills in the
+and ordered reply folding, round records, checkpoints and the divergence watchdog
+(``health``, `flwr_admm.core.health`). A strategy fills in the
 hooks (`_adopt`, `_fit_instructions`, `_fold_reply`, `_finish_round`, `_evict`, ...),
 the way Flower's FedProx overrides one method of FedAvg.
 """
@@ -16,13 +17,21 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    bytes_to_ndarray,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 from numpy.typing import NDArray
 
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck, RunHealth
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
@@ -43,6 +52,7 @@ from flwr_admm.server.checkpoint import (
     strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
+from flwr_admm.server.report import watch_round
 from flwr_admm.server.sampling import (
     KeyedReply,
     check_flower_fields,
@@ -107,6 +117,14 @@ class ConsensusStrategy(FedAvg):
     warning and the strategy's value is kept, and the identity and protocol keys it
     returns (``client-key``, ``partition-id``, ``num-examples``, ``admm-*``) are dropped.
 
+    Health: every round goes to the watchdog (`health`, a `HealthCheck`; None: off).
+    A run whose z' is NaN/inf or explodes, whose update norm keeps rising, or that
+    accepts no reply (all rejected or failed) for several rounds raises
+    `RunDivergedError` from ``aggregate_fit`` (before that round's checkpoint).
+    Flower's legacy ``Server.fit`` has no try/except around ``aggregate_fit``: the
+    error ends the run (``start_grid`` / the ServerApp) with the message. It only
+    reads: iterates and metrics are the same with it off.
+
     Checkpoints: `settings` (the shared settings plus the strategy's `configuration`)
     is fingerprinted; a checkpoint written under other settings is refused with a
     `CheckpointError` naming the differing fields. Bindings and last-heard rounds are
@@ -127,6 +145,7 @@ class ConsensusStrategy(FedAvg):
         key_binding: str = "node",
         max_client_age: int | None = None,
         max_clients: int | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
@@ -148,6 +167,9 @@ class ConsensusStrategy(FedAvg):
         self._dtypes: list[np.dtype[Any]] = []  # of the broadcast z, kept on the wire
         self.checkpoint_every = checkpoint_every_value(checkpoint_every)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.health = health
+        self.health_state = RunHealth.of(health, self.label)
+        self._round_sent: tuple[Parameters | None, int] = (None, 0)  # z^k sent, to how many
 
     @property
     def _key_of_cid(self) -> dict[str, str]:
@@ -181,6 +203,7 @@ class ConsensusStrategy(FedAvg):
         """Evict stale keys, adopt the broadcast z^k, sample clients, send each its FitIns."""
         self._adopt(parameters)
         self._configured = True
+        self._round_sent = (parameters, 0)
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
@@ -202,6 +225,7 @@ class ConsensusStrategy(FedAvg):
         config = {**user, **self.channel.config(), SERVER_ROUND: server_round}
         instructions = self._fit_instructions(clients, parameters, config)
         check_user_config(user, instructions, server_round)
+        self._round_sent = (parameters, len(instructions))
         return instructions
 
     def aggregate_fit(
@@ -221,24 +245,32 @@ class ConsensusStrategy(FedAvg):
             NUM_EVICTED: self._evicted,
         }
         counts.update({name: 0 for name in self.counters})
+        (sent, num_sent), self._round_sent = self._round_sent, (None, 0)  # this round only
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, num_sent - len(results) - len(failures))
         if not self.accept_failures and failures:
+            watch_round(self.health_state, server_round, (0, 0, failed))
             return None, counts
         with single_thread_blas():
             accepted = self._fold_replies(results, server_round, counts)
         counts[NUM_EVICTED] = self._evicted  # with the keys freed by their nodes leaving
+        tally = (len(accepted), int(counts[NUM_REJECTED]), failed)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
             idle = self._discard_round()
+            watch_round(self.health_state, server_round, tally)
             return None, {**counts, **self.channel.round_metrics(aggregated=False), **idle}
-        metrics = {
-            **self._finish_round(server_round),
-            **counts,
-            **self.channel.round_metrics(aggregated=True),
-        }
+        own = self._finish_round(server_round)
+        metrics = {**own, **counts, **self.channel.round_metrics(aggregated=True)}
         metrics = record_round(self, server_round, accepted, metrics)
+        z_new = self._serialized_consensus()
+        if self.health_state is not None:  # z^k sent, z' returned: read a tensor at a time
+            before = None if sent is None else map(bytes_to_ndarray, sent.tensors)
+            after = map(bytes_to_ndarray, z_new.tensors)
+            watch_round(self.health_state, server_round, tally, before, after, own)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
-        return self._serialized_consensus(), metrics
+        return z_new, metrics
 
     def _fold_replies(
         self, results: Results, server_round: int, counts: dict[str, Scalar]

@@ -95,6 +95,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
@@ -170,6 +171,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
         "node" (default) a key is accepted only from its node; an evicted key's share
         leaves S through the rebuild sweep.
+    health : HealthCheck or None
+        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
 
     """
 
@@ -195,6 +198,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         checkpoint_every: int = 1,
         resume: bool = True,
         uplink: Compressor | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
         for name in UNSUPPORTED:
@@ -208,6 +212,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             sampling_seed=sampling_seed,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
+            health=health,
             **fedavg_kwargs,
         )
         self.state = ClientDualsState(

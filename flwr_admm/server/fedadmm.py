@@ -32,11 +32,11 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
+from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import RhoSchedule
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
@@ -95,6 +95,8 @@ class FedADMM(ConsensusStrategy):
     tensor_names : sequence of str, optional
         The names the `tensor_policy` patterns match (e.g. ``list(model.state_dict())``);
         default ``"0"``, ``"1"``, ... (legacy parameters carry no names).
+    health : HealthCheck or None
+        Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
 
     """
 
@@ -136,6 +138,7 @@ class FedADMM(ConsensusStrategy):
         max_clients: int | None = None,
         tensor_policy: Mapping[str, str] | None = None,
         tensor_names: Sequence[str] | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
         self.tensor_rules = check_rules(tensor_policy)
@@ -150,6 +153,7 @@ class FedADMM(ConsensusStrategy):
             key_binding=key_binding,
             max_client_age=max_client_age,
             max_clients=max_clients,
+            health=health,
             **fedavg_kwargs,
         )
         rho = given_rho(rho, proximal_mu)

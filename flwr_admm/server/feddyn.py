@@ -31,7 +31,8 @@ class FedDyn(PeerStrategy):
     """FedDyn with penalty alpha and server state h.
 
     Takes every keyword of Flower's `FedAvg` plus `alpha` (> 0, required: the paper
-    tunes it over 0.1, 0.01, 0.001). Clients MUST follow the ``peer-algorithm =
+    tunes it over 0.1, 0.01, 0.001) and ``health`` (the divergence watchdog,
+    `PeerStrategy`; None: off). Clients MUST follow the ``peer-algorithm =
     "feddyn"`` contract: from the received x, approximately minimize f_i(w) -
     <grad_i, w> + alpha/2 ||w - x||^2 with alpha from ``feddyn-alpha``, update
     grad_i <- grad_i - alpha (w_i - x) and reply w_i. `flwr_admm.ADMMClient` does,

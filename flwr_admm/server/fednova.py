@@ -35,9 +35,10 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
-from flwr_admm.server.report import without_reply_keys
+from flwr_admm.server.report import watch_round, without_reply_keys
 from flwr_admm.server.sampling import unconfigured
 
 
@@ -49,15 +50,22 @@ class FedNova(FedAvg):
     they took as the integer fit metric ``"local_steps"`` (`flwr_admm.ADMMClient`
     does). A reply without a valid ``local_steps`` is rejected, like a reply with
     wrong shapes or NaN entries; a client that took 0 steps must return x unchanged
-    and then contributes d_i = 0.
+    and then contributes d_i = 0. ``health`` (a `HealthCheck`, default on; None: off)
+    is the divergence watchdog (`flwr_admm.core.health`): a NaN/inf or exploding x, a
+    rising update norm or rounds without an accepted reply raise `RunDivergedError`.
 
     Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
     """
 
-    def __init__(self, **fedavg_kwargs: Any) -> None:
+    def __init__(
+        self, *, health: HealthCheck | None = DEFAULT_HEALTH, **fedavg_kwargs: Any
+    ) -> None:
         super().__init__(**fedavg_kwargs)
         self.current: NDArrays | None = None
         self.history: list[dict[str, Scalar]] = []
+        self.health = health
+        self.health_state = RunHealth.of(health, "FedNova", PEER_ADVICE)
+        self._num_sent = 0  # fit instructions of this round (replies may never come)
 
     def __repr__(self) -> str:
         return f"FedNova(accept_failures={self.accept_failures})"
@@ -67,7 +75,9 @@ class FedNova(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Remember the global model x the clients start from, then sample as FedAvg."""
         self.current = parameters_to_ndarrays(parameters)
-        return super().configure_fit(server_round, parameters, client_manager)
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self._num_sent = len(instructions)
+        return instructions
 
     def aggregate_fit(
         self,
@@ -82,11 +92,17 @@ class FedNova(FedAvg):
         counts: dict[str, Scalar] = {NUM_FAILURES: len(failures), NUM_REJECTED: 0}
         if self.current is None:
             raise unconfigured("FedNova", "aggregate_fit", "configure_fit")
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, self._num_sent - len(results) - len(failures))
+        self._num_sent = 0
         if not results or (not self.accept_failures and failures):
+            watch_round(self.health_state, server_round, (0, 0, failed))
             return None, counts
         replies = self._valid_replies(results, counts)
+        tally = (len(replies), int(counts[NUM_REJECTED]), failed)
         if not replies:
             log(WARNING, "FedNova round %s: no usable reply; model unchanged", server_round)
+            watch_round(self.health_state, server_round, tally)
             return None, counts
         x = [np.asarray(t, dtype=np.float64) for t in self.current]
         new_x, tau_eff = normalized_average(x, replies)
@@ -104,12 +120,9 @@ class FedNova(FedAvg):
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})
         dtypes = [np.asarray(t).dtype for t in self.current]
-        return (
-            ndarrays_to_parameters(
-                [a.astype(d, copy=False) for a, d in zip(new_x, dtypes, strict=True)]
-            ),
-            metrics,
-        )
+        new = [a.astype(d, copy=False) for a, d in zip(new_x, dtypes, strict=True)]
+        watch_round(self.health_state, server_round, tally, self.current, new)
+        return ndarrays_to_parameters(new), metrics
 
     def _valid_replies(
         self, results: list[tuple[ClientProxy, FitRes]], counts: dict[str, Scalar]

@@ -12,10 +12,16 @@ seen so far for the server's running state (SCAFFOLD's c, FedDyn's h), each clie
 counted with the n_i of its first accepted reply. With equal n_i and once every client
 has been seen these are the papers' uniform 1/|S| and 1/N; before that the state
 averages the clients seen so far, where the papers count unseen clients as zero.
+
+Both hand every round to the divergence watchdog (``health``, `flwr_admm.core.health`;
+the Message-API `flwr_admm.serverapp.peer_base.PeerFedAvg` through the same object):
+a NaN/inf or exploding x, a rising update norm or rounds without an accepted reply
+raise `RunDivergedError` from the aggregation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from logging import WARNING
 from typing import Any
 
@@ -33,7 +39,9 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
+from numpy.typing import NDArray
 
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.types import natural_key
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
@@ -47,7 +55,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server.identity import client_key_of
-from flwr_admm.server.report import without_reply_keys
+from flwr_admm.server.report import watch_round, without_reply_keys
 from flwr_admm.server.sampling import unconfigured
 
 Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
@@ -58,17 +66,23 @@ class PeerStrategy(FedAvg):
 
     Subclasses set `peer` and implement `_outgoing` (the arrays sent with x),
     `_blocks` (how many model-shaped blocks a reply holds) and `_update` (x' and the
-    round metrics from the accepted replies, state updated in place).
+    round metrics from the accepted replies, state updated in place). ``health`` (a
+    `HealthCheck`, default on; None: off) is the divergence watchdog (`watch`).
     """
 
     peer: str = ""
 
-    def __init__(self, **fedavg_kwargs: Any) -> None:
+    def __init__(
+        self, *, health: HealthCheck | None = DEFAULT_HEALTH, **fedavg_kwargs: Any
+    ) -> None:
         super().__init__(**fedavg_kwargs)
         self.current: NDArrays | None = None  # x, float64
         self.dtypes: list[np.dtype[Any]] = []
         self.examples: dict[str, int] = {}  # n_i of every client seen, by key
         self.history: list[dict[str, Scalar]] = []
+        self.health = health
+        self.health_state = RunHealth.of(health, type(self).__name__, PEER_ADVICE)
+        self.num_sent = 0  # fit instructions of this round (replies may never come)
 
     # ------------------------------------------------------------------ hooks
     def _outgoing(self, x: NDArrays) -> NDArrays:
@@ -128,6 +142,27 @@ class PeerStrategy(FedAvg):
         assert self.current is not None
         return [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
 
+    def watch(
+        self,
+        server_round: int,
+        tally: tuple[int, int, int],
+        before: NDArrays | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """Hand a round to the watchdog: replies accepted/rejected/failed, x sent, x' now.
+
+        `before` is x as sent (float64, as `current` was), None when nothing was
+        aggregated; both are measured in the model's dtypes, a tensor at a time.
+        """
+        if self.health_state is not None:
+            after = None if before is None else self._in_dtypes(self.current)
+            sent = None if before is None else self._in_dtypes(before)
+            watch_round(self.health_state, server_round, tally, sent, after, metrics)
+
+    def _in_dtypes(self, x: NDArrays | None) -> Iterator[NDArray[Any]]:
+        assert x is not None
+        return (a.astype(d, copy=False) for a, d in zip(x, self.dtypes, strict=True))
+
     # ------------------------------------------------------------ Flower API
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -146,6 +181,7 @@ class PeerStrategy(FedAvg):
                     f"(reserved: {sorted({*own, *RESERVED_CONFIG_KEYS})}); rename it"
                 )
             out.append((proxy, FitIns(sent, {**ins.config, **own})))
+        self.num_sent = len(out)
         return out
 
     def aggregate_fit(
@@ -162,13 +198,21 @@ class PeerStrategy(FedAvg):
         name = type(self).__name__
         if self.current is None:
             raise unconfigured(name, "aggregate_fit", "configure_fit")
+        # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
+        failed = len(failures) + max(0, self.num_sent - len(results) - len(failures))
+        self.num_sent = 0
         if not results or (not self.accept_failures and failures):
+            self.watch(server_round, (0, 0, failed))
             return None, counts
         replies = self._valid_replies(results, counts)
+        tally = (len(replies), int(counts[NUM_REJECTED]), failed)
         if not replies:
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
+            self.watch(server_round, tally)
             return None, counts
-        metrics: dict[str, Scalar] = {**self.fold(replies), **counts}
+        before = self.current  # fold replaces x (and its arrays), never writes into them
+        own = self.fold(replies)
+        metrics: dict[str, Scalar] = {**own, **counts}
         if self.fit_metrics_aggregation_fn is not None:
             user = without_reply_keys(
                 self.fit_metrics_aggregation_fn(
@@ -177,6 +221,7 @@ class PeerStrategy(FedAvg):
             )
             metrics = {**user, **metrics}
         self.history.append({ROUND: server_round, **metrics})
+        self.watch(server_round, tally, before, own)
         return ndarrays_to_parameters(self.model()), metrics
 
     def _valid_replies(

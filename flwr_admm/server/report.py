@@ -4,16 +4,19 @@ Both FedADMMs (legacy `flwr_admm.server.fedadmm`, Message-API
 `flwr_admm.serverapp.fedadmm`) report a `RoundReport` of the numpy core through
 `report_metrics`, so their metric names and values cannot drift apart. Every strategy
 of the package, on both APIs, passes what a metrics-aggregation function returns
-through `without_reply_keys`.
+through `without_reply_keys`, and hands its round to the divergence watchdog through
+`watch_round`, which reads the residual and objective under the same names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from flwr.common import Scalar
+from numpy.typing import NDArray
 
+from flwr_admm.core.health import RunHealth
 from flwr_admm.core.types import RoundReport
 from flwr_admm.protocol import (
     CONVERGED,
@@ -24,13 +27,14 @@ from flwr_admm.protocol import (
     NUM_CLIENTS_CACHED,
     NUM_REPLIES,
     OBJECTIVE,
+    PREVIOUS_PRIMAL_RESIDUAL,
     PRIMAL_RESIDUAL,
     REPLY_ONLY_METRICS,
     REPLY_ONLY_PREFIX,
     RHO,
 )
 
-__all__ = ["report_metrics", "without_reply_keys"]
+__all__ = ["report_metrics", "watch_round", "without_reply_keys"]
 
 V = TypeVar("V")
 
@@ -67,3 +71,36 @@ def without_reply_keys(aggregated: Mapping[str, V]) -> dict[str, V]:
         for name, value in aggregated.items()
         if name not in REPLY_ONLY_METRICS and not name.startswith(REPLY_ONLY_PREFIX)
     }
+
+
+def watch_round(
+    health: RunHealth | None,
+    server_round: int,
+    counts: tuple[int, int, int],
+    before: Iterable[NDArray[Any]] | None = None,
+    after: Iterable[NDArray[Any]] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+) -> None:
+    """Feed one round to the divergence watchdog (`flwr_admm.core.health`; None: off).
+
+    `counts` are the replies accepted, rejected and failed (or lost); `before` and
+    `after` the model sent and the one returned, tensor by tensor (read once; None:
+    nothing aggregated); the primal residual (client-held duals: the delayed one) and
+    the objective come from the round's `metrics`. Raises `RunDivergedError` when the
+    run diverged or stalled.
+    """
+    if health is None:
+        return
+    metrics = metrics or {}
+    residual = metrics.get(PRIMAL_RESIDUAL, metrics.get(PREVIOUS_PRIMAL_RESIDUAL))
+    accepted, rejected, failed = counts
+    health.observe(
+        server_round,
+        accepted=accepted,
+        rejected=rejected,
+        failed=failed,
+        before=before,
+        after=after,
+        primal_residual=residual,
+        objective=metrics.get(OBJECTIVE),
+    )

@@ -30,7 +30,8 @@ class SCAFFOLD(PeerStrategy):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
     Takes every keyword of Flower's `FedAvg` plus `server_learning_rate` (eta_g > 0,
-    default 1: the paper's choice with full participation). Clients MUST follow the
+    default 1: the paper's choice with full participation) and ``health`` (the
+    divergence watchdog, `PeerStrategy`; None: off). Clients MUST follow the
     ``peer-algorithm = "scaffold"`` contract: the parameters are x followed by c (two
     blocks of the model's shapes); run K gradient steps on grad f_i - c_i + c from x;
     reply y_i followed by c_i+ - c_i. `flwr_admm.ADMMClient` does, keeping c_i in its

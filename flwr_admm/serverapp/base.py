@@ -5,8 +5,9 @@ their math, as the legacy `flwr_admm.server.base.ConsensusStrategy` does for the
 API: keyword checks, waiting for nodes and seeded sampling, client identity
 (``key_binding``) and eviction (``max_client_age``, ``max_clients``), keyed and ordered
 reply folding that rejects and counts bad replies instead of ending the run, round
-records, evaluation and checkpoints (``checkpoint_dir``, ``checkpoint_every``,
-``resume``; the legacy file format, `flwr_admm.server.checkpoint`). A strategy fills in
+records, evaluation, checkpoints (``checkpoint_dir``, ``checkpoint_every``,
+``resume``; the legacy file format, `flwr_admm.server.checkpoint`) and the divergence
+watchdog (``health``, `flwr_admm.core.health`). A strategy fills in
 the hooks (`_adopt`, `_train_messages`, `_read`, `_open_round`, `_fold_reply`,
 `_finish_round`, `_discard_round`, `_evict`, `_state_dict`, ...).
 """
@@ -28,6 +29,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck, RunHealth
 from flwr_admm.protocol import (
     MESSAGE_SERVER_ROUND,
     NUM_EVICTED,
@@ -46,6 +48,7 @@ from flwr_admm.server.checkpoint import (
     strategy_manifest,
 )
 from flwr_admm.server.identity import KeyBinding, optional_count
+from flwr_admm.server.report import watch_round
 from flwr_admm.server.sampling import sample_ids, unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.nodes import admit, wait_for_nodes
@@ -73,6 +76,13 @@ class ConsensusStrategy(FedAvg):
     without one it corrupts the duals), and a mean returned beside an unchanged state
     is a model the state does not describe (the next round would adopt it as z).
 
+    Health: every round goes to the watchdog (`health`, a `HealthCheck`; None: off):
+    a run whose z' is NaN/inf or explodes, whose update norm keeps rising, or that
+    accepts no reply (all rejected, failed or lost) for several rounds raises
+    `RunDivergedError` from ``aggregate_train`` (before that round's checkpoint), which
+    ends ``Strategy.start`` with the message. It only reads: iterates and metrics
+    are the same with it off.
+
     Checkpoints: after every `checkpoint_every` aggregations the state goes to
     `checkpoint_dir` (`flwr_admm.server.checkpoint`: atomic, checksummed, settings
     fingerprinted, key bindings kept, plus the model's tensor names, dtypes and
@@ -95,6 +105,7 @@ class ConsensusStrategy(FedAvg):
         key_binding: str,
         max_client_age: int | None,
         max_clients: int | None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
         super().__init__(**fedavg)
         check_fields(self, sampling_seed)
@@ -116,6 +127,9 @@ class ConsensusStrategy(FedAvg):
         self._restored = False  # a checkpoint was loaded and its z not yet sent
         self._configured = False  # configure_train ran: the replies' centers exist
         self.population = 0  # nodes connected at the last train sampling
+        self.health = health
+        self.health_state = RunHealth.of(health, self.label)
+        self._round_sent: tuple[ArrayRecord | None, int] = (None, 0)  # this round's z^k, messages
 
     def _resume(self, resume: bool) -> None:
         """Load the checkpoint in `checkpoint_dir` if `resume` (last step of ``__init__``)."""
@@ -134,6 +148,7 @@ class ConsensusStrategy(FedAvg):
         server_round += self._round_offset
         self._clock += 1
         self._evicted = 0
+        self._round_sent = (arrays, 0)
         stale = self.binding.stale(self._clock, self.max_client_age, self.max_clients)
         if stale:
             self._evict_keys(stale, "stale: beyond max_client_age or max_clients")
@@ -143,7 +158,9 @@ class ConsensusStrategy(FedAvg):
         if self.fraction_train == 0.0:
             return []
         sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
-        return self._train_messages(sampled, arrays, user, server_round)
+        messages = self._train_messages(sampled, arrays, user, server_round)
+        self._round_sent = (arrays, len(messages))
+        return messages
 
     def _received(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return `arrays`, or right after a resume the checkpoint's z (same names, shapes)."""
@@ -172,8 +189,11 @@ class ConsensusStrategy(FedAvg):
         server_round += self._round_offset
         counts = {NUM_FAILURES: 0, NUM_REJECTED: 0, NUM_KEY_CONFLICTS: 0, NUM_EVICTED: 0}
         counts.update(dict.fromkeys(self.counters, 0))
+        (sent, num_sent), self._round_sent = self._round_sent, (None, 0)  # this round only
         usable: list[ReadReply] = []
+        received = 0
         for message in replies:
+            received += 1
             if message.has_error():
                 counts[NUM_FAILURES] += 1
                 log(INFO, "%s: error reply from node %s", self.label, message.metadata.src_node_id)
@@ -197,17 +217,26 @@ class ConsensusStrategy(FedAvg):
                 self.binding.bind(r.key, str(r.node_id), self._clock)
                 accepted.append(r)
         counts[NUM_EVICTED] = self._evicted
+        lost = max(0, num_sent - received)  # late replies are simply absent
+        tally = (len(accepted), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; state unchanged", self.label, server_round)
-            return None, plain_metrics({**counts, **self._discard_round()})
+            idle = plain_metrics({**counts, **self._discard_round()})
+            watch_round(self.health_state, server_round, tally)
+            return None, idle
         contents = [r.content for r in accepted if r.content is not None]
         ours = {**self._finish_round(server_round), **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
         self.last_round = server_round
+        z_new = self._broadcast()
+        if self.health_state is not None:  # z^k sent, z' returned: read a tensor at a time
+            before = None if sent is None else (a.numpy() for a in sent.values())
+            after = (a.numpy() for a in z_new.values())
+            watch_round(self.health_state, server_round, tally, before, after, ours)
         if self.checkpoint_dir is not None and server_round % self.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
-        return self._broadcast(), metrics
+        return z_new, metrics
 
     def _fold_all(
         self, replies: list[ReadReply], server_round: int, counts: dict[str, int]
@@ -348,9 +377,9 @@ class ConsensusStrategy(FedAvg):
     def _adopt(self, arrays: ArrayRecord) -> None:
         """Take the broadcast `arrays` as z^k (the first call fixes `layout`)."""
 
-    @abstractmethod
     def _restored_record(self) -> ArrayRecord:
         """Return the restored z as the record to broadcast (right after a resume)."""
+        return self._broadcast()
 
     @abstractmethod
     def _train_messages(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from logging import INFO
 from typing import Any, ClassVar
 
@@ -12,7 +11,6 @@ from flwr.app import (
     ConfigRecord,
     Message,
     MessageType,
-    MetricRecord,
     RecordDict,
 )
 from flwr.common.logger import log
@@ -20,6 +18,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
@@ -45,13 +44,11 @@ from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
 from flwr_admm.serverapp.payloads import decoded_or_problem
-from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 
 __all__ = ["FedADMMClientDuals"]
-
-MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedADMMClientDuals(ConsensusStrategy):
@@ -121,6 +118,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         Accepted only at their defaults (None, "uniform", 1), as in the legacy
         class (`flwr_admm.server.client_duals_settings`).
 
+    health : HealthCheck or None
+        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
+
     Not supported: ``uplink_residual``, ``local_dp`` and ``tensor_policy``
     (ValueError), as in the legacy class.
 
@@ -161,6 +161,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         key_binding: str = "node",
         max_client_age: int | None = None,
         max_clients: int | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
         **planned: Any,
     ) -> None:
         refuse_planned(planned, STRATEGY)
@@ -184,6 +185,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             key_binding=key_binding,
             max_client_age=max_client_age,
             max_clients=max_clients,
+            health=health,
         )
         self.state = ClientDualsState(
             rho=given_rho(rho, proximal_mu),
@@ -315,9 +317,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         assert self.state.z is not None and self.layout is not None
         self._sent_record = self.layout.record(self.state.z)
         return self._sent_record
-
-    def _restored_record(self) -> ArrayRecord:
-        return self._broadcast()
 
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from logging import INFO, WARNING
 from typing import Any, ClassVar
@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core import ConsensusADMM, Reply, RhoSchedule
+from flwr_admm.core import DEFAULT_HEALTH, ConsensusADMM, HealthCheck, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
@@ -43,14 +43,12 @@ from flwr_admm.protocol import (
 from flwr_admm.server.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.payloads import decoded_or_problem
-from flwr_admm.serverapp.records import Layout, ReadReply, read_reply
+from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
 
 __all__ = ["FedADMM"]
-
-MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedADMM(ConsensusStrategy):
@@ -158,6 +156,8 @@ class FedADMM(ConsensusStrategy):
         changed); unmatched tensors: integer dtypes keep, ``*running_mean`` /
         ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
         The held (non-consensus) tensors are in the checkpoints too.
+    health : HealthCheck or None
+        Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
 
     Attributes
     ----------
@@ -216,6 +216,7 @@ class FedADMM(ConsensusStrategy):
         uplink_residual: Residual = "update",
         local_dp: LocalDP | None = None,
         tensor_policy: Mapping[str, str] | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
         self.tensor_rules = check_rules(tensor_policy)
         self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
@@ -239,6 +240,7 @@ class FedADMM(ConsensusStrategy):
             key_binding=key_binding,
             max_client_age=max_client_age,
             max_clients=max_clients,
+            health=health,
         )
         rho = given_rho(rho, proximal_mu)
         schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
@@ -270,7 +272,8 @@ class FedADMM(ConsensusStrategy):
         log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
         log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", self.relaxation, self.acceleration)
-        log(INFO, "\t│\t└── sampling_seed: %s", self.sampling_seed)
+        gamma, seed = self.admm_settings.dual_step, self.sampling_seed
+        log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", gamma, seed)
         super().summary()
 
     # ------------------------------------------------------------------ train
@@ -414,9 +417,6 @@ class FedADMM(ConsensusStrategy):
     def _merge(self, consensus: list[Any]) -> list[Any]:
         """Return the full tensor list: the core's consensus tensors and the held ones."""
         return self._split().merge(consensus)
-
-    def _restored_record(self) -> ArrayRecord:
-        return self._broadcast()
 
     def _broadcast(self) -> ArrayRecord:
         assert self.admm is not None

@@ -31,7 +31,8 @@ class FedDyn(PeerFedAvg):
     """FedDyn with penalty alpha and server state h.
 
     Takes every keyword of Flower's Message-API `FedAvg` plus `alpha` (> 0,
-    required). Nodes MUST follow the ``peer-algorithm = "feddyn"`` contract above;
+    required) and ``health`` (the divergence watchdog, `PeerFedAvg`; None: off). Nodes
+    MUST follow the ``peer-algorithm = "feddyn"`` contract above;
     `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping grad_i
     in ``context.state``. Bad replies are rejected and counted in ``num_rejected``;
     they leave x and h untouched.

@@ -11,7 +11,8 @@ w_i a node's returned model, n_i its ``num-examples`` (`weighted_by_key`), tau_i
 legacy strategy's x' exactly). A reply Flower's FedAvg would abort the run on
 (`InconsistentMessageReplies`) or that the legacy FedNova rejects (wrong names or
 shapes, NaN, non-positive num-examples, a missing or non-integer ``local_steps``,
-0 steps with a changed model) is logged and counted in ``num_rejected`` instead.
+0 steps with a changed model) is logged and counted in ``num_rejected`` instead. The
+divergence watchdog (``health``, `flwr_admm.core.health`) sees every round.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, TAU_EFF
 from flwr_admm.server.fednova import local_steps_problem, normalized_average
+from flwr_admm.server.report import watch_round
 from flwr_admm.server.sampling import unconfigured
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
@@ -42,21 +45,29 @@ class FedNova(FedAvg):
     Takes every keyword of Flower's Message-API `FedAvg`. Nodes MUST run plain
     gradient steps from the received arrays (no proximal term) and report the number
     of steps as the integer metric ``"local_steps"`` (`flwr_admm.clientapp`'s app
-    around an `ADMMClient` does).
+    around an `ADMMClient` does). ``health``: the divergence watchdog, as in the legacy
+    FedNova (a `HealthCheck`, default on; None: off).
 
     Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
     """
 
-    def __init__(self, **fedavg_kwargs: Any) -> None:
+    def __init__(
+        self, *, health: HealthCheck | None = DEFAULT_HEALTH, **fedavg_kwargs: Any
+    ) -> None:
         super().__init__(**fedavg_kwargs)
         self.current: ArrayRecord | None = None
+        self.health = health
+        self.health_state = RunHealth.of(health, "FedNova", PEER_ADVICE)
+        self._num_sent = 0  # train messages of this round
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Remember the global model x the nodes start from; sample and send as FedAvg."""
         self.current = arrays
-        return list(super().configure_train(server_round, arrays, config, grid))
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._num_sent = len(messages)  # replies missing from aggregate_train were lost
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -67,7 +78,7 @@ class FedNova(FedAvg):
         """
         if self.current is None:
             raise unconfigured("FedNova", "aggregate_train", "configure_train")
-        replies = list(replies)
+        replies, sent, self._num_sent = list(replies), self._num_sent, 0
         counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
         layout = Layout.of(self.current)
         x = layout.read(self.current)
@@ -83,13 +94,22 @@ class FedNova(FedAvg):
                 continue
             usable.append(entry)
             contents.append(message.content)
+        lost = max(0, sent - len(replies))  # late replies are simply absent
+        tally = (len(usable), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not usable:
             log(WARNING, "FedNova round %s: no usable reply; model unchanged", server_round)
+            watch_round(self.health_state, server_round, tally)
             return None, MetricRecord(counts)  # type: ignore[arg-type]
         new_x, tau_eff = normalized_average(x, usable)
         ours = {TAU_EFF: tau_eff, NUM_REPLIES: len(usable), **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
-        return layout.record(new_x), metrics
+        new = layout.record(new_x)
+        if self.health_state is not None:  # x sent, x' returned: read a tensor at a time
+            before = (a.numpy() for a in self.current.values())
+            watch_round(
+                self.health_state, server_round, tally, before, (a.numpy() for a in new.values())
+            )
+        return new, metrics
 
 
 def _src(message: Message) -> int:

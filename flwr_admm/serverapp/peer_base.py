@@ -18,7 +18,8 @@ A reply Flower's FedAvg would abort the run on, or that the legacy strategy reje
 (missing or extra ArrayRecords, other tensor names or shapes, NaN/inf, a
 non-positive ``num-examples``, a second reply for one client key in a round) is
 logged and counted in ``num_rejected``; error replies in ``num_failures``. Never raises
-on a reply.
+on a reply; the legacy strategy's divergence watchdog (``health``, `PeerStrategy.watch`)
+sees every round and raises `RunDivergedError` when the run diverged or stalled.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
     MESSAGE_RESERVED_CONFIG_KEYS,
@@ -60,17 +62,26 @@ class PeerFedAvg(FedAvg):
         The legacy `SCAFFOLD` / `FedDyn` whose state and update this strategy runs.
     extra_records : tuple of str
         Names of the ArrayRecords carrying the blocks after x, down and up.
+    health : HealthCheck or None
+        Divergence watchdog (`flwr_admm.core.health`), kept by `algorithm`; None: off.
     **fedavg_kwargs
         Every keyword of `flwr.serverapp.strategy.FedAvg`.
 
     """
 
     def __init__(
-        self, algorithm: PeerStrategy, extra_records: tuple[str, ...] = (), **fedavg_kwargs: Any
+        self,
+        algorithm: PeerStrategy,
+        extra_records: tuple[str, ...] = (),
+        *,
+        health: HealthCheck | None = DEFAULT_HEALTH,
+        **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
         check_fields(self, None)
         self.algorithm = algorithm
+        self.health = algorithm.health = health
+        algorithm.health_state = RunHealth.of(health, type(self).__name__, PEER_ADVICE)
         self.extra_records = extra_records
         self.layout: Layout | None = None
         self.history: list[dict[str, Any]] = []  # round metrics, as returned
@@ -107,7 +118,11 @@ class PeerFedAvg(FedAvg):
             for name, block in zip(self.extra_records, blocks[1:], strict=True)
         }
         x = self.layout.record(blocks[0])
-        return list(super().configure_train(server_round, x, ConfigRecord({**given, **own}), grid))
+        messages = list(
+            super().configure_train(server_round, x, ConfigRecord({**given, **own}), grid)
+        )
+        self.algorithm.num_sent = len(messages)  # replies missing from aggregate_train: lost
+        return messages
 
     def _construct_messages(
         self, record: RecordDict, node_ids: list[int], message_type: str
@@ -127,7 +142,7 @@ class PeerFedAvg(FedAvg):
         name = type(self).__name__
         if self.layout is None or self.algorithm.current is None:
             raise unconfigured(name, "aggregate_train", "configure_train")
-        replies = list(replies)
+        replies, sent, self.algorithm.num_sent = list(replies), self.algorithm.num_sent, 0
         counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
         accepted: list[Reply] = []
         contents: list[RecordDict] = []
@@ -142,12 +157,18 @@ class PeerFedAvg(FedAvg):
                 continue
             accepted.append(reply)
             contents.append(message.content)
+        lost = max(0, sent - len(replies))  # late replies are simply absent
+        tally = (len(accepted), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not accepted:
             log(WARNING, "%s round %s: no usable reply; model unchanged", name, server_round)
+            self.algorithm.watch(server_round, tally)
             return None, MetricRecord(counts)  # type: ignore[arg-type]
-        ours = {**self.algorithm.fold(accepted), **counts}
+        before = self.algorithm.current  # fold replaces x, never writes into it
+        own = self.algorithm.fold(accepted)
+        ours = {**own, **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
+        self.algorithm.watch(server_round, tally, before, own)
         return self.layout.record(self.algorithm.model()), metrics
 
     def _read(self, message: Message, seen: set[str]) -> tuple[str | None, Reply | None]:

@@ -34,12 +34,17 @@ from flwr_admm.server.report import without_reply_keys
 
 __all__ = [
     "Layout",
+    "MetricsAggrFn",
     "ReadReply",
     "has_weight",
     "merge_metrics",
     "plain_metrics",
     "read_reply",
 ]
+
+
+# Flower's Message-API metrics aggregation: (reply contents, weighted_by_key) -> record
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,7 @@ def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
 
 
 def merge_metrics(
-    aggregate: Callable[[list[RecordDict], str], MetricRecord],
+    aggregate: MetricsAggrFn,
     contents: list[RecordDict],
     weighted_by_key: str,
     ours: Mapping[str, Any],

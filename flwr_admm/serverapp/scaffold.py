@@ -34,7 +34,8 @@ class SCAFFOLD(PeerFedAvg):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
     Takes every keyword of Flower's Message-API `FedAvg` plus `server_learning_rate`
-    (eta_g > 0, default 1). Nodes MUST follow the ``peer-algorithm = "scaffold"``
+    (eta_g > 0, default 1) and ``health`` (the divergence watchdog, `PeerFedAvg`; None:
+    off). Nodes MUST follow the ``peer-algorithm = "scaffold"``
     contract above; `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does,
     keeping c_i in ``context.state`` (a user's handler: `flwr_admm.clientapp.received_control`
     and `build_scaffold_reply`). Bad replies are rejected and counted in

@@ -17,7 +17,6 @@ before aggregation, as on the legacy path.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -341,5 +340,5 @@ def run_message_api(
         )
     except Exception as error:
         if recorder.status != STATUS_FAILED:
-            recorder.fail(f"{error!r}\n{traceback.format_exc()}")
+            recorder.fail("", error)
         raise

@@ -9,7 +9,9 @@ aggregation, so every strategy sums in a fixed order and reruns are bit-identica
 
 Failures are loud: a round with no sampled client, no result, or no aggregate, and
 any exception inside the strategy, writes ``<stem>.error.json`` next to the results,
-marks the JSON ``"status": "failed"`` and raises, which fails the Flower run.
+marks the JSON ``"status": "failed"`` and raises, which fails the Flower run. The
+marker holds the exception's type (``"error"``: e.g. ``RunDivergedError``, the
+strategies' divergence watchdog), its message and the traceback.
 """
 
 from __future__ import annotations
@@ -107,15 +109,15 @@ class RunRecorder:
         elif server_round % self.write_every == 0:
             self.write()
 
-    def fail(self, message: str) -> None:
-        """Write the error marker and the partial results."""
+    def fail(self, message: str, error: BaseException | None = None) -> None:
+        """Write the error marker and the partial results (`error`: the exception raised)."""
         self.status = STATUS_FAILED
-        _atomic_write(
-            self.paths["error"],
-            json.dumps(
-                {"message": message, "stem": self.paths["json"].stem, **self.header}, indent=2
-            ),
-        )
+        raised = {}
+        if error is not None:
+            message = f"{message}{type(error).__name__}: {error}"
+            raised = {"error": type(error).__name__, "traceback": traceback.format_exc()}
+        marker = {"message": message, **raised, "stem": self.paths["json"].stem, **self.header}
+        _atomic_write(self.paths["error"], json.dumps(marker, indent=2))
         self.write()
 
     def document(self) -> dict[str, Any]:
@@ -201,7 +203,7 @@ class RecordingStrategy(Strategy):
             return call()
         except Exception as error:
             if self.recorder.status != STATUS_FAILED:
-                self.recorder.fail(f"{what}: {error!r}\n{traceback.format_exc()}")
+                self.recorder.fail(f"{what}: ", error)
             raise
 
     def _fail(self, message: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_runs import run_legacy
+from app_runs import run_legacy, run_message
 from flwr.common import (
     Code,
     Context,
@@ -26,6 +26,8 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
+from flwr_admm.core import RunDivergedError
+from simulations import compare
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
 from simulations.launcher import APP_DIR, LocalFlower, process_table
@@ -348,3 +350,28 @@ def test_image_tasks_run_through_the_app_on_an_in_memory_standin(
     assert np.isfinite(document["rounds"][-1]["test_accuracy"])
     assert document["settings"]["framework"] == model.get("framework", "numpy")
     assert document["settings"]["model"] == model.get("model", document["settings"]["model"])
+
+
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_a_diverging_run_fails_with_the_watchdogs_message(tmp_path, api, capsys):
+    # lr 10 with a gradient step on the penalty (lr rho = 10 > 2) blows up in round 1.
+    config = {
+        "strategy": "fedadmm",
+        "num-server-rounds": 10,
+        "output-dir": str(tmp_path),
+        "rho": 1.0,
+        "learning-rate": 10.0,
+        "local-steps": 20,
+        "prox-step": "gradient",
+    }
+    run = run_legacy if api == "legacy" else run_message
+    with pytest.raises(RunDivergedError, match="FedADMM: the run diverged or stalled at round 1"):
+        run(config)
+    marker = json.loads((tmp_path / "seed-logreg" / "fedadmm.error.json").read_text())
+    assert marker["error"] == "RunDivergedError" and "Traceback" in marker["traceback"]
+    _, problems = check_result(tmp_path / "seed-logreg", "fedadmm", 10)
+    assert "(explosion)" in problems[0] and "What to try: lower the clients'" in problems[0]
+    argv = ["--task", "seed-logreg", "--rounds", "10", "--output-dir", str(tmp_path)]
+    assert compare.main([*argv, "--strategies", "fedadmm", "--report-only"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("What to try:") and "FedADMM(health=None)" in last

@@ -12,6 +12,9 @@ defaults; ``FedADMM(rho=0)`` is Flower's FedAvg; the same handler under
 in 30 rounds. Two ``run_simulation`` calls (one per ClientApp); each runs its strategies
 one after the other in one ServerApp.
 The in-process grid (`flwr_admm.serverapp.testing`) must give the engine's z sequence.
+The plain ServerApp ends with ``FedADMM(rho=10)``: the handler's gradient step on the
+penalty (lr rho = 10 > 2) blows up in round 1, and the divergence watchdog's
+`RunDivergedError` ends the ServerApp and comes out of ``run_simulation``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from flwr.simulation import run_simulation
 from message_apps import Run, ZRecorder, plain_app, server_app, warm_app, zeros
 from seed_task import first_round_below, gaps
 
+from flwr_admm.core import RunDivergedError
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
@@ -46,15 +50,18 @@ BACKEND = {
 }
 
 
-def simulate(client_app: ClientApp, runs: list[Run]) -> float:
+def simulate(client_app: ClientApp, runs: list[Run]) -> tuple[float, RunDivergedError | None]:
     started = time.monotonic()
-    run_simulation(
-        server_app=server_app(runs),
-        client_app=client_app,
-        num_supernodes=NUM_CLIENTS,
-        backend_config=BACKEND,
-    )
-    return time.monotonic() - started
+    try:
+        run_simulation(
+            server_app=server_app(runs),
+            client_app=client_app,
+            num_supernodes=NUM_CLIENTS,
+            backend_config=BACKEND,
+        )
+    except RunDivergedError as error:  # a ServerApp's last run may diverge on purpose
+        return time.monotonic() - started, error
+    return time.monotonic() - started, None
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +74,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "fedadmm": Run(FedADMM(rho=0.1, **COMMON), 60),
             "fedavg": Run(FedAvg(**COMMON), 20),
             "fedadmm_rho0": Run(FedADMM(rho=0.0, **COMMON), 20),
+            "diverging": Run(FedADMM(rho=10.0, **COMMON), 10),  # last: it ends the ServerApp
         }
         warm = {
             "fedadmm_warm": Run(FedADMM(rho=0.1, **COMMON), 60),
@@ -74,11 +82,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             # keys differ from the warm start's: it starts fresh).
             "duals_warm": Run(FedADMMClientDuals(rho=0.1, **COMMON), 30),
         }
-        seconds = {
+        outcomes = {
             "plain": simulate(plain_app, list(plain.values())),
             "warm": simulate(warm_app, list(warm.values())),
         }
-    return {**plain, **warm, "seconds": seconds}
+    seconds = {name: s for name, (s, _) in outcomes.items()}
+    errors = {name: e for name, (_, e) in outcomes.items()}
+    return {**plain, **warm, "seconds": seconds, "errors": errors}
 
 
 def z_of(engine: dict[str, Any], name: str) -> np.ndarray:
@@ -143,6 +153,17 @@ def test_in_process_grid_gives_the_engines_z(
     error = np.linalg.norm(ours - ray, axis=1) / np.linalg.norm(ray, axis=1)
     assert error.max() <= 1e-12, error
     print(f"{name}: in-process grid vs engine, max relative difference {error.max():.1e}")
+
+
+def test_a_diverging_run_ends_the_engine_run_with_the_watchdogs_message(engine: Any) -> None:
+    assert engine["errors"]["warm"] is None
+    error = engine["errors"]["plain"]
+    assert isinstance(error, RunDivergedError)
+    message = str(error)
+    assert message.startswith("FedADMM: the run diverged or stalled at round 1: ||z'|| = ")
+    assert "(explosion)" in message and "learning_rate * rho > 2" in message
+    assert engine["diverging"].recorder.matrix.shape == (1, 20)  # z^0 only: z' never sent
+    print(message.splitlines()[0])
 
 
 def test_engine_time(engine: Any) -> None:
