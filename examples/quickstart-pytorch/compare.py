@@ -92,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="more run config"
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: the table and plot of the records already in --output-dir",
+    )
     args = parser.parse_args(argv)
     args.strategies = args.strategies.split(",")
     unknown = [s for s in args.strategies if s not in RUNS]
@@ -227,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run, report and plot; return 1 when any run failed."""
     args = parse_args(argv)
     started = time.monotonic()
-    results = run_all(args)
+    if args.report_only:
+        results = [
+            read_result(json_path(args.output_dir, name, seed), name, seed, args.rounds, 0.0)
+            for name in args.strategies
+            for seed in args.seeds
+        ]
+    else:
+        results = run_all(args)
     print(table(results, args.seeds))
     figure = args.output_dir / "quickstart_pytorch.png"
     plot(results, figure)

@@ -205,3 +205,18 @@ def test_flwr_run_fedadmm_two_rounds(tmp_path: Path) -> None:
     assert len(accuracy) == 3 and all(math.isfinite(a) for a in accuracy), accuracy
     assert "| fedadmm |" in done.stdout
     assert (output / "quickstart_pytorch.png").stat().st_size > 0
+
+
+def test_compare_reports_existing_records_without_running(tmp_path: Path) -> None:
+    """--report-only: the table and plot of the records in --output-dir; a failed one fails."""
+    rounds = [{"round": k, "accuracy": 0.5 + 0.2 * k, "loss": 1.0, "seconds": k} for k in range(3)]
+    for name, status in (("fedavg", "completed"), ("fedadmm", "failed")):
+        document = {"run": name, "status": status, "reason": "diverged", "rounds": rounds}
+        (tmp_path / f"{name}-seed0.json").write_text(json.dumps(document))
+    command = [sys.executable, str(QUICKSTART / "compare.py"), "--report-only", "--seeds", "0"]
+    command += ["--rounds", "2", "--strategies", "fedavg,fedadmm", "--output-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr  # the failed record
+    assert "| fedavg | 0.900 | 2 |" in done.stdout  # 0.5, 0.7, 0.9: 90 % at round 2
+    assert "FAILED fedadmm seed 0: failed: diverged" in done.stderr
+    assert (tmp_path / "quickstart_pytorch.png").exists()
