@@ -69,9 +69,11 @@ def config(tmp_path, tag: str, **extra: object) -> dict:  # type: ignore[no-unty
 
 
 def test_torch_clients_reach_the_numpy_clients_objectives(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    run_legacy(config(tmp_path, "numpy"))
-    run_legacy(config(tmp_path, "torch", framework="torch"))
-    run_message(config(tmp_path, "torch-message", framework="torch"))
+    # the same start on both: under "auto" torch clients start at z, numpy ones at w_i
+    previous = {"local-init": "previous"}
+    run_legacy(config(tmp_path, "numpy", **previous))
+    run_legacy(config(tmp_path, "torch", framework="torch", **previous))
+    run_message(config(tmp_path, "torch-message", framework="torch", **previous))
     numpy_f = objectives(tmp_path, "seed-logreg", "fedadmm-numpy")
     torch_f = objectives(tmp_path, "seed-logreg", "fedadmm-torch")
     message_f = objectives(tmp_path, "seed-logreg", "fedadmm-torch-message")
