@@ -65,6 +65,7 @@ __all__ = [
     "read_rho",
     "received_arrays",
     "start_source",
+    "starts_at_z",
     "warm_start",
 ]
 
@@ -124,6 +125,11 @@ def local_init_of(init: str | None = None, warm: bool | None = None) -> LocalIni
             f"warm / init: warm={warm!r} means init={implied!r}, got init={init!r} (give init only)"
         )
     return init  # type: ignore[return-value]
+
+
+def starts_at_z(init: LocalInit) -> bool:
+    """Return whether `init` starts the solve at z wherever z is received (START_MARK)."""
+    return resolved_init(init, z_received=True) == "consensus"
 
 
 def start_source(
@@ -345,15 +351,16 @@ class ADMMTrainStep:
         rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older spelling)
         is "previous" / "center".
         """
+        chosen = local_init_of(init, warm)
         source = start_source(
-            local_init_of(init, warm),
+            chosen,
             admm=self.admm,
             rho=self.rho,
             center=self.center,
             previous=self.previous,
             consensus=self.consensus,
         )
-        self.started["at_z"] = source is self.consensus  # the reply's START_MARK
+        self.started["at_z"] = starts_at_z(chosen)  # the reply's START_MARK
         return {name: a.copy() for name, a in source.items()}
 
     def mark(self, metrics: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -54,8 +54,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from flwr_admm.client import client_duals
 from flwr_admm.client.admm_client import _ack_round, _flag
-from flwr_admm.client.local_init import LocalInit, resolved_init
-from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source
+from flwr_admm.client.local_init import LocalInit
+from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source, starts_at_z
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
@@ -273,11 +273,9 @@ class TorchADMM:
             previous=self.previous,
             consensus=self.consensus,
         )
-        # the reply's START_MARK: 1 if this start is z wherever z is received
-        chosen = local_init_of(init, warm)
-        self._at_z = resolved_init(chosen, z_received=True) == "consensus"
+        self._at_z = starts_at_z(local_init_of(init, warm))  # the reply's START_MARK
         if self.train_step is not None:
-            self.train_step.started["at_z"] = source is self.consensus
+            self.train_step.started["at_z"] = self._at_z
         values = dict(self.received)
         for name in trainable_names(self.model):
             values[name] = source[name]
