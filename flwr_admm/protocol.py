@@ -101,6 +101,7 @@ REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e
 # follows z^_{k+1} as a second block of tensors (legacy) or under ACCEL_Z_RECORD.
 ACCEL_GAMMA = "admm-accel-gamma"  # fit config: g, u^_i = u_i + g (u_i - u_i,prev)
 ACCEL_Z_RECORD = "admm-accel-z"  # Message API: the ArrayRecord of z_k
+DUAL_STEP = "admm-dual-step"  # fit config: gamma, u_i += gamma (w_i - z) (absent: 1)
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
 REBUILDING = "rebuilding"  # round metric: 1 while S still holds a stale share
 DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not yet acked)

@@ -246,7 +246,8 @@ class ADMMClient(NumPyClient):
         kept = self._kept_duals([t.shape for t in z])
         base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
         state = base.state
-        begin = dual_math.start_round(state, z, fast)  # fast ADMM: extrapolates u_i too
+        gamma = dual_math.dual_step_of(config)
+        begin = dual_math.start_round(state, z, fast, gamma)  # fast ADMM: extrapolates u_i too
         init = resolved_init(self.local_init, z_received=True)
         previous = state.w if state is not None and init == "previous" else None
         origin = z if init == "consensus" else begin.center  # z: FedDyn's start

@@ -5,7 +5,7 @@ The math and the ``context.state`` records are the legacy client's
 committed and pending states (w_i, u_i, n_i, round) and trains from the one the
 config's ``admm-ack-round`` names. Round k, given z^k under ``arrays``:
 
-    if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k   (`DualsRound.open`)
+    if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += gamma (w_i - z^k)   (`DualsRound.open`)
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2         (the handler's local solve)
     Delta_i = n_i' (w_i' + u_i) - n_i c_i                          (`DualsRound.reply`)
 
@@ -161,7 +161,7 @@ class DualsRound:
         if isinstance(flag, bool) or flag not in (0, 1):
             raise ValueError(f"{REBUILD}: must be 0 or 1, got {flag!r}")
         fast = extrapolation(config, z, z_k)
-        start = dual_math.start_round(base.state, z, fast)
+        start = dual_math.start_round(base.state, z, fast, dual_math.dual_step_of(config))
         return cls(base.state, base.resync, start, server_round, flag == 1)
 
     @property

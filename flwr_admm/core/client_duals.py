@@ -3,9 +3,13 @@
 Client i keeps w_i, its scaled dual u_i (before the pending update), n_i and the
 round it last took part in (`DualState`). Round k, given z^k:
 
-    if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k   (`start_round`)
+    if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += gamma (w_i - z^k)   (`start_round`)
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2      (the caller's local solve)
     Delta_i = n_i' (w_i' + u_i) - n_i c_i,  c_i = w_i + u_i   (`contribution_change`)
+
+gamma in (0, 1] is the server's dual step (fit config ``admm-dual-step``, absent: 1,
+the textbook step), as in `flwr_admm.core.consensus.ConsensusADMM`: the fixed point is
+unchanged and sum_i n_i u_i stays 0.
 
 The server side (`flwr_admm.server.FedADMMClientDuals`) keeps S = sum_i n_i c_i and
 acknowledges, in every fit config, the round a whose contribution S holds for this
@@ -25,7 +29,7 @@ z^_{k+1}) and the coefficient g. u_i above is then the extrapolated dual u^_i th
 client trained with, and it also keeps u_i,prev (its unextrapolated dual after its
 previous reply, 0 before):
 
-    u_i   = u^_i + w_i - z_k                          (d2_i = ||w_i - z_k||^2)
+    u_i   = u^_i + gamma (w_i - z_k)                  (d2_i = ||w_i - z_k||^2)
     u^_i' = u_i + g (u_i - u_i,prev),  u_i,prev' = u_i     (restart: g = 0)
     center z^_{k+1} - u^_i',  Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i)
 
@@ -35,11 +39,13 @@ rest of the state (a retry from C extrapolates from C's u_i,prev).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from flwr_admm.core.types import Arrays
+from flwr_admm.core.types import Arrays, check_dual_step
+from flwr_admm.protocol import DUAL_STEP
 
 
 @dataclass
@@ -122,21 +128,46 @@ class Extrapolation:
     gamma: float
 
 
-def start_round(state: DualState | None, z: Arrays, fast: Extrapolation | None = None) -> DualStart:
-    """Update u_i += w_i - z^k if it took part before (d2 = ||w_i - z^k||^2); center z^k - u_i.
+def start_round(
+    state: DualState | None,
+    z: Arrays,
+    fast: Extrapolation | None = None,
+    dual_step: float = 1.0,
+) -> DualStart:
+    """Update u_i += gamma (w_i - z^k) if it took part before (d2 = ||w_i - z^k||^2).
 
-    With `fast` (fast ADMM, z = z^_{k+1}): u_i = u^_i + w_i - z_k, then extrapolate
-    u^_i' = u_i + g (u_i - u_i,prev); center z^_{k+1} - u^_i'.
+    The center is z^k - u_i. With `fast` (fast ADMM, z = z^_{k+1}):
+    u_i = u^_i + gamma (w_i - z_k), then extrapolate u^_i' = u_i + g (u_i - u_i,prev);
+    center z^_{k+1} - u^_i'. `dual_step` is gamma (`dual_step_of`).
     """
     if fast is not None:
-        return _start_accelerated(state, z, fast)
+        return _start_accelerated(state, z, fast, dual_step)
     if state is None:
         dual = [np.zeros_like(t) for t in z]
         return DualStart(dual, [t.copy() for t in z], None)
     diff = [w - t for w, t in zip(state.w, z, strict=True)]
     d2 = float(sum(np.vdot(d, d) for d in diff))
-    dual = [u + d for u, d in zip(state.u, diff, strict=True)]
+    dual = _dual_update(state.u, diff, dual_step)
     return DualStart(dual, [t - u for t, u in zip(z, dual, strict=True)], d2)
+
+
+def dual_step_of(config: Mapping[str, object]) -> float:
+    """Return gamma from a fit config (``admm-dual-step``; absent: 1, the textbook step)."""
+    if DUAL_STEP not in config:
+        return 1.0
+    try:
+        return check_dual_step(config[DUAL_STEP])
+    except ValueError:
+        raise ValueError(
+            f"{DUAL_STEP}: must be a number in (0, 1], got {config[DUAL_STEP]!r}"
+        ) from None
+
+
+def _dual_update(u: Arrays, diff: Arrays, gamma: float) -> Arrays:
+    """Return u_i + gamma (w_i - z); gamma = 1 adds the difference itself (bit-exact)."""
+    if gamma == 1.0:
+        return [a + d for a, d in zip(u, diff, strict=True)]
+    return [a + gamma * d for a, d in zip(u, diff, strict=True)]
 
 
 def contribution_change(
@@ -152,14 +183,16 @@ def contribution_change(
     return change
 
 
-def _start_accelerated(state: DualState | None, z_hat: Arrays, fast: Extrapolation) -> DualStart:
+def _start_accelerated(
+    state: DualState | None, z_hat: Arrays, fast: Extrapolation, dual_step: float
+) -> DualStart:
     """Fast ADMM's client step: dual update with z_k, then extrapolate along u_i's last step."""
     if state is None:  # first reply: u_i = u_i,prev = 0
         zeros = [np.zeros_like(t) for t in z_hat]
         return DualStart(zeros, [t.copy() for t in z_hat], None, [t.copy() for t in zeros], z_hat)
     diff = [w - t for w, t in zip(state.w, fast.z, strict=True)]  # w_i - z_k = u_i - u^_i
     d2 = float(sum(np.vdot(d, d) for d in diff))
-    dual = [u + d for u, d in zip(state.u, diff, strict=True)]  # u_i
+    dual = _dual_update(state.u, diff, dual_step)  # u_i = u^_i + gamma (w_i - z_k)
     prev = state.dual_prev or [np.zeros_like(t) for t in dual]  # u_i,prev
     # u^_i' = u_i + g (u_i - u_i,prev); u_i,prev' = u_i
     dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]

@@ -6,7 +6,7 @@ c_i = w_i + u_i is client i's last contribution, plus two small integers per cli
 key (n_i and the round it last took part in). Round k:
 
     server   broadcasts z^k (with each sampled client's acknowledgement, see below)
-    client   if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += w_i - z^k
+    client   if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += gamma (w_i - z^k)
              w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2    (inexact local solve)
              sends Delta_i = n_i' (w_i' + u_i) - n_i c_i, then keeps w_i', u_i, n_i'
     server   S += Delta_i, N += n_i' - n_i  (one pass per reply, like FedAvg)
@@ -167,6 +167,10 @@ class FedADMMClientDuals(ConsensusStrategy):
         Accepted only at their defaults (None, "uniform", 1): a changing or per-client
         rho or over-relaxation would need every client's dual, which the server does
         not hold. Use `FedADMM` for them.
+    dual_step : float in (0, 1]
+        The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
+        ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
+        fixed point).
     key_binding, max_client_age, max_clients :
         Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
         "node" (default) a key is accepted only from its node; an evicted key's share
@@ -192,6 +196,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        dual_step: float = 1.0,
         acceleration: str | None = None,
         restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -225,6 +230,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             rho_schedule=rho_schedule,
             client_rho=client_rho,
             relaxation=relaxation,
+            dual_step=dual_step,
         )
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
         self._resume(resume)

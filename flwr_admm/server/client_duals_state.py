@@ -23,8 +23,16 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.types import Arrays
-from flwr_admm.protocol import ACK_ROUND, CONVERGED, NUM_CLIENTS_CACHED, REBUILD, REBUILDING, RHO
+from flwr_admm.core.types import Arrays, check_dual_step
+from flwr_admm.protocol import (
+    ACK_ROUND,
+    CONVERGED,
+    DUAL_STEP,
+    NUM_CLIENTS_CACHED,
+    REBUILD,
+    REBUILDING,
+    RHO,
+)
 from flwr_admm.server.client_duals_replies import (
     ClientEntry,
     RoundStats,
@@ -77,6 +85,7 @@ class ClientDualsState:
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        dual_step: float = 1.0,
     ) -> None:
         check_client_duals_settings(
             rho=rho,
@@ -89,6 +98,7 @@ class ClientDualsState:
             eps_rel=eps_rel,
             restart_eta=restart_eta,
         )
+        self.dual_step = check_dual_step(dual_step)  # gamma: the clients' u_i += gamma (w_i - z)
         self.acceleration = acceleration
         self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
         self.rho = float(rho)
@@ -108,12 +118,16 @@ class ClientDualsState:
             self.contribution_sum = [np.zeros_like(t) for t in z]
         self.z = z
 
-    def instructions(self, key: str | None) -> dict[str, int]:
-        """Return `key`'s ack round a (0: S holds none of it) and its rebuild flag."""
+    def instructions(self, key: str | None) -> dict[str, int | float]:
+        """Return `key`'s ack round a (0: S holds none of it), rebuild flag and gamma.
+
+        gamma (``admm-dual-step``) is sent only when it is not the textbook 1.
+        """
         entry = None if key is None else self.clients.get(key)
+        step: dict[str, int | float] = {} if self.dual_step == 1.0 else {DUAL_STEP: self.dual_step}
         if key is None or entry is None:
-            return {ACK_ROUND: 0, REBUILD: 0}
-        return {ACK_ROUND: entry.last_round, REBUILD: int(self.sweep.wants_share(key))}
+            return {ACK_ROUND: 0, REBUILD: 0, **step}
+        return {ACK_ROUND: entry.last_round, REBUILD: int(self.sweep.wants_share(key)), **step}
 
     def problem(
         self, key: str, metrics: Mapping[str, Any], num_examples: object, *, secure: bool = False
@@ -204,6 +218,7 @@ class ClientDualsState:
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
             **({} if self.momentum is None else {"acceleration": self.acceleration}),
+            **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
         }
 
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:

@@ -60,7 +60,7 @@ class FedADMMClientDuals(ConsensusStrategy):
     its ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),
     N = sum_i n_i and, per client key, n_i and the round it last took part in. Round k:
 
-        node    if it took part before:  u_i += w_i - z^k
+        node    if it took part before:  u_i += gamma (w_i - z^k)
                 w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2
                 sends Delta_i = n_i' (w_i' + u_i) - n_i c_i
         server  S += Delta_i, N += n_i' - n_i,  z^{k+1} = prox_{g/rho}(S / N)
@@ -117,6 +117,10 @@ class FedADMMClientDuals(ConsensusStrategy):
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1), as in the legacy
         class (`flwr_admm.server.client_duals_settings`).
+    dual_step : float in (0, 1]
+        The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
+        ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
+        fixed point).
 
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
@@ -152,6 +156,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
+        dual_step: float = 1.0,
         acceleration: str | None = None,
         restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -197,6 +202,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             rho_schedule=rho_schedule,
             client_rho=client_rho,
             relaxation=relaxation,
+            dual_step=dual_step,
         )
         self.channel = UplinkChannel(checked_uplink(uplink))
         self._sent_record: ArrayRecord | None = None  # what we returned last (z in the layout)

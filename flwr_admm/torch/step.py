@@ -231,7 +231,7 @@ class TorchADMM:
         return admm
 
     def _open_client_duals(self) -> None:
-        """Client-held duals: pick the acknowledged state, u_i += w_i - z, v = z - u_i."""
+        """Client-held duals: pick the acknowledged state, u_i += gamma (w_i - z), v = z - u_i."""
         if self.rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {self.rho!r}")
         _check_trainable_only(self.model, self.received)
@@ -246,7 +246,8 @@ class TorchADMM:
         kept = client_duals.load_states(self.context.state, [t.shape for t in z])
         self.duals = kept
         self._base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(self.config))
-        self._begin = dual_math.start_round(self._base.state, z)
+        gamma = dual_math.dual_step_of(self.config)
+        self._begin = dual_math.start_round(self._base.state, z, dual_step=gamma)
         state = self._base.state
         self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
         self.consensus = dict(self.received)  # z: init="consensus" starts here

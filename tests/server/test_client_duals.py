@@ -86,6 +86,16 @@ def test_full_participation_is_server_held_fedadmm() -> None:
     assert len(strategy.history) == 30 and strategy.history[-1]["num_replies"] == NUM_CLIENTS
 
 
+@pytest.mark.parametrize("gamma", [0.2, 0.5])
+def test_damped_dual_step_is_server_held_fedadmm_with_the_same_step(gamma: float) -> None:
+    """u_i += gamma (w_i - z) on the clients gives server-held FedADMM's dual_step=gamma."""
+    _, held, _ = run_seed(textbook_fedadmm, 30, client_kwargs=CLIENT, rho=0.1, dual_step=gamma)
+    _, client, _ = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1, dual_step=gamma)
+    _, textbook, _ = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1)
+    assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
+    assert relative_errors(client.matrix, textbook.matrix).max() > 1e-3  # gamma is sent
+
+
 def test_server_regularizer_matches_server_held_fedadmm() -> None:
     _, held, _ = run_seed(textbook_fedadmm, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
     _, client, _ = run_seed(
@@ -307,6 +317,9 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"rho_schedule": "geometric"}, "rho_schedule"),
         ({"client_rho": "data_size"}, "client_rho"),
         ({"relaxation": 1.6}, "relaxation"),
+        ({"dual_step": 0.0}, "dual_step"),
+        ({"dual_step": 1.5}, "dual_step"),
+        ({"dual_step": True}, "dual_step"),
         ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "uplink"),
         ({"uplink": "sq"}, "uplink"),
         ({"local_dp": LocalDP(clip=1.0, noise_multiplier=1.0)}, "local_dp"),

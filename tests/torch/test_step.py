@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -212,9 +214,14 @@ Z2 = {"coef": np.array([1.0, -0.5, 0.75]), "intercept": np.array([0.5])}
 
 
 def client_duals_round(
-    api: str, model: TorchLogistic, z: dict[str, np.ndarray], server_round: int, ctx: Context
+    api: str,
+    model: TorchLogistic,
+    z: dict[str, np.ndarray],
+    server_round: int,
+    ctx: Context,
+    **extra: float,
 ) -> TorchADMM:
-    config = {"rho": 0.5, "admm-duals": "client"}
+    config: dict[str, Any] = {"rho": 0.5, "admm-duals": "client", **extra}
     if api == "legacy":
         config["server_round"] = server_round
         return TorchADMM.from_parameters(model, list(z.values()), config, ctx)
@@ -248,6 +255,23 @@ def test_consensus_starts_at_the_received_z_center_at_z_minus_the_dual(api: str)
         assert np.all(starts["consensus"][name] != starts["center"][name])
     with pytest.raises(ValueError, match=r"warm / init: warm=False means init='center'"):
         admm.start(init="consensus", warm=False)
+
+
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_client_held_duals_take_the_servers_dual_step(api: str) -> None:
+    """admm-dual-step gamma: u = 0 + gamma (w1 - z2), the center z2 - u."""
+    model, ctx = TorchLogistic(3).double(), context()
+    first = client_duals_round(api, model, Z1, 1, ctx, **{"admm-dual-step": 0.5})
+    first.start(init="consensus")
+    load_arrays(model, W1)
+    if api == "legacy":
+        first.fit_result(10)
+    else:
+        first.reply(10)
+    admm = client_duals_round(api, model, Z2, 2, ctx, **{"admm-dual-step": 0.5})
+    admm.start(init="center")
+    for name, z in Z2.items():
+        np.testing.assert_array_equal(state_arrays(model)[name], z - 0.5 * (W1[name] - z))
 
 
 def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:

@@ -1,0 +1,60 @@
+"""The client's half of client-held duals (`flwr_admm.core.client_duals`), by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flwr_admm.core.client_duals import DualState, Extrapolation, dual_step_of, start_round
+from flwr_admm.protocol import DUAL_STEP
+
+W = [np.array([1.0, -2.0]), np.array(3.0)]
+U = [np.array([0.5, 0.5]), np.array(-1.0)]
+Z = [np.array([0.0, 1.0]), np.array(2.0)]
+
+
+def test_the_dual_step_scales_the_update_and_the_center_follows() -> None:
+    state = DualState(W, U, num_examples=4, server_round=3)
+    start = start_round(state, Z, dual_step=0.25)
+    # u_i + gamma (w_i - z): [0.5 + 0.25, 0.5 - 0.75], -1 + 0.25
+    np.testing.assert_array_equal(start.dual[0], [0.75, -0.25])
+    np.testing.assert_array_equal(start.dual[1], -0.75)
+    np.testing.assert_array_equal(start.center[0], [-0.75, 1.25])  # z - u_i
+    assert start.delayed_sq_residual == 1.0 + 9.0 + 1.0  # ||w_i - z||^2, not damped
+
+
+def test_the_textbook_step_is_the_plain_sum() -> None:
+    state = DualState(W, U, num_examples=4, server_round=3)
+    start = start_round(state, Z)
+    for got, u, w, z in zip(start.dual, U, W, Z, strict=True):
+        np.testing.assert_array_equal(got, u + (w - z))
+
+
+def test_the_accelerated_step_is_damped_too() -> None:
+    state = DualState(W, U, num_examples=4, server_round=3, dual_prev=[np.zeros(2), np.array(0.0)])
+    fast = Extrapolation(Z, 0.5)
+    start = start_round(state, Z, fast, dual_step=0.5)
+    u = [a + 0.5 * (w - z) for a, w, z in zip(U, W, Z, strict=True)]
+    assert start.dual_prev is not None
+    for got, kept, expected in zip(start.dual, start.dual_prev, u, strict=True):
+        np.testing.assert_array_equal(kept, expected)  # u_i, kept as u_i,prev'
+        np.testing.assert_array_equal(got, expected + 0.5 * expected)  # u^_i'
+
+
+def test_a_new_client_starts_at_z_with_a_zero_dual() -> None:
+    start = start_round(None, Z, dual_step=0.2)
+    assert all(not t.any() for t in start.dual)
+    assert start.delayed_sq_residual is None
+
+
+@pytest.mark.parametrize(
+    ("config", "gamma"), [({}, 1.0), ({DUAL_STEP: 0.2}, 0.2), ({DUAL_STEP: 1}, 1.0)]
+)
+def test_the_dual_step_is_read_from_the_config(config: dict[str, object], gamma: float) -> None:
+    assert dual_step_of(config) == gamma
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.5, True, "0.2", float("nan")])
+def test_a_bad_dual_step_names_the_key(value: object) -> None:
+    with pytest.raises(ValueError, match=DUAL_STEP):
+        dual_step_of({DUAL_STEP: value})
