@@ -94,6 +94,39 @@ def first_round(accuracies: list[float], target: float) -> int | None:
     return next((k for k, a in enumerate(accuracies) if a >= target), None)
 
 
+def run_record(seed: int, accuracies: list[float], rounds: int, started: float) -> dict[str, Any]:
+    """Return one run's record: its final accuracy (NaN if it stopped early) and curve."""
+    return {
+        "seed": seed,
+        "final": accuracies[-1] if len(accuracies) == rounds + 1 else float("nan"),
+        "round_to_target": first_round(accuracies, TARGET),
+        "accuracies": accuracies,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return a row: its runs and their mean final accuracy."""
+    finals = [float(r["final"]) for r in runs]
+    return {"runs": runs, "mean_final": sum(finals) / len(finals)}
+
+
+def print_table(title: str, rows: dict[str, Any], seeds: list[int]) -> None:
+    """Print the rows' final accuracies per seed, their mean and rounds to the target."""
+    headers = ["strategy", *(f"seed {s}" for s in seeds), "mean", f"round to {TARGET:g}"]
+    table = [
+        [
+            label,
+            *(f"{r['final']:.3f}" for r in row["runs"]),
+            f"{row['mean_final']:.3f}",
+            " / ".join(str(r["round_to_target"] or "-") for r in row["runs"]),
+        ]
+        for label, row in rows.items()
+    ]
+    print(f"\n## {title}")
+    print(format_table(headers, table))
+
+
 def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
     """Run every row on `task` over `seeds`; print the table."""
     rows: dict[str, Any] = {}
@@ -106,30 +139,9 @@ def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
                 started = time.perf_counter()
                 overrides = {**TASKS[task], **row, "seed": seed, "output-dir": out}
                 accuracies = run_one(run_config({**overrides, "num-server-rounds": rounds}))
-                final = accuracies[-1] if len(accuracies) == rounds + 1 else float("nan")
-                runs.append(
-                    {
-                        "seed": seed,
-                        "final": final,
-                        "round_to_target": first_round(accuracies, TARGET),
-                        "accuracies": accuracies,
-                        "seconds": time.perf_counter() - started,
-                    }
-                )
-            finals = [float(r["final"]) for r in runs]
-            rows[label] = {"runs": runs, "mean_final": sum(finals) / len(finals)}
-    headers = ["strategy", *(f"seed {s}" for s in seeds), "mean", f"round to {TARGET:g}"]
-    table = [
-        [
-            label,
-            *(f"{r['final']:.3f}" for r in row["runs"]),
-            f"{row['mean_final']:.3f}",
-            " / ".join(str(r["round_to_target"] or "-") for r in row["runs"]),
-        ]
-        for label, row in rows.items()
-    ]
-    print(f"\n## {task}: final central accuracy after {rounds} rounds")
-    print(format_table(headers, table))
+                runs.append(run_record(seed, accuracies, rounds, started))
+            rows[label] = summary(runs)
+    print_table(f"{task}: final central accuracy after {rounds} rounds", rows, seeds)
     return {"task": task, "rounds": rounds, "seeds": seeds, "rows": rows}
 
 

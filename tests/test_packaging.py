@@ -39,7 +39,7 @@ def test_import_flwr_admm_loads_no_extra_and_not_the_data_package():
 
 def test_privacy_ledger_without_dp_accounting_names_the_dp_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "dp_accounting", None)  # import -> ImportError
-    with pytest.raises(ImportError, match=r'pip install "flwr-admm\[dp\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[dp\]"'):
         PrivacyLedger(1.0, 1e-5)
     # Clipping and noise themselves need no accountant.
     clipped = LocalDP(clip=1.0, noise_multiplier=0.0).privatize(
@@ -62,5 +62,5 @@ def test_privacy_ledger_with_dp_accounting_starts():
 )
 def test_data_tasks_without_their_package_name_the_simulations_extra(monkeypatch, blocked, load):
     monkeypatch.setitem(sys.modules, blocked, None)
-    with pytest.raises(ImportError, match=r'pip install "flwr-admm\[simulations\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[simulations\]"'):
         load()

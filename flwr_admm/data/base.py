@@ -178,5 +178,6 @@ def assemble_clients(
 def missing_extra(package: str, task: str) -> ImportError:
     """Return the ImportError for a task whose optional `package` is absent: it names the extra."""
     return ImportError(
-        f'{task} needs {package}, which is not installed: pip install "flwr-admm[simulations]"'
+        f"{task} needs {package}, which is not installed: "
+        'pip install -e ".[simulations]" in the flwr-admm checkout'
     )

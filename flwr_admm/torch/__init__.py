@@ -1,4 +1,4 @@
-"""PyTorch clients for FedADMM (optional: ``pip install "flwr-admm[torch]"``).
+"""PyTorch clients for FedADMM (optional: ``pip install -e ".[torch]"`` in the flwr-admm checkout).
 
 `TorchADMM` runs one node's ADMM w-step inside a user's own training loop, in both
 Flower APIs; `state_arrays` / `load_arrays` move a module's ``state_dict`` to and from
@@ -10,8 +10,8 @@ try:
     import torch  # noqa: F401
 except ImportError as error:  # pragma: no cover - the base install has no torch
     raise ImportError(
-        'flwr_admm.torch needs PyTorch: pip install "flwr-admm[torch]" (CPU build: '
-        "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+        'flwr_admm.torch needs PyTorch: pip install -e ".[torch]" in the flwr-admm checkout '
+        "(CPU build first: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
     ) from error
 
 from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax

@@ -27,8 +27,9 @@ the noisy replies); with partial participation the server reuses cached replies 
 absent clients, and ``dp_epsilon`` is an approximation (``dp_epsilon_unamplified``,
 which charges every round to every client, still bounds it).
 
-The accountant's backend is optional: ``pip install "flwr-admm[dp]"``. Without it
-`LocalDP` still clips (and noises), and a `PrivacyLedger` refuses to start.
+The accountant's backend is optional: ``pip install -e ".[dp]"`` in the flwr-admm
+checkout. Without it `LocalDP` still clips (and noises), and a `PrivacyLedger` refuses
+to start.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def _require_dp_accounting() -> None:
     except ImportError as error:
         raise ImportError(
             "PrivacyLedger: Flower's RDP accountant needs the dp-accounting package, "
-            'which is not installed: pip install "flwr-admm[dp]"'
+            'which is not installed: pip install -e ".[dp]" in the flwr-admm checkout'
         ) from error
 
 
