@@ -46,6 +46,8 @@ from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
 from flwr_admm.protocol import (
     CLIENT_KEY,
+    DP_CLIP,
+    DP_NOISE,
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
     MESSAGE_STATE_META,
@@ -56,6 +58,7 @@ from flwr_admm.protocol import (
     RHO,
     START_MARK,
     START_RECORD,
+    UPLINK,
 )
 
 __all__ = [
@@ -64,12 +67,31 @@ __all__ = [
     "local_init_of",
     "read_rho",
     "received_arrays",
+    "refuse_uplink",
     "start_source",
     "starts_at_z",
     "warm_start",
 ]
 
 Named = dict[str, NDArray[Any]]
+
+
+def refuse_uplink(config: Mapping[str, Any]) -> None:
+    """Raise ValueError if the server asks for uplink compression or local DP.
+
+    A handler built on `ADMMTrainStep` or `flwr_admm.torch.TorchADMM` replies with
+    plain tensors: it neither compresses nor clips and noises. The ready client
+    (`flwr_admm.clientapp.make_client_app`, `flwr_admm.ADMMClient`) does both; a
+    silent plain reply would let the server report a privacy it did not get.
+    """
+    for key in config:
+        if key.startswith(UPLINK) or key in (DP_CLIP, DP_NOISE):
+            raise ValueError(
+                f"{key}: the strategy asks for uplink compression or local DP, which this "
+                "handler does not apply (ADMMTrainStep / TorchADMM reply with plain "
+                "tensors); drop uplink / local_dp from the strategy, or serve the model "
+                "with the ready client (make_client_app, ADMMClient)"
+            )
 
 
 def received_arrays(message: Message, arrayrecord_key: str = "arrays") -> Named:
@@ -297,6 +319,7 @@ class ADMMTrainStep:
         center = {name: np.asarray(a, dtype=np.float64) for name, a in received.items()}
         record = message.content.config_records.get(configrecord_key)
         config = dict(record.items()) if record is not None else {}
+        refuse_uplink(config)
         server_round = config.get(MESSAGE_SERVER_ROUND)
         server_round = server_round if isinstance(server_round, int) else None
         rho, duals, previous = read_rho(config), None, warm_start(context, center)

@@ -55,12 +55,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr_admm.client import client_duals
 from flwr_admm.client.admm_client import _ack_round, _flag
 from flwr_admm.client.local_init import LocalInit
-from flwr_admm.clientapp.step import ADMMTrainStep, local_init_of, start_source, starts_at_z
+from flwr_admm.clientapp.step import (
+    ADMMTrainStep,
+    local_init_of,
+    refuse_uplink,
+    start_source,
+    starts_at_z,
+)
 from flwr_admm.core import client_duals as dual_math
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
-    DP_CLIP,
-    DP_NOISE,
     META_FITS,
     META_ROUND,
     MODE_CLIENT,
@@ -74,7 +78,6 @@ from flwr_admm.protocol import (
     START_TENSORS,
     STATE_META,
     STATE_W,
-    UPLINK,
 )
 from flwr_admm.torch.state import load_arrays, state_arrays, trainable_names
 
@@ -186,9 +189,7 @@ class TorchADMM:
         penalty: Penalty = "prox",
     ) -> TorchADMM:
         """Read a legacy ``NumPyClient.fit`` call: parameters in ``state_dict()`` order."""
-        for key in config:
-            if key.startswith(UPLINK) or key in (DP_CLIP, DP_NOISE):
-                raise ValueError(f"{key}: uplink compression and local DP are not supported here")
+        refuse_uplink(config)
         names = list(model.state_dict())
         with_z = config.get(START_TENSORS) == 1  # v_i, then z: where the solve starts
         if len(parameters) != len(names) * (2 if with_z else 1):

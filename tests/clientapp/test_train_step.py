@@ -10,6 +10,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
 from flwr_admm.clientapp import ADMMTrainStep, build_reply, read_rho, warm_start
+from flwr_admm.uplink import LocalDP
 
 CENTER = {
     "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -228,3 +229,17 @@ def test_a_start_record_with_other_tensors_is_refused() -> None:
     bad = {**z, "fc.bias": np.zeros(3)}
     with pytest.raises(ValueError, match=r"admm-start\['fc.bias'\]: expected shape \(2,\)"):
         ADMMTrainStep.from_message(start_message(CENTER, bad, rho=0.3), context())
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [LocalDP(clip=0.01, noise_multiplier=1.0).config(), {"uplink": "topk"}],
+    ids=["local_dp", "uplink"],
+)
+def test_a_handler_that_cannot_clip_or_compress_refuses_to_reply_plainly(
+    asked: dict[str, Any],
+) -> None:
+    """The server would otherwise report a privacy (or a compression) it did not get."""
+    msg = train_message(rho=0.3, **{"server-round": 1, **asked})
+    with pytest.raises(ValueError, match=f"{next(iter(asked))}: the strategy asks for"):
+        ADMMTrainStep.from_message(msg, context())

@@ -12,7 +12,7 @@ from flwr.client import NumPyClient
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from message_replies import metadata, named
 
-from flwr_admm import ADMMClient, FedADMMClientDuals
+from flwr_admm import ADMMClient, FedADMMClientDuals, LocalDP
 from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.data import load_task
 from flwr_admm.models import LogisticRegression
@@ -193,6 +193,10 @@ def test_refuses_other_tensors_and_bad_settings() -> None:
         TorchADMM.from_parameters(model, [np.zeros(3), np.zeros(1)], {}, penalty="l2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="uplink"):
         TorchADMM.from_parameters(model, [np.zeros(3), np.zeros(1)], {"uplink": "topk"})
+    dp = LocalDP(clip=0.01, noise_multiplier=1.0).config()
+    message = train_message(state_arrays(model), rho=0.5, **{"server-round": 1, **dp})
+    with pytest.raises(ValueError, match="dp-clip: the strategy asks for"):
+        TorchADMM.from_message(model, message, context())  # local DP: never a plain reply
     with pytest.raises(ValueError, match="buffers"):
         TorchADMM.from_parameters(
             cnn(),
