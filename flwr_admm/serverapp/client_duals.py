@@ -21,7 +21,7 @@ from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import DEFAULT_DUAL_STEP, given_rho
+from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
@@ -119,8 +119,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         class (`flwr_admm.server.client_duals_settings`).
     dual_step : float in (0, 1]
         The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
-        ``admm-dual-step`` when it is not 1. Default 0.2, as `FedADMM`'s ``dual_step``
-        (the same fixed point; 1 is the textbook step).
+        ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
+        fixed point).
 
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
@@ -156,7 +156,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         rho_schedule: Any = None,
         client_rho: str = "uniform",
         relaxation: float = 1.0,
-        dual_step: float = DEFAULT_DUAL_STEP,
+        dual_step: float = 1.0,
         acceleration: str | None = None,
         restart_eta: float = DEFAULT_ETA,
         checkpoint_dir: str | os.PathLike[str] | None = None,

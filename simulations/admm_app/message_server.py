@@ -259,7 +259,6 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
     elif settings.strategy == "fedadmm-client-duals":
         strategy = RecordingFedADMMClientDuals(
             rho=settings.rho,
-            dual_step=settings.dual_step,
             sampling_seed=settings.seed,
             key_binding=settings.key_binding,
             **common,

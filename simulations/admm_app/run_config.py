@@ -89,7 +89,7 @@ HELP: dict[str, str] = {
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
     "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
-    "dual-step": "the dual step gamma of both FedADMMs, number in (0, 1] (1 = the textbook step)",
+    "dual-step": "FedADMM dual step gamma, number in (0, 1] (1 = the textbook step)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
     "not with strategy fedadmm, whose server-held duals send z - u_i; auto: consensus with "
     "client-held duals, else previous)",

@@ -170,16 +170,9 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             **admm_common,
         )
     if settings.strategy == "fedadmm-client-duals" and settings.secure_aggregation:
-        return FedADMMClientDualsSecAgg(
-            rho=settings.rho,
-            dual_step=settings.dual_step,
-            sampling_seed=None,
-            **admm_common,
-        )
+        return FedADMMClientDualsSecAgg(rho=settings.rho, sampling_seed=None, **admm_common)
     if settings.strategy == "fedadmm-client-duals":
-        return FedADMMClientDuals(
-            rho=settings.rho, dual_step=settings.dual_step, sampling_seed=None, **admm_common
-        )
+        return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **admm_common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":
