@@ -35,12 +35,6 @@ bytes / bandwidth, and the achieved bandwidth is bytes / measured time (FedADMM'
 arrays of 8 MB at 1e6 parameters partly stay in the cache, so the achieved figure can
 exceed the copy's).
 
-Each variant runs with ``kernels="numpy"`` and the plain and default strategies also
-with ``kernels="numba"`` (the fused one-pass kernels, `flwr_admm.core.fused`): the
-same bytes, fewer passes. With numba installed the run also times the streaming
-floor (`benchmarks.stream_floor`): plain FedADMM's reads and writes with nothing
-else, i.e. what one core streams for that access pattern against the copy bound.
-
     python -m benchmarks.bandwidth [--quick] [--params 1000000] [--clients 100]
 """
 
@@ -63,9 +57,7 @@ from benchmarks.common import (
 )
 from benchmarks.server_cost import measure
 from benchmarks.server_setup import FLOAT, SAMPLED
-from benchmarks.stream_floor import stream_floor_seconds
 from flwr_admm import FedADMM
-from flwr_admm.core.backend import compiled, numba_installed
 from flwr_admm.core.settings import TEXTBOOK
 
 
@@ -94,17 +86,13 @@ def bytes_per_reply(
 
 PLAIN = {**TEXTBOOK, "rho": 1.0}
 FAST = {"acceleration": "nesterov", "relaxation": 1.0, "rho_schedule": "constant"}
-NUMPY, NUMBA = {"kernels": "numpy"}, {"kernels": "numba"}
-# label: (strategy keywords, bytes of one cached value); "numba": the fused kernels
-# (float32 state takes the numpy path whatever `kernels` says)
+# label: (strategy keywords, bytes of one cached value)
 VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
-    "FedADMM": ({**PLAIN, **NUMPY}, FLOAT),
-    "FedADMM numba": ({**PLAIN, **NUMBA}, FLOAT),
-    "FedADMM float32": ({**PLAIN, **NUMPY, "state_dtype": "float32"}, 4),
-    "FedADMM fast": ({**FAST, **NUMPY}, FLOAT),
-    "FedADMM (defaults)": (NUMPY, FLOAT),
-    "FedADMM (defaults) numba": (NUMBA, FLOAT),
-    "FedADMM (defaults) float32": ({**NUMPY, "state_dtype": "float32"}, 4),
+    "FedADMM": (PLAIN, FLOAT),
+    "FedADMM float32": ({**PLAIN, "state_dtype": "float32"}, 4),
+    "FedADMM fast": (FAST, FLOAT),
+    "FedADMM (defaults)": ({}, FLOAT),
+    "FedADMM (defaults) float32": ({"state_dtype": "float32"}, 4),
 }
 
 
@@ -123,14 +111,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     copies: list[float] = []
     with threadpool_limits(BLAS_THREADS):
         copies.append(copy_bandwidth(256 * 2**20, 7))
-        if any(kwargs.get("kernels") == "numba" for kwargs, _ in VARIANTS.values()):
-            compiled()  # numba's compilation (or cache load) is not timed
         for label, (kwargs, state) in VARIANTS.items():
             row = measure(num_parameters, args.clients, repeats, False, partial(FedADMM, **kwargs))
             rows.append({"variant": label, "state_bytes_per_value": state, **row})
             copies.append(copy_bandwidth(256 * 2**20, 7))
-        floor = stream_floor_seconds(num_parameters, repeats) if numba_installed() else None
-        copies.append(copy_bandwidth(256 * 2**20, 7))
     bandwidth = max(copies)  # the best the shared machine showed during the run
     partial_participation = args.clients > SAMPLED
     table = []
@@ -172,27 +156,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "time / FedAvg",
     ]
     print(format_table(headers, table))
-    stream_floor = None
-    if floor is not None:
-        plain = SAMPLED * bytes_per_reply("FedADMM", num_parameters, partial_participation)
-        fused = next(r["fedadmm_seconds"] for r in rows if r["variant"] == "FedADMM numba")
-        stream_floor = {
-            "seconds": floor,
-            "time_over_bound": floor / (plain / bandwidth),
-            "fedadmm_numba_over_floor": fused / floor,
-        }
-        print(
-            f"\nstreaming floor of plain FedADMM's bytes: {floor * 1e3:.1f} ms, "
-            f"{stream_floor['time_over_bound']:.2f} x its bound; "
-            f"FedADMM numba / floor: {stream_floor['fedadmm_numba_over_floor']:.2f}"
-        )
     payload = {
         "quick": args.quick,
         "num_parameters": num_parameters,
         "num_clients": args.clients,
         "copy_bandwidth": bandwidth,
         "copy_bandwidth_samples": copies,
-        "stream_floor": stream_floor,
         "seconds": time.perf_counter() - started,
         "results": rows,
     }

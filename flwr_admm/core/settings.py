@@ -19,7 +19,6 @@ from typing import Any, Generic, TypeVar, overload
 import numpy as np
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
@@ -91,12 +90,6 @@ class ConsensusSettings:
     state_dtype : {"float64", "float32"}
         Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
         float64); "float32" halves its memory and traffic (`ConsensusADMM`).
-    kernels : {"auto", "numpy", "numba"}
-        Array kernels of the server's hot loop (`flwr_admm.core.backend`): numba's
-        fused one-pass kernels ("auto": when numba is installed) or numpy's. Both run
-        the same iteration up to rounding (~1e-16 relative), so the choice is not in
-        `describe` (not part of a checkpoint's fingerprint): a run may resume on the
-        other backend.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", the
         textbook step) or only this round's replies ("replies", as FedDyn's server;
@@ -121,7 +114,6 @@ class ConsensusSettings:
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
     state_dtype: StateDtype = "float64"
-    kernels: Kernels = "auto"
     z_average: ZAverage = "cached"
     dual_step: float = 1.0
 
@@ -154,16 +146,12 @@ class ConsensusSettings:
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
             state_dtype=self.state_dtype,
-            kernels=self.kernels,
             z_average=self.z_average,
             dual_step=self.dual_step,
         )
 
     def describe(self) -> dict[str, Any]:
-        """Return the settings as JSON: schedule and regularizer by their `describe`.
-
-        Without `kernels`: both backends compute the same iteration up to rounding.
-        """
+        """Return the settings as JSON: schedule and regularizer by their `describe`."""
         return {
             "rho": self.rho,
             "rho_schedule": self.rho_schedule.describe(),

@@ -24,7 +24,6 @@ ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
 StateDtype = Literal["float64", "float32"]
 STATE_DTYPES = ("float64", "float32")
-Kernels = Literal["auto", "numpy", "numba"]  # flwr_admm.core.backend
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 

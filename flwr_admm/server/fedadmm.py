@@ -34,7 +34,6 @@ from numpy.typing import NDArray
 
 from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
@@ -83,7 +82,7 @@ class FedADMM(ConsensusStrategy):
     Parameters
     ----------
     rho, proximal_mu, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, \
-    relaxation, acceleration, restart_eta, state_dtype, kernels, z_average, dual_step, \
+    relaxation, acceleration, restart_eta, state_dtype, z_average, dual_step, \
     stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
     uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
     tensor_policy :
@@ -122,7 +121,6 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
-        kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -169,7 +167,6 @@ class FedADMM(ConsensusStrategy):
             acceleration=acceleration,
             restart_eta=restart_eta,
             state_dtype=state_dtype,
-            kernels=kernels,
             z_average=z_average,
             dual_step=dual_step,
         )

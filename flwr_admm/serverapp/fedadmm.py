@@ -28,7 +28,7 @@ from flwr_admm.core.settings import (
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
+from flwr_admm.core.types import NON_FINITE, ClientRho, StateDtype
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -121,8 +121,6 @@ class FedADMM(ConsensusStrategy):
         Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
         "float32" halves the server's per-client memory, the optimum is reached up to
         float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
-    kernels : {"auto", "numpy", "numba"}
-        numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
@@ -201,7 +199,6 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         state_dtype: StateDtype = "float64",
-        kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -255,7 +252,6 @@ class FedADMM(ConsensusStrategy):
             acceleration=acceleration,
             restart_eta=restart_eta,
             state_dtype=state_dtype,
-            kernels=kernels,
             z_average=z_average,
             dual_step=dual_step,
         )
