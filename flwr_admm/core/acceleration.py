@@ -138,8 +138,7 @@ class FastADMM:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
         One pass per reply, in place (y_i,prev's buffer takes y_i,k), blocks outer and
-        replies inner. With float32 state S_y moves by the stored (rounded) change of
-        y_i.
+        replies inner.
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -160,13 +159,11 @@ class FastADMM:
                 for record, prev in pairs:
                     y_block = record.y[j].reshape(-1)[block]
                     p_block = prev[j].reshape(-1)[block]
-                    np.subtract(y_block, p_block, out=step, dtype=np.float64)  # y_i,k - y_i,prev
+                    np.subtract(y_block, p_block, out=step)  # y_i,k - y_i,prev
                     p_block[...] = y_block  # y_i,prev <- y_i,k
                     if gamma != 0.0:
                         step *= gamma
                         y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
-                        if y_block.dtype != np.float64:  # float32 state: the rounded step
-                            np.subtract(y_block, p_block, out=step, dtype=np.float64)
                         axpy(float(record.num_examples), step, acc_flat[block])  # S_y += ...
 
     def forget(self, keys: Collection[str]) -> None:
@@ -200,17 +197,14 @@ class FastADMM:
         meta: dict[str, Any],
         eta: float,
         count: int,
-        state_dtype: str = "float64",
     ) -> FastADMM:
-        """Return the state `dump` wrote (`count` arrays per model; y_i,prev as `state_dtype`)."""
+        """Return the state `dump` wrote (`count` arrays per model)."""
 
-        def take(prefix: str, dtype: str = "float64") -> Arrays:
-            return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(count)]
+        def take(prefix: str) -> Arrays:
+            return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(count)]
 
         state = cls(eta=eta, a=float(meta["a"]), restarts=int(meta["restarts"]))
         state.c_prev = None if meta["c_prev"] is None else float(meta["c_prev"])
         state.z_prev = take("accel_z_prev") if meta["has_z_prev"] else None
-        state.y_prev = {
-            k: take(f"accel_y_prev.{i}", state_dtype) for i, k in enumerate(meta["y_prev_keys"])
-        }
+        state.y_prev = {k: take(f"accel_y_prev.{i}") for i, k in enumerate(meta["y_prev_keys"])}
         return state

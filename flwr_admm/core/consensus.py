@@ -31,11 +31,9 @@ from flwr_admm.core.types import (
     NonFiniteReplyError,
     Reply,
     RoundReport,
-    StateDtype,
     check_dual_step,
     check_relaxation,
     check_rho,
-    check_state_dtype,
     check_tolerances,
     natural_key,
 )
@@ -112,14 +110,6 @@ class ConsensusADMM:
         The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
         step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's
         feedback into its own dual (Glowinski's dual step, here kept <= 1).
-    state_dtype : {"float64", "float32"}
-        Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
-        the running sums stay float64. "float32" halves that state's memory and
-        traffic; w_i := fl32(w_i) on arrival and every sum takes the rounded value,
-        y_i is rounded after each update and S_y moves by the rounded change, so
-        S_w = sum n_i s_i w_i and S_y = sum n_i y_i hold for the stored values and
-        the fixed point is the optimum up to float32 rounding (~1e-7 relative);
-        replies beyond float32's range (~3.4e38) are refused as non-finite.
 
     """
 
@@ -133,7 +123,6 @@ class ConsensusADMM:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
-    state_dtype: StateDtype = "float64"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
@@ -141,7 +130,6 @@ class ConsensusADMM:
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
-    _compact: bool = field(init=False, default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -155,7 +143,6 @@ class ConsensusADMM:
         self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
         self.dual_step = check_dual_step(self.dual_step)
-        self._compact = check_state_dtype(self.state_dtype) == np.float32
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration is not None:
@@ -241,7 +228,7 @@ class ConsensusADMM:
         `NonFiniteReplyError` and leave the state as it was.
         """
         rnd = self._open_for([reply])
-        absorb_one(self.sums, self.records, rnd, reply, compact=self._compact)
+        absorb_one(self.sums, self.records, rnd, reply)
 
     def absorb_all(self, replies: Sequence[Reply]) -> list[str]:
         """Absorb `replies` in order, as `absorb` one after the other; return the refused keys.
@@ -251,7 +238,7 @@ class ConsensusADMM:
         ValueError before any state changes.
         """
         rnd = self._open_for(replies)
-        return absorb_many(self.sums, self.records, rnd, replies, compact=self._compact)
+        return absorb_many(self.sums, self.records, rnd, replies)
 
     def _open_for(self, replies: Sequence[Reply]) -> OpenRound:
         """Return the open round; ValueError for bad shapes, n_i or repeated keys."""
@@ -421,10 +408,8 @@ class ConsensusADMM:
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
         """Restore what `state_dict` wrote, bit for bit; the model shapes must match."""
-        saved = load_state(arrays, meta, [t.shape for t in self.z], self.state_dtype)
+        saved = load_state(arrays, meta, [t.shape for t in self.z])
         self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
         self.records, self.sums = saved.records, saved.sums
         if self.fast is not None and "acceleration" in meta:
-            self.fast = FastADMM.load(
-                arrays, meta["acceleration"], self.fast.eta, len(self.z), self.state_dtype
-            )
+            self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
@@ -22,45 +21,31 @@ __all__ = ["absorb_many", "absorb_one"]
 Records = dict[str, ClientRecord]
 
 
-def absorb_one(
-    sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply, *, compact: bool
-) -> None:
-    """Fold one checked reply into S_w and store it; `NonFiniteReplyError` if not finite.
-
-    `compact`: float32 state (w_i rounded on arrival, the sums take the rounded
-    values).
-    """
+def absorb_one(sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply) -> None:
+    """Fold one checked reply into S_w and store it; `NonFiniteReplyError` if not finite."""
     # asarray(order="C"), not ascontiguousarray: that one turns 0-d tensors into (1,)
     w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
     n = int(reply.num_examples)
-    # float32 state: the stored w_i (Arrays names the float64 default's type)
-    kept = [np.empty(t.shape, np.float32) for t in w] if compact else None
-    stored = cast(Arrays, kept) if kept is not None else w
     if rnd.mode == "recompute":
-        if kept is not None:
-            with np.errstate(over="ignore"):  # beyond float32's range: inf, refused
-                for t, source in zip(kept, w, strict=True):
-                    t[...] = source
-        sq_norm = finite_sq_norm(stored) if reply.sq_norm is None or kept else reply.sq_norm
+        sq_norm = finite_sq_norm(w) if reply.sq_norm is None else reply.sq_norm
     else:
         replaced = records.get(reply.key) if rnd.mode == "incremental" else None
-        # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
-        sq_norm = sums.fold(w, n, replaced, rnd.shares, kept)
+        sq_norm = sums.fold(w, n, replaced, rnd.shares)  # S_w += n_i' w_i' (- n_i w_i)
         if sq_norm is None:
             sums.roll_back(rnd, records)
     if sq_norm is None or not math.isfinite(sq_norm):
         raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-    store(sums, records, rnd, reply, stored, sq_norm)
+    store(sums, records, rnd, reply, w, sq_norm)
 
 
 def absorb_many(
-    sums: RunningSums, records: Records, rnd: OpenRound, replies: Sequence[Reply], *, compact: bool
+    sums: RunningSums, records: Records, rnd: OpenRound, replies: Sequence[Reply]
 ) -> list[str]:
     """Absorb checked replies in order, as `absorb_one` each; return the refused keys."""
     refused = []
     for reply in replies:
         try:
-            absorb_one(sums, records, rnd, reply, compact=compact)
+            absorb_one(sums, records, rnd, reply)
         except NonFiniteReplyError:
             refused.append(reply.key)
     return refused

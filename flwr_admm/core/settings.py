@@ -22,7 +22,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
-from flwr_admm.core.types import Arrays, ClientRho, StateDtype
+from flwr_admm.core.types import Arrays, ClientRho
 from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
@@ -87,9 +87,6 @@ class ConsensusSettings:
         Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
     restart_eta : float
         Fast ADMM's restart threshold eta in (0, 1].
-    state_dtype : {"float64", "float32"}
-        Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
-        float64); "float32" halves its memory and traffic (`ConsensusADMM`).
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", the
         textbook step) or only this round's replies ("replies", as FedDyn's server;
@@ -113,7 +110,6 @@ class ConsensusSettings:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
-    state_dtype: StateDtype = "float64"
     z_average: ZAverage = "cached"
     dual_step: float = 1.0
 
@@ -145,7 +141,6 @@ class ConsensusSettings:
             self.relaxation,
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
-            state_dtype=self.state_dtype,
             z_average=self.z_average,
             dual_step=self.dual_step,
         )
@@ -162,7 +157,6 @@ class ConsensusSettings:
             "relaxation": self.relaxation,
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
-            "state_dtype": self.state_dtype,
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
             **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),

@@ -93,9 +93,7 @@ def dual_step(
         raise ValueError("dz: z - z' is needed when relaxation != 1")
     total = float(sum(r.num_examples for r in ordered))
     chosen = [records[reply.key] for reply in ordered]
-    # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
-    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
-    everyone = len(ordered) == len(records) and not compact
+    everyone = len(ordered) == len(records)
     r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
@@ -106,7 +104,7 @@ def dual_step(
         for r_value, y_value in zip(r_part, y_part, strict=True):
             r_sq += p * r_value
             y_sq += p * y_value
-    if rho != 0.0 and not compact:
+    if rho != 0.0:
         for j, (acc, z) in enumerate(zip(sums.ny, z_new, strict=True)):
             if everyone:  # shares are S_w = R: S_y += rho alpha (R - W z'), no temporary
                 axpy(rho * alpha, shares[j], acc)
@@ -127,9 +125,7 @@ def _numpy_blocks(
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Run the dual step's block loop in numpy; per reply, ||w_i - z'||^2, ||y_i'||^2 by block."""
     beta = 1.0 - alpha
-    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
     scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
-    rounded = np.empty_like(scratch) if compact else scratch
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
@@ -148,53 +144,14 @@ def _numpy_blocks(
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
                 y_block = record.y[j].reshape(-1)[block]
                 w_block = record.w[j].reshape(-1)[block]
-                if compact:  # widen first: a float32 - float64 loop is twice as slow
-                    d[...] = w_block
-                    w_block = d
                 np.subtract(w_block, z_block, out=d)  # w_i - z'
                 r_parts[k].append(float(np.dot(d, d)))
-                if compact:
-                    y_parts[k].append(
-                        _compact_dual(
-                            y_block, d, shift_block, acc_block, rounded, rho_i, alpha, record
-                        )
-                    )
-                    continue
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
                 if shift_block is not None:
                     axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
                 axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
     return r_parts, y_parts
-
-
-def _compact_dual(
-    y: NDArray[np.floating],
-    d: NDArray[np.float64],
-    shift: NDArray[np.float64] | None,
-    acc: NDArray[np.float64],
-    rounded: NDArray[np.float64],
-    rho_i: float,
-    alpha: float,
-    record: ClientRecord,
-) -> float:
-    """Float32 y_i: y_i := fl32(y_i + rho_i (alpha d + (1 - alpha) dz)) on one block.
-
-    S_y += n_i (y_i' - y_i) with the stored (rounded) values, exactly in float64, so
-    S_y = sum n_i y_i keeps holding; `d` (w_i - z') is overwritten. Returns ||y_i'||^2.
-    """
-    new = rounded[: y.size]
-    new[...] = y  # y_i, exactly in float64
-    d *= rho_i * alpha
-    d += new  # y_i + rho_i alpha (w_i - z')
-    if shift is not None:
-        axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
-    y[...] = d  # round to the state's float32
-    d[...] = y  # y_i', exactly in float64
-    y_sq = float(np.dot(d, d))
-    new -= d  # y_i - y_i'
-    axpy(-float(record.num_examples), new, acc)  # S_y += n_i (y_i' - y_i)
-    return y_sq
 
 
 def round_report(

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
 from flwr_admm.core.kernels import axpy, fold_in
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, natural_key
@@ -94,22 +93,18 @@ class RunningSums:
         n: int,
         old: ClientRecord | None,
         shares: Arrays | None,
-        store: list[NDArray[np.floating]] | None = None,
     ) -> float | None:
         """Fold a reply in, S_w += n w - n_old w_old (R += n w); return ||w||^2 or None.
 
         `old` is the record the reply replaces (incremental rounds), None when S_w is
         being rebuilt. None flags NaN/inf: S_w (and R) are then spoilt, see `roll_back`.
-        With `store` (float32 state) w is rounded into it in the same pass, and the
-        sums and the norm take the rounded w.
         """
         n_old = old.num_examples if old is not None else 0
         total = 0.0
         for j, (acc, w_new) in enumerate(zip(self.nsw, w, strict=True)):
             w_old = None if old is None else old.w[j]
             share = None if shares is None else shares[j]
-            kept = None if store is None else store[j]
-            total += fold_in(acc, float(n), w_new, float(n_old), w_old, share, kept)
+            total += fold_in(acc, float(n), w_new, float(n_old), w_old, share)
         if not math.isfinite(total):
             return None
         self.count(n, n_old)

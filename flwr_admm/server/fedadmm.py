@@ -48,7 +48,7 @@ from flwr_admm.core.settings import (
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
@@ -82,7 +82,7 @@ class FedADMM(ConsensusStrategy):
     Parameters
     ----------
     rho, proximal_mu, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, \
-    relaxation, acceleration, restart_eta, state_dtype, z_average, dual_step, \
+    relaxation, acceleration, restart_eta, z_average, dual_step, \
     stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
     uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
     tensor_policy :
@@ -105,7 +105,6 @@ class FedADMM(ConsensusStrategy):
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
     acceleration: SettingView[str | None] = SettingView()
     restart_eta: SettingView[float] = SettingView()
-    state_dtype: SettingView[StateDtype] = SettingView()
 
     def __init__(
         self,
@@ -120,7 +119,6 @@ class FedADMM(ConsensusStrategy):
         relaxation: float | None = None,
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
-        state_dtype: StateDtype = "float64",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -166,7 +164,6 @@ class FedADMM(ConsensusStrategy):
             relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
-            state_dtype=state_dtype,
             z_average=z_average,
             dual_step=dual_step,
         )

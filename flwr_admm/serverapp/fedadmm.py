@@ -28,7 +28,7 @@ from flwr_admm.core.settings import (
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, ClientRho, StateDtype
+from flwr_admm.core.types import NON_FINITE, ClientRho
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -117,10 +117,6 @@ class FedADMM(ConsensusStrategy):
         iteration, ``**FAST_CONVEX`` the faster one for full-batch convex clients.
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
-    state_dtype : {"float64", "float32"}
-        Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
-        "float32" halves the server's per-client memory, the optimum is reached up to
-        float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
@@ -173,7 +169,6 @@ class FedADMM(ConsensusStrategy):
     rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
     acceleration: SettingView[str | None] = SettingView()
     restart_eta: SettingView[float] = SettingView()
-    state_dtype: SettingView[StateDtype] = SettingView()
 
     def __init__(
         self,
@@ -198,7 +193,6 @@ class FedADMM(ConsensusStrategy):
         eps_rel: float = 1e-4,
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
-        state_dtype: StateDtype = "float64",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -251,7 +245,6 @@ class FedADMM(ConsensusStrategy):
             relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
-            state_dtype=state_dtype,
             z_average=z_average,
             dual_step=dual_step,
         )

@@ -362,3 +362,16 @@ def test_the_round_report_does_not_depend_on_the_blas_thread_count() -> None:
         return out
 
     assert reports(1) == reports(2)
+
+
+def test_a_state_with_float32_client_arrays_is_refused_naming_state_dtype() -> None:
+    """state_dtype="float32" (deleted) wrote w_i and y_i as float32: refused, not widened."""
+    admm = ConsensusADMM([np.zeros(3)], rho=1.0)
+    admm.step([Reply("c0", [np.ones(3)], 10), Reply("c1", [np.full(3, 2.0)], 20)], 1)
+    arrays, meta = admm.state_dict()
+    resumed = ConsensusADMM([np.zeros(3)], rho=1.0)
+    resumed.load_state_dict(arrays, meta)  # float64: loads
+    np.testing.assert_array_equal(resumed.records["c1"].y[0], admm.records["c1"].y[0])
+    narrow = {k: v.astype(np.float32) if k[:2] in ("w.", "y.") else v for k, v in arrays.items()}
+    with pytest.raises(ValueError, match="written with state_dtype='float32', which this version"):
+        resumed.load_state_dict(narrow, meta)
