@@ -4,9 +4,7 @@
 rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a bad
 value or combination (ValueError naming the field), and `new_admm` starts the numpy
 core (`ConsensusADMM`) from it. `schedule_of` reads a schedule given by name.
-`SETTING_VIEWS` lets a strategy that holds settings in ``admm_settings`` show their
-fields as read-only attributes (``strategy.rho``). `given_rho` reads rho under either
-of its names, ``rho`` or FedProx's ``proximal_mu``.
+`given_rho` reads rho under either of its names, ``rho`` or FedProx's ``proximal_mu``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 import numpy as np
 
@@ -31,10 +29,8 @@ __all__ = [
     "DEFAULT_RELAXATION",
     "DEFAULT_RHO",
     "FAST_CONVEX",
-    "SETTING_VIEWS",
     "TEXTBOOK",
     "ConsensusSettings",
-    "SettingView",
     "given_rho",
     "schedule_of",
     "strategy_defaults",
@@ -60,8 +56,6 @@ TEXTBOOK: Mapping[str, Any] = MappingProxyType(
 FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
     {"rho": 1.0, "relaxation": 1.6, "acceleration": "nesterov", "dual_step": 1.0}
 )
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -213,51 +207,3 @@ def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:
     if isinstance(rho_schedule, str):
         return make_schedule(rho_schedule)
     return Constant() if rho_schedule is None else rho_schedule
-
-
-class SettingView(Generic[T]):
-    """Read one field of the owner's ``admm_settings`` under the attribute's own name.
-
-    Read-only: assigning raises AttributeError (new settings mean a new strategy).
-    """
-
-    name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> SettingView[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-    def __get__(self, obj: object | None, owner: type | None = None) -> SettingView[T] | T:
-        if obj is None:
-            return self
-        value: T = getattr(obj.admm_settings, self.name)  # type: ignore[attr-defined]
-        return value
-
-    def __set__(self, obj: object, value: object) -> None:
-        raise AttributeError(
-            f"{self.name}: read-only (it is admm_settings.{self.name}); build a new strategy"
-        )
-
-
-# In a strategy's class body: rho, rho_schedule, regularizer, client_rho, eps_abs,
-# eps_rel, relaxation = SETTING_VIEWS (in this order: the types follow it).
-SETTING_VIEWS: tuple[
-    SettingView[float],
-    SettingView[RhoSchedule],
-    SettingView[Regularizer | None],
-    SettingView[ClientRho],
-    SettingView[float],
-    SettingView[float],
-    SettingView[float],
-] = (
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-)

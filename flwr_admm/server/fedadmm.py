@@ -39,9 +39,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    SETTING_VIEWS,
     ConsensusSettings,
-    SettingView,
     given_rho,
     strategy_defaults,
 )
@@ -101,10 +99,6 @@ class FedADMM(ConsensusStrategy):
 
     label: ClassVar[str] = "FedADMM"
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
-    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
-    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
-    acceleration: SettingView[str | None] = SettingView()
-    restart_eta: SettingView[float] = SettingView()
 
     def __init__(
         self,
@@ -174,11 +168,11 @@ class FedADMM(ConsensusStrategy):
         self._resume(resume)
 
     def __repr__(self) -> str:
-        schedule = type(self.rho_schedule).__name__
+        s = self.admm_settings
         return (
-            f"FedADMM(rho={self.rho}, rho_schedule={schedule}, "
-            f"regularizer={self.regularizer!r}, relaxation={self.relaxation}, "
-            f"acceleration={self.acceleration!r})"
+            f"FedADMM(rho={s.rho}, rho_schedule={type(s.rho_schedule).__name__}, "
+            f"regularizer={s.regularizer!r}, relaxation={s.relaxation}, "
+            f"acceleration={s.acceleration!r})"
         )
 
     # ------------------------------------------------------------------- fit

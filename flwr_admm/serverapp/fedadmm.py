@@ -19,9 +19,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    SETTING_VIEWS,
     ConsensusSettings,
-    SettingView,
     given_rho,
     strategy_defaults,
 )
@@ -165,11 +163,6 @@ class FedADMM(ConsensusStrategy):
     label: ClassVar[str] = "FedADMM"
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
 
-    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
-    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
-    acceleration: SettingView[str | None] = SettingView()
-    restart_eta: SettingView[float] = SettingView()
-
     def __init__(
         self,
         fraction_train: float = 1.0,
@@ -257,12 +250,12 @@ class FedADMM(ConsensusStrategy):
 
     def summary(self) -> None:
         """Log the ADMM settings, then FedAvg's."""
+        s = self.admm_settings
         log(INFO, "\t├──> FedADMM settings:")
-        log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
-        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
-        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", self.relaxation, self.acceleration)
-        gamma, seed = self.admm_settings.dual_step, self.sampling_seed
-        log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", gamma, seed)
+        log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
+        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", s.regularizer, s.client_rho)
+        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
+        log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
 
     # ------------------------------------------------------------------ train
