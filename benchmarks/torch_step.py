@@ -73,7 +73,7 @@ def make_loop(case: Case, penalty: str | None, steps: int) -> Callable[[], objec
             {"rho": RHO},
             penalty=penalty,  # type: ignore[arg-type]
         )
-        admm.start(warm=False)
+        admm.start(init="center")
     optimizer = torch.optim.SGD(model.parameters(), lr=case.learning_rate)
     size = case.batch_size or X.shape[0]
     order = np.random.default_rng(0).permutation(X.shape[0])

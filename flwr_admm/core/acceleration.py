@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.types import Arrays, ClientRecord
 
@@ -103,32 +102,30 @@ class FastADMM:
         *,
         c: float,
         rho_changed: bool,
-        fused: bool = False,
     ) -> Arrays:
         """Return z^_{k+1}; move the replying duals to y^_i and S_y = sum n_i y_i with them.
 
         `z` is z_k (unextrapolated), `z_hat` the z^_k it was computed from (only read
         on the first round, as z_{k-1} = z^_0); `replied` the replying clients' records
-        in key order, whose y hold y_i,k; `fused`: numba's one-pass kernel for the
-        float64 duals' extrapolation (`flwr_admm.core.backend`).
+        in key order, whose y hold y_i,k.
         """
         if self.z_prev is None:
             self.z_prev = [t.copy() for t in z_hat]
         restart = self.c_prev is not None and not c < self.eta * self.c_prev
         if rho_changed or not math.isfinite(c):
             self.a, self.c_prev = 1.0, None
-            self._shift(z, replied, sum_ny, 0.0, fused)
+            self._shift(z, replied, sum_ny, 0.0)
             return [t.copy() for t in z]
         if restart:  # from the current point: z^ = z_k, y^_i = y_i,k
             self.a, self.c_prev = 1.0, c
             self.restarts += 1
-            self._shift(z, replied, sum_ny, 0.0, fused)
+            self._shift(z, replied, sum_ny, 0.0)
             return [t.copy() for t in z]
         a_next = (1.0 + math.sqrt(1.0 + 4.0 * self.a * self.a)) / 2.0
         gamma = (self.a - 1.0) / a_next
         self.a, self.c_prev = a_next, c
         z_hat_next = [t + gamma * (t - p) for t, p in zip(z, self.z_prev, strict=True)]
-        self._shift(z, replied, sum_ny, gamma, fused)
+        self._shift(z, replied, sum_ny, gamma)
         return z_hat_next
 
     def _shift(
@@ -137,13 +134,11 @@ class FastADMM:
         replied: Sequence[tuple[str, ClientRecord]],
         sum_ny: Arrays,
         gamma: float,
-        fused: bool = False,
     ) -> None:
         """Set z_{k-1} = z_k, y_i,prev = y_i,k and y_i += gamma (y_i,k - y_i,prev) (S_y too).
 
         One pass per reply, in place (y_i,prev's buffer takes y_i,k), blocks outer and
-        replies inner. With float32 state S_y moves by the stored (rounded) change of
-        y_i. `fused`: numba's kernel (`_fused_shift`).
+        replies inner.
         """
         if self.z_prev is not None:
             for prev_t, t in zip(self.z_prev, z, strict=True):
@@ -155,9 +150,6 @@ class FastADMM:
             if key not in self.y_prev:
                 self.y_prev[key] = [np.zeros_like(y) for y in record.y]
         pairs = [(record, self.y_prev[key]) for key, record in replied]
-        if fused and fusable(*sum_ny, *(t for r, p in pairs for t in (*r.y, *p))):
-            _fused_shift(pairs, sum_ny, gamma)
-            return
         # Blocks outer, replies inner (each S_y block stays in cache); every element
         # takes the same steps in the same reply order as replies outer: same bits.
         for j, acc in enumerate(sum_ny):
@@ -167,13 +159,11 @@ class FastADMM:
                 for record, prev in pairs:
                     y_block = record.y[j].reshape(-1)[block]
                     p_block = prev[j].reshape(-1)[block]
-                    np.subtract(y_block, p_block, out=step, dtype=np.float64)  # y_i,k - y_i,prev
+                    np.subtract(y_block, p_block, out=step)  # y_i,k - y_i,prev
                     p_block[...] = y_block  # y_i,prev <- y_i,k
                     if gamma != 0.0:
                         step *= gamma
                         y_block += step  # y^_i = y_i,k + gamma (y_i,k - y_i,prev)
-                        if y_block.dtype != np.float64:  # float32 state: the rounded step
-                            np.subtract(y_block, p_block, out=step, dtype=np.float64)
                         axpy(float(record.num_examples), step, acc_flat[block])  # S_y += ...
 
     def forget(self, keys: Collection[str]) -> None:
@@ -207,36 +197,14 @@ class FastADMM:
         meta: dict[str, Any],
         eta: float,
         count: int,
-        state_dtype: str = "float64",
     ) -> FastADMM:
-        """Return the state `dump` wrote (`count` arrays per model; y_i,prev as `state_dtype`)."""
+        """Return the state `dump` wrote (`count` arrays per model)."""
 
-        def take(prefix: str, dtype: str = "float64") -> Arrays:
-            return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(count)]
+        def take(prefix: str) -> Arrays:
+            return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(count)]
 
         state = cls(eta=eta, a=float(meta["a"]), restarts=int(meta["restarts"]))
         state.c_prev = None if meta["c_prev"] is None else float(meta["c_prev"])
         state.z_prev = take("accel_z_prev") if meta["has_z_prev"] else None
-        state.y_prev = {
-            k: take(f"accel_y_prev.{i}", state_dtype) for i, k in enumerate(meta["y_prev_keys"])
-        }
+        state.y_prev = {k: take(f"accel_y_prev.{i}") for i, k in enumerate(meta["y_prev_keys"])}
         return state
-
-
-def _fused_shift(
-    pairs: Sequence[tuple[ClientRecord, Arrays]], sum_ny: Arrays, gamma: float
-) -> None:
-    """Run `FastADMM._shift`'s per-reply pass on numba's kernel, blocks outer.
-
-    Each S_y block stays in cache while every reply's y_i, y_i,prev blocks pass; each
-    S_y element still takes the replies' steps in key order.
-    """
-    shift = compiled().shift
-    for j, acc in enumerate(sum_ny):
-        acc_flat = acc.reshape(-1)
-        ys = [(record.y[j].reshape(-1), prev[j].reshape(-1)) for record, prev in pairs]
-        weights = [float(record.num_examples) for record, _ in pairs]
-        for block in blocks(acc_flat.size, FUSED_BLOCK):
-            acc_block = acc_flat[block]
-            for (y, prev), weight in zip(ys, weights, strict=True):
-                shift(y[block], prev[block], acc_block, gamma, weight)

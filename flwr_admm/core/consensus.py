@@ -15,7 +15,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.backend import Kernels, check_kernels
 from flwr_admm.core.intake import absorb_many, absorb_one
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
@@ -32,11 +31,9 @@ from flwr_admm.core.types import (
     NonFiniteReplyError,
     Reply,
     RoundReport,
-    StateDtype,
     check_dual_step,
     check_relaxation,
     check_rho,
-    check_state_dtype,
     check_tolerances,
     natural_key,
 )
@@ -113,18 +110,6 @@ class ConsensusADMM:
         The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
         step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's
         feedback into its own dual (Glowinski's dual step, here kept <= 1).
-    state_dtype : {"float64", "float32"}
-        Storage of the per-client state: w_i, y_i and fast ADMM's y_i,prev. z and
-        the running sums stay float64. "float32" halves that state's memory and
-        traffic; w_i := fl32(w_i) on arrival and every sum takes the rounded value,
-        y_i is rounded after each update and S_y moves by the rounded change, so
-        S_w = sum n_i s_i w_i and S_y = sum n_i y_i hold for the stored values and
-        the fixed point is the optimum up to float32 rounding (~1e-7 relative);
-        replies beyond float32's range (~3.4e38) are refused as non-finite.
-    kernels : {"auto", "numpy", "numba"}
-        numba's fused one-pass kernels ("auto": when installed) or numpy's
-        (`flwr_admm.core.backend`); same iteration up to rounding, so not part of a
-        checkpoint's fingerprint.
 
     """
 
@@ -138,8 +123,6 @@ class ConsensusADMM:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
-    state_dtype: StateDtype = "float64"
-    kernels: Kernels = "auto"
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
@@ -147,8 +130,6 @@ class ConsensusADMM:
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
-    _compact: bool = field(init=False, default=False, repr=False, compare=False)
-    _fused: bool = field(init=False, default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -162,8 +143,6 @@ class ConsensusADMM:
         self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
         self.dual_step = check_dual_step(self.dual_step)
-        self._compact = check_state_dtype(self.state_dtype) == np.float32
-        self._fused = check_kernels(self.kernels)
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration is not None:
@@ -249,22 +228,17 @@ class ConsensusADMM:
         `NonFiniteReplyError` and leave the state as it was.
         """
         rnd = self._open_for([reply])
-        absorb_one(self.sums, self.records, rnd, reply, compact=self._compact, fused=self._fused)
+        absorb_one(self.sums, self.records, rnd, reply)
 
     def absorb_all(self, replies: Sequence[Reply]) -> list[str]:
         """Absorb `replies` in order, as `absorb` one after the other; return the refused keys.
 
         A non-finite reply is refused (its key returned) and the state left as if it
         had never arrived; the others are absorbed. Bad shapes, n_i or keys raise
-        ValueError before any state changes. With the fused kernels and float64
-        arrays one blocks-outer fold takes all the replies (`flwr_admm.core.batch`):
-        the same bits, fewer bytes from memory; the replies and the w_i they replace
-        are all held until it ends.
+        ValueError before any state changes.
         """
         rnd = self._open_for(replies)
-        return absorb_many(
-            self.sums, self.records, rnd, replies, compact=self._compact, fused=self._fused
-        )
+        return absorb_many(self.sums, self.records, rnd, replies)
 
     def _open_for(self, replies: Sequence[Reply]) -> OpenRound:
         """Return the open round; ValueError for bad shapes, n_i or repeated keys."""
@@ -337,8 +311,8 @@ class ConsensusADMM:
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_hat = self.rho, self.z
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
-            dz, stats, norms = self._update(rnd, ordered)
-            z_sq, dz_sq = norms if norms is not None else (None, sum_sq_norm(dz or []))  # s, c_k
+            dz, stats = self._update(rnd, ordered)
+            dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s, c_k
             # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
             report = round_report(
                 ordered,
@@ -351,24 +325,21 @@ class ConsensusADMM:
                 eps_rel=self.eps_rel,
                 regularizer=self.regularizer,
                 num_clients_cached=len(self.records),
-                z_sq=z_sq,
             )
         self.rho = self._next_rho(report, server_round)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
 
-    def _update(
-        self, rnd: OpenRound, ordered: list[Reply]
-    ) -> tuple[Arrays | None, DualStats, tuple[float, float] | None]:
-        """Run the z-step and the dual step; return z - z' (or None), the dual sums, norms."""
+    def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
+        """Run the z-step and the dual step; return z - z' and the dual sums."""
         z = self.z  # the round's center
         if rnd.mode == "recompute":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
         self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, self._shares_needed)
         # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)) or replies'
-        self.z, dz, norms = averaged_z_step(  # z', z - z' (fused: ||z'||^2, ||z - z'||^2)
+        self.z, dz = averaged_z_step(  # z', z - z'
             self.sums,
             shares,
             weight,
@@ -377,7 +348,6 @@ class ConsensusADMM:
             rho=self.rho,
             relaxation=self.relaxation,
             regularizer=self.regularizer,
-            fused=self._fused and not self._compact,  # float32 state: numpy throughout
         )
         # y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
@@ -390,9 +360,8 @@ class ConsensusADMM:
             weight,
             rho=self.rho * self.dual_step,  # y_i += gamma rho_i (...): the dual step size
             relaxation=self.relaxation,
-            fused=self._fused,
         )
-        return dz, stats, norms
+        return dz, stats
 
     def _accelerate(
         self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float
@@ -403,9 +372,7 @@ class ConsensusADMM:
         replied = [(r.key, self.records[r.key]) for r in ordered]
         with single_thread_blas():
             changed = self.rho != rho
-            self.z = self.fast.step(
-                self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=changed, fused=self._fused
-            )
+            self.z = self.fast.step(self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=changed)
 
     def _next_rho(self, report: RoundReport, server_round: int) -> float:
         """Return the schedule's rho for the next round; advance its state."""
@@ -441,10 +408,8 @@ class ConsensusADMM:
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
         """Restore what `state_dict` wrote, bit for bit; the model shapes must match."""
-        saved = load_state(arrays, meta, [t.shape for t in self.z], self.state_dtype)
+        saved = load_state(arrays, meta, [t.shape for t in self.z])
         self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
         self.records, self.sums = saved.records, saved.sums
         if self.fast is not None and "acceleration" in meta:
-            self.fast = FastADMM.load(
-                arrays, meta["acceleration"], self.fast.eta, len(self.z), self.state_dtype
-            )
+            self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))

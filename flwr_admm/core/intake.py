@@ -1,21 +1,17 @@
 """Replies into the server's state: w_i, n_i stored and folded into S_w, one or all at once.
 
-`absorb_one` folds a reply as it arrives; `absorb_many` takes the round's replies
-together and, with the fused kernels and float64 arrays, folds them in one
-blocks-outer pass (`flwr_admm.core.batch`) that gives the same bits. Either way a
-reply with NaN/inf entries (or a squared norm that overflows) is refused and the
-state is left as if it had never arrived.
+`absorb_one` folds a reply as it arrives; `absorb_many` takes the round's replies in
+order, one after the other. A reply with NaN/inf entries (or a squared norm that
+overflows) is refused and the state is left as if it had never arrived.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
-from flwr_admm.core.batch import Pending, batchable, fold_all
 from flwr_admm.core.kernels import finite_sq_norm
 from flwr_admm.core.sums import OpenRound, RunningSums
 from flwr_admm.core.types import NON_FINITE, Arrays, ClientRecord, NonFiniteReplyError, Reply
@@ -25,77 +21,34 @@ __all__ = ["absorb_many", "absorb_one"]
 Records = dict[str, ClientRecord]
 
 
-def absorb_one(
-    sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply, *, compact: bool, fused: bool
-) -> None:
-    """Fold one checked reply into S_w and store it; `NonFiniteReplyError` if not finite.
-
-    `compact`: float32 state (w_i rounded on arrival, the sums take the rounded
-    values); `fused`: numba's kernels where the arrays allow.
-    """
+def absorb_one(sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply) -> None:
+    """Fold one checked reply into S_w and store it; `NonFiniteReplyError` if not finite."""
     # asarray(order="C"), not ascontiguousarray: that one turns 0-d tensors into (1,)
     w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
     n = int(reply.num_examples)
-    # float32 state: the stored w_i (Arrays names the float64 default's type)
-    kept = [np.empty(t.shape, np.float32) for t in w] if compact else None
-    stored = cast(Arrays, kept) if kept is not None else w
     if rnd.mode == "recompute":
-        if kept is not None:
-            with np.errstate(over="ignore"):  # beyond float32's range: inf, refused
-                for t, source in zip(kept, w, strict=True):
-                    t[...] = source
-        sq_norm = finite_sq_norm(stored) if reply.sq_norm is None or kept else reply.sq_norm
+        sq_norm = finite_sq_norm(w) if reply.sq_norm is None else reply.sq_norm
     else:
         replaced = records.get(reply.key) if rnd.mode == "incremental" else None
-        # S_w += n_i' w_i' (- n_i w_i); float32 state: w_i' rounded into `kept`
-        sq_norm = sums.fold(w, n, replaced, rnd.shares, kept, fused)
+        sq_norm = sums.fold(w, n, replaced, rnd.shares)  # S_w += n_i' w_i' (- n_i w_i)
         if sq_norm is None:
-            sums.roll_back(rnd, records, fused)
+            sums.roll_back(rnd, records)
     if sq_norm is None or not math.isfinite(sq_norm):
         raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
-    store(sums, records, rnd, reply, stored, sq_norm)
+    store(sums, records, rnd, reply, w, sq_norm)
 
 
 def absorb_many(
-    sums: RunningSums,
-    records: Records,
-    rnd: OpenRound,
-    replies: Sequence[Reply],
-    *,
-    compact: bool,
-    fused: bool,
+    sums: RunningSums, records: Records, rnd: OpenRound, replies: Sequence[Reply]
 ) -> list[str]:
-    """Absorb checked replies in order, as `absorb_one` each; return the refused keys.
-
-    Fused float64 path: all folded in one blocks-outer pass; if a reply's norm comes
-    out non-finite, the replies before it are stored, S_w (and R) rebuilt exactly as
-    `absorb_one`'s roll-back does, and the replies after it absorbed the same way.
-    """
-    if not fused or compact or not batchable(sums, rnd, replies, records):
-        refused = []
-        for reply in replies:  # one at a time: a float32 reply is widened when folded
-            try:
-                absorb_one(sums, records, rnd, reply, compact=compact, fused=fused)
-            except NonFiniteReplyError:
-                refused.append(reply.key)
-        return refused
-    pending = [
-        Pending(
-            [np.asarray(t, dtype=np.float64, order="C") for t in reply.w],  # no copies
-            int(reply.num_examples),
-            records.get(reply.key) if rnd.mode == "incremental" else None,
-        )
-        for reply in replies
-    ]
-    norms = fold_all(sums, pending, rnd.shares)
-    for index, (reply, item, sq_norm) in enumerate(zip(replies, pending, norms, strict=True)):
-        if not math.isfinite(sq_norm):  # S_w, R spoilt: rebuilt over what came before
-            sums.roll_back(rnd, records, fused)
-            rest = replies[index + 1 :]
-            return [reply.key, *absorb_many(sums, records, rnd, rest, compact=compact, fused=fused)]
-        sums.count(item.n, item.n_old)
-        store(sums, records, rnd, reply, item.w, sq_norm)
-    return []
+    """Absorb checked replies in order, as `absorb_one` each; return the refused keys."""
+    refused = []
+    for reply in replies:
+        try:
+            absorb_one(sums, records, rnd, reply)
+        except NonFiniteReplyError:
+            refused.append(reply.key)
+    return refused
 
 
 def store(

@@ -33,26 +33,9 @@ def single_thread_blas() -> Iterator[None]:
         yield
 
 
-def axpy(
-    a: float,
-    x: NDArray[np.floating],
-    y: NDArray[np.floating],
-    scratch: NDArray[np.float64] | None = None,
-) -> None:
-    """Y += a x, in place; a x in float64 (y float32: rounded once, on the store).
-
-    A float32 x is widened block by block (into `scratch`, if given, of at least
-    min(BLOCK, x.size) values) and added by BLAS: a x does not stay float32.
-    """
+def axpy(a: float, x: NDArray[np.floating], y: NDArray[np.floating]) -> None:
+    """Y += a x, in place: BLAS daxpy for float64 C-contiguous arrays, numpy otherwise."""
     if a == 0.0 or y.size == 0:
-        return
-    if x.dtype != np.float64 and y.dtype == np.float64 and y.flags.c_contiguous:
-        x_flat, y_flat = x.reshape(-1), y.reshape(-1)
-        wide = np.empty(min(BLOCK, x.size)) if scratch is None else scratch
-        for block in blocks(y_flat.size):
-            widened = wide[: block.stop - block.start]
-            widened[...] = x_flat[block]  # exact
-            axpy(a, widened, y_flat[block])
         return
     if (
         x.dtype == np.float64
@@ -65,11 +48,6 @@ def axpy(
         out = daxpy(x.reshape(-1), flat, a=a)
         if not np.may_share_memory(out, flat):  # BLAS wrapper copied: write back
             flat[...] = out
-        return
-    if x.dtype != np.float64:  # float32 state: a x in float64 (a * x would stay float32)
-        x_flat, y_flat = x.reshape(-1), y.reshape(-1)
-        for block in blocks(y_flat.size):
-            y_flat[block] += a * x_flat[block].astype(np.float64)
         return
     y += a * x
 
@@ -87,33 +65,22 @@ def fold_in(
     b: float = 0.0,
     x_old: NDArray[np.float64] | None = None,
     acc2: NDArray[np.float64] | None = None,
-    store: NDArray[np.floating] | None = None,
 ) -> float:
     """Acc += a x - b x_old (and acc2 += a x) block by block; returns ||x||^2.
 
     Each block of x is read from memory once for all of them; the result is inf or
     NaN when x is not finite (acc, acc2 are then spoilt: the caller rebuilds them).
-    With `store` (float32 state), x is first rounded into it, x := fl32(x), in the
-    same pass, and the sums take the rounded values, so that S_w = sum n_i w_i holds
-    for the stored w_i. Entries beyond float32's range become inf there.
     """
     acc_flat, x_flat = acc.reshape(-1), x.reshape(-1)
     old_flat = None if x_old is None else x_old.reshape(-1)
     acc2_flat = None if acc2 is None else acc2.reshape(-1)
-    store_flat = None if store is None else store.reshape(-1)
-    scratch = None if store is None else np.empty(min(BLOCK, acc_flat.size))
-    wide = None if old_flat is None or old_flat.dtype == np.float64 else np.empty_like(scratch)
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for block in blocks(acc_flat.size):
             x_block, acc_block = x_flat[block], acc_flat[block]
-            if store_flat is not None and scratch is not None:
-                store_flat[block] = x_block  # w_i rounded to the state's float32
-                x_block = scratch[: block.stop - block.start]
-                x_block[...] = store_flat[block]  # back to float64, exactly
             total += float(np.dot(x_block, x_block))
             if old_flat is not None:
-                axpy(-b, old_flat[block], acc_block, wide)
+                axpy(-b, old_flat[block], acc_block)
             axpy(a, x_block, acc_block)
             if acc2_flat is not None:
                 axpy(a, x_block, acc2_flat[block])

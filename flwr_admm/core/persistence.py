@@ -19,6 +19,9 @@ from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, check_rho, natural_key
 
 StateArrays = dict[str, NDArray[np.float64]]
+# state_dtype="float32" was deleted: slower than float64 in benchmarks.bandwidth, its
+# one gain half the server's per-client memory. Named for a checkpoint written with it.
+DELETED_STATE_DTYPE = "float32 state ran slower than float64 (benchmarks.bandwidth)"
 
 
 class SavedState(NamedTuple):
@@ -60,32 +63,41 @@ def dump_state(state: SavedState) -> tuple[StateArrays, dict[str, Any]]:
     return arrays, meta
 
 
-def load_state(
-    arrays: StateArrays,
-    meta: dict[str, Any],
-    shapes: list[tuple[int, ...]],
-    state_dtype: str = "float64",
-) -> SavedState:
-    """Return the state `dump_state` wrote; ValueError unless its model `shapes` match.
+def state_dtype_message(state_dtype: object, where: str) -> str:
+    """Return the error for `where` (a checkpoint) written with another ``state_dtype``."""
+    return (
+        f"{where}: written with state_dtype={state_dtype!r}, which this version of "
+        f"flwr-admm deleted ({DELETED_STATE_DTYPE}; float64 is the only state dtype); "
+        "resume it with the version that wrote it, or move it away to start fresh"
+    )
 
-    z and the sums come back as float64, w_i and y_i as `state_dtype`. A state written
-    with a deleted acceleration option is refused by its name.
+
+def load_state(
+    arrays: StateArrays, meta: dict[str, Any], shapes: list[tuple[int, ...]]
+) -> SavedState:
+    """Return the state `dump_state` wrote, in float64; ValueError unless `shapes` match.
+
+    A state written with a deleted option (an acceleration, float32 w_i / y_i) is
+    refused by its name.
     """
     check_saved_acceleration(meta)
+    for name, array in arrays.items():
+        if name.startswith(("w.", "y.")) and array.dtype != np.float64:
+            raise ValueError(state_dtype_message(str(array.dtype), "checkpoint"))
     saved = [tuple(s) for s in meta["shapes"]]
     if saved != shapes:
         raise ValueError(
             f"checkpoint: model shapes {saved} differ from the current model's {shapes}"
         )
 
-    def take(prefix: str, dtype: str = "float64") -> Arrays:
-        return [np.array(arrays[f"{prefix}.{j}"], dtype=dtype) for j in range(len(shapes))]
+    def take(prefix: str) -> Arrays:
+        return [np.array(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(len(shapes))]
 
     z, sum_nsw, sum_ny = take("z"), take("sum_nsw"), take("sum_ny")
     records = {
         c["key"]: ClientRecord(
-            take(f"w.{i}", state_dtype),
-            take(f"y.{i}", state_dtype),
+            take(f"w.{i}"),
+            take(f"y.{i}"),
             int(c["num_examples"]),
             float(c["scale"]),
         )

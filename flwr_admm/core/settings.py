@@ -4,9 +4,7 @@
 rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a bad
 value or combination (ValueError naming the field), and `new_admm` starts the numpy
 core (`ConsensusADMM`) from it. `schedule_of` reads a schedule given by name.
-`SETTING_VIEWS` lets a strategy that holds settings in ``admm_settings`` show their
-fields as read-only attributes (``strategy.rho``). `given_rho` reads rho under either
-of its names, ``rho`` or FedProx's ``proximal_mu``.
+`given_rho` reads rho under either of its names, ``rho`` or FedProx's ``proximal_mu``.
 """
 
 from __future__ import annotations
@@ -14,16 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 import numpy as np
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
-from flwr_admm.core.types import Arrays, ClientRho, StateDtype
+from flwr_admm.core.types import Arrays, ClientRho
 from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
@@ -32,10 +29,8 @@ __all__ = [
     "DEFAULT_RELAXATION",
     "DEFAULT_RHO",
     "FAST_CONVEX",
-    "SETTING_VIEWS",
     "TEXTBOOK",
     "ConsensusSettings",
-    "SettingView",
     "given_rho",
     "schedule_of",
     "strategy_defaults",
@@ -62,8 +57,6 @@ FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
     {"rho": 1.0, "relaxation": 1.6, "acceleration": "nesterov", "dual_step": 1.0}
 )
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class ConsensusSettings:
@@ -88,15 +81,6 @@ class ConsensusSettings:
         Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
     restart_eta : float
         Fast ADMM's restart threshold eta in (0, 1].
-    state_dtype : {"float64", "float32"}
-        Storage of the per-client state w_i, y_i, y_i,prev (z and the sums stay
-        float64); "float32" halves its memory and traffic (`ConsensusADMM`).
-    kernels : {"auto", "numpy", "numba"}
-        Array kernels of the server's hot loop (`flwr_admm.core.backend`): numba's
-        fused one-pass kernels ("auto": when numba is installed) or numpy's. Both run
-        the same iteration up to rounding (~1e-16 relative), so the choice is not in
-        `describe` (not part of a checkpoint's fingerprint): a run may resume on the
-        other backend.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", the
         textbook step) or only this round's replies ("replies", as FedDyn's server;
@@ -120,8 +104,6 @@ class ConsensusSettings:
     relaxation: float = 1.0
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
-    state_dtype: StateDtype = "float64"
-    kernels: Kernels = "auto"
     z_average: ZAverage = "cached"
     dual_step: float = 1.0
 
@@ -153,17 +135,12 @@ class ConsensusSettings:
             self.relaxation,
             acceleration=self.acceleration,
             restart_eta=self.restart_eta,
-            state_dtype=self.state_dtype,
-            kernels=self.kernels,
             z_average=self.z_average,
             dual_step=self.dual_step,
         )
 
     def describe(self) -> dict[str, Any]:
-        """Return the settings as JSON: schedule and regularizer by their `describe`.
-
-        Without `kernels`: both backends compute the same iteration up to rounding.
-        """
+        """Return the settings as JSON: schedule and regularizer by their `describe`."""
         return {
             "rho": self.rho,
             "rho_schedule": self.rho_schedule.describe(),
@@ -174,7 +151,6 @@ class ConsensusSettings:
             "relaxation": self.relaxation,
             "acceleration": self.acceleration,
             "restart_eta": self.restart_eta,
-            "state_dtype": self.state_dtype,
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
             **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
@@ -231,51 +207,3 @@ def schedule_of(rho_schedule: RhoSchedule | str | None) -> RhoSchedule:
     if isinstance(rho_schedule, str):
         return make_schedule(rho_schedule)
     return Constant() if rho_schedule is None else rho_schedule
-
-
-class SettingView(Generic[T]):
-    """Read one field of the owner's ``admm_settings`` under the attribute's own name.
-
-    Read-only: assigning raises AttributeError (new settings mean a new strategy).
-    """
-
-    name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> SettingView[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-    def __get__(self, obj: object | None, owner: type | None = None) -> SettingView[T] | T:
-        if obj is None:
-            return self
-        value: T = getattr(obj.admm_settings, self.name)  # type: ignore[attr-defined]
-        return value
-
-    def __set__(self, obj: object, value: object) -> None:
-        raise AttributeError(
-            f"{self.name}: read-only (it is admm_settings.{self.name}); build a new strategy"
-        )
-
-
-# In a strategy's class body: rho, rho_schedule, regularizer, client_rho, eps_abs,
-# eps_rel, relaxation = SETTING_VIEWS (in this order: the types follow it).
-SETTING_VIEWS: tuple[
-    SettingView[float],
-    SettingView[RhoSchedule],
-    SettingView[Regularizer | None],
-    SettingView[ClientRho],
-    SettingView[float],
-    SettingView[float],
-    SettingView[float],
-] = (
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-    SettingView(),
-)

@@ -16,7 +16,6 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.backend import FUSED_BLOCK, compiled, fusable
 from flwr_admm.core.kernels import BLOCK, axpy, blocks
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.sums import RunningSums
@@ -45,54 +44,27 @@ def z_step(
     rho: float,
     relaxation: float,
     regularizer: Regularizer | None,
-    fused: bool = False,
-) -> tuple[Arrays, Arrays | None, tuple[float, float] | None]:
+) -> tuple[Arrays, Arrays]:
     """Return z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)), z - z'.
 
     z is the round's center; R (`shares`) and W (`weight`) are the replies' part of
-    S_w and S_s (the relaxed term vanishes when alpha = 1). `fused`: the average and
-    (without a regularizer) ||z - z'||^2 in one numba pass per tensor, which returns
-    (||z'||^2, ||z - z'||^2) as the third value (else None: `sum_sq_norm` them); z - z'
-    is then stored only for the dual step's relaxed term (alpha != 1), else None.
+    S_w and S_s (the relaxed term vanishes when alpha = 1).
     """
     beta = 1.0 - relaxation
     c_y = 1.0 / (rho * sums.ns) if rho != 0.0 else 0.0
-    if fused and fusable(*sums.nsw, *sums.ny, *z, *(shares if beta != 0.0 else [])):
-        z_new = [np.empty_like(t) for t in z]
-        plain = regularizer is None  # z' is the average: ||z - z'||^2 in the same pass
-        dz = [np.empty_like(t) for t in z] if plain and beta != 0.0 else None
-        z_sq = dz_sq = 0.0
-        for j, (t, center) in enumerate(zip(z_new, z, strict=True)):
-            tensor_sq = compiled().center(
-                sums.nsw[j].reshape(-1),
-                sums.ny[j].reshape(-1),
-                shares[j].reshape(-1) if beta != 0.0 else None,
-                center.reshape(-1),
-                t.reshape(-1),
-                None if dz is None else dz[j].reshape(-1),
-                sums.ns,
-                c_y,
-                -beta / sums.ns,
-                beta * weight / sums.ns,
-                plain,
-            )
-            z_sq, dz_sq = z_sq + tensor_sq[0], dz_sq + tensor_sq[1]
-        if plain:
-            return z_new, dz, (z_sq, dz_sq)
-    else:
-        # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
-        # which the in-place terms below would silently leave alone
-        z_new = [np.divide(acc, sums.ns, out=np.empty_like(acc)) for acc in sums.nsw]
-        if rho != 0.0:
-            for t, acc in zip(z_new, sums.ny, strict=True):
-                axpy(c_y, acc, t)  # + S_y / (rho S_s)
-        if beta != 0.0:
-            for t, share, center in zip(z_new, shares, z, strict=True):
-                axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
-                axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
+    # S_w / S_s into new arrays: `acc / ns` turns a 0-d tensor into a numpy scalar,
+    # which the in-place terms below would silently leave alone
+    z_new = [np.divide(acc, sums.ns, out=np.empty_like(acc)) for acc in sums.nsw]
+    if rho != 0.0:
+        for t, acc in zip(z_new, sums.ny, strict=True):
+            axpy(c_y, acc, t)  # + S_y / (rho S_s)
+    if beta != 0.0:
+        for t, share, center in zip(z_new, shares, z, strict=True):
+            axpy(-beta / sums.ns, share, t)  # - (1 - alpha) R / S_s
+            axpy(beta * weight / sums.ns, center, t)  # + (1 - alpha) W z / S_s
     if regularizer is not None:
         regularizer.prox_(z_new, sums.rho_bar(rho))
-    return z_new, [a - b for a, b in zip(z, z_new, strict=True)], None
+    return z_new, [a - b for a, b in zip(z, z_new, strict=True)]
 
 
 def dual_step(
@@ -106,7 +78,6 @@ def dual_step(
     *,
     rho: float,
     relaxation: float,
-    fused: bool = False,
 ) -> DualStats:
     """Update y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
 
@@ -115,38 +86,25 @@ def dual_step(
     costs a few passes a round; otherwise each reply adds n_i rho_i alpha (w_i - z')
     while its block is in cache, and the dz part is added once. Works block by block,
     every reply's block while the blocks of z', dz and S_y are in cache, so that w_i
-    and y_i are read from memory once per reply and z', S_y once per round. `fused`:
-    numba's one-pass kernel per block and reply for float64 C-contiguous state
-    (`flwr_admm.core.backend`).
+    and y_i are read from memory once per reply and z', S_y once per round.
     """
     alpha, beta = relaxation, 1.0 - relaxation
     if dz is None and beta != 0.0:
         raise ValueError("dz: z - z' is needed when relaxation != 1")
     total = float(sum(r.num_examples for r in ordered))
     chosen = [records[reply.key] for reply in ordered]
-    # float32 state: S_y follows each stored (rounded) y_i, never the exact R formula
-    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
-    everyone = len(ordered) == len(records) and not compact
+    everyone = len(ordered) == len(records)
     r_sq = w_sq = y_sq = 0.0
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
-    arrays = [
-        *z_new,
-        *(dz or []),
-        *sums.ny,
-        *(t for record in chosen for t in (*record.w, *record.y)),
-    ]
-    if fused and fusable(*arrays):
-        r_parts, y_parts = _fused_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
-    else:
-        r_parts, y_parts = _numpy_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
+    r_parts, y_parts = _numpy_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
     for record, r_part, y_part in zip(chosen, r_parts, y_parts, strict=True):
         p = record.num_examples / total
         for r_value, y_value in zip(r_part, y_part, strict=True):
             r_sq += p * r_value
             y_sq += p * y_value
-    if rho != 0.0 and not compact:
+    if rho != 0.0:
         for j, (acc, z) in enumerate(zip(sums.ny, z_new, strict=True)):
             if everyone:  # shares are S_w = R: S_y += rho alpha (R - W z'), no temporary
                 axpy(rho * alpha, shares[j], acc)
@@ -167,9 +125,7 @@ def _numpy_blocks(
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Run the dual step's block loop in numpy; per reply, ||w_i - z'||^2, ||y_i'||^2 by block."""
     beta = 1.0 - alpha
-    compact = any(t.dtype != np.float64 for record in chosen for t in record.y)
     scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
-    rounded = np.empty_like(scratch) if compact else scratch
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
@@ -188,99 +144,14 @@ def _numpy_blocks(
                 to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
                 y_block = record.y[j].reshape(-1)[block]
                 w_block = record.w[j].reshape(-1)[block]
-                if compact:  # widen first: a float32 - float64 loop is twice as slow
-                    d[...] = w_block
-                    w_block = d
                 np.subtract(w_block, z_block, out=d)  # w_i - z'
                 r_parts[k].append(float(np.dot(d, d)))
-                if compact:
-                    y_parts[k].append(
-                        _compact_dual(
-                            y_block, d, shift_block, acc_block, rounded, rho_i, alpha, record
-                        )
-                    )
-                    continue
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
                 if shift_block is not None:
                     axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
                 y_parts[k].append(float(np.dot(y_block, y_block)))
                 axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
     return r_parts, y_parts
-
-
-def _fused_blocks(
-    chosen: Sequence[ClientRecord],
-    z_new: Arrays,
-    dz: Arrays | None,
-    ny: Arrays,
-    rho: float,
-    alpha: float,
-    everyone: bool,
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Run the block loop of `_numpy_blocks` on numba's fused kernel (float64 state only).
-
-    Blocks of FUSED_BLOCK values: those of z', dz and S_y stay in cache while every
-    reply's block passes.
-    """
-    dual = compiled().dual
-    r_parts: list[list[float]] = [[] for _ in chosen]
-    y_parts: list[list[float]] = [[] for _ in chosen]
-    factors = []  # per reply: (rho_i alpha, rho_i (1 - alpha), n_i rho_i alpha or 0)
-    for record in chosen:
-        rho_i = rho * record.scale
-        to_sum = 0.0 if everyone else record.num_examples * rho_i * alpha
-        factors.append((rho_i * alpha, rho_i * (1.0 - alpha), to_sum))
-    for j, (z, acc) in enumerate(zip(z_new, ny, strict=True)):
-        z_flat, acc_flat = z.reshape(-1), acc.reshape(-1)
-        shift_flat = None if dz is None else dz[j].reshape(-1)
-        ws = [record.w[j].reshape(-1) for record in chosen]
-        ys = [record.y[j].reshape(-1) for record in chosen]
-        for block in blocks(z_flat.size, FUSED_BLOCK):
-            z_block, acc_block = z_flat[block], acc_flat[block]
-            shift_block = None if shift_flat is None else shift_flat[block]
-            for k, (c_d, c_dz, to_sum) in enumerate(factors):
-                r_value, y_value = dual(
-                    ws[k][block],
-                    ys[k][block],
-                    z_block,
-                    shift_block if c_dz != 0.0 else None,  # None: no dz term (alpha = 1)
-                    acc_block if to_sum != 0.0 else None,  # None: S_y added at once
-                    c_d,
-                    c_dz,
-                    to_sum,
-                )
-                r_parts[k].append(r_value)
-                y_parts[k].append(y_value)
-    return r_parts, y_parts
-
-
-def _compact_dual(
-    y: NDArray[np.floating],
-    d: NDArray[np.float64],
-    shift: NDArray[np.float64] | None,
-    acc: NDArray[np.float64],
-    rounded: NDArray[np.float64],
-    rho_i: float,
-    alpha: float,
-    record: ClientRecord,
-) -> float:
-    """Float32 y_i: y_i := fl32(y_i + rho_i (alpha d + (1 - alpha) dz)) on one block.
-
-    S_y += n_i (y_i' - y_i) with the stored (rounded) values, exactly in float64, so
-    S_y = sum n_i y_i keeps holding; `d` (w_i - z') is overwritten. Returns ||y_i'||^2.
-    """
-    new = rounded[: y.size]
-    new[...] = y  # y_i, exactly in float64
-    d *= rho_i * alpha
-    d += new  # y_i + rho_i alpha (w_i - z')
-    if shift is not None:
-        axpy(rho_i * (1.0 - alpha), shift, d)  # + rho_i (1 - alpha) dz
-    y[...] = d  # round to the state's float32
-    d[...] = y  # y_i', exactly in float64
-    y_sq = float(np.dot(d, d))
-    new -= d  # y_i - y_i'
-    axpy(-float(record.num_examples), new, acc)  # S_y += n_i (y_i' - y_i)
-    return y_sq
 
 
 def round_report(
@@ -295,18 +166,16 @@ def round_report(
     eps_rel: float,
     regularizer: Regularizer | None,
     num_clients_cached: int,
-    z_sq: float | None = None,
 ) -> RoundReport:
     """Return Boyd's residuals r, s and thresholds eps_pri, eps_dual of the round.
 
-    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2,
-    from `sum_sq_norm` or the fused z-step, as `z_sq` = ||z'||^2 if given);
+    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2);
     `next_rho` is `rho` until the schedule has run.
     """
     total = float(sum(r.num_examples for r in ordered))
     dual = sums.rho_bar(rho) * math.sqrt(dz_sq)
     root_n = math.sqrt(int(sum(t.size for t in z_new)))
-    z_sq = sum_sq_norm(z_new) if z_sq is None else z_sq
+    z_sq = sum_sq_norm(z_new)
     primal_scale = max(math.sqrt(stats.w_sq), math.sqrt(z_sq))
     dual_scale = math.sqrt(stats.y_sq)
     losses = [(r.num_examples, r.loss) for r in ordered]

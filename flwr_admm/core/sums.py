@@ -16,10 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-from flwr_admm.core.backend import compiled, fusable
-from flwr_admm.core.fused import LANES
 from flwr_admm.core.kernels import axpy, fold_in
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, natural_key
 
@@ -96,29 +93,18 @@ class RunningSums:
         n: int,
         old: ClientRecord | None,
         shares: Arrays | None,
-        store: list[NDArray[np.floating]] | None = None,
-        fused: bool = False,
     ) -> float | None:
         """Fold a reply in, S_w += n w - n_old w_old (R += n w); return ||w||^2 or None.
 
         `old` is the record the reply replaces (incremental rounds), None when S_w is
         being rebuilt. None flags NaN/inf: S_w (and R) are then spoilt, see `roll_back`.
-        With `store` (float32 state) w is rounded into it in the same pass, and the
-        sums and the norm take the rounded w. `fused`: numba's one-pass kernel for
-        float64 C-contiguous arrays (`flwr_admm.core.backend`).
         """
         n_old = old.num_examples if old is not None else 0
         total = 0.0
         for j, (acc, w_new) in enumerate(zip(self.nsw, w, strict=True)):
             w_old = None if old is None else old.w[j]
             share = None if shares is None else shares[j]
-            kept = None if store is None else store[j]
-            if fused and kept is None and fusable(acc, w_new, w_old, share):
-                flat = [None if t is None else t.reshape(-1) for t in (w_old, share)]
-                args = (acc.reshape(-1), float(n), w_new.reshape(-1), float(n_old), *flat)
-                total += compiled().fold(*args, np.zeros(LANES))
-                continue
-            total += fold_in(acc, float(n), w_new, float(n_old), w_old, share, kept)
+            total += fold_in(acc, float(n), w_new, float(n_old), w_old, share)
         if not math.isfinite(total):
             return None
         self.count(n, n_old)
@@ -134,13 +120,11 @@ class RunningSums:
         for acc, y_i in zip(self.ny, y, strict=True):
             axpy(float(change), y_i, acc)
 
-    def roll_back(
-        self, rnd: OpenRound, records: dict[str, ClientRecord], fused: bool = False
-    ) -> None:
+    def roll_back(self, rnd: OpenRound, records: dict[str, ClientRecord]) -> None:
         """Undo a half-folded reply: S_w as the absorbed replies (or all records) left it.
 
-        "full": re-sum the replies absorbed so far, in the same order and with the
-        kernels that folded them (`fused`), bit for bit the S_w before the bad reply;
+        "full": re-sum the replies absorbed so far, in the same order, bit for bit the
+        S_w before the bad reply;
         "incremental": the exact sum over the records.
         """
         if rnd.mode == "incremental":
@@ -157,11 +141,7 @@ class RunningSums:
         for done in rnd.absorbed:
             n = float(done.num_examples)
             for acc, w in zip(self.nsw, records[done.key].w, strict=True):
-                if fused and fusable(acc, w):  # acc + n w, as the fused fold added it
-                    lanes = np.zeros(LANES)
-                    compiled().fold(acc.reshape(-1), n, w.reshape(-1), 0.0, None, None, lanes)
-                else:
-                    axpy(n, w, acc)
+                axpy(n, w, acc)
 
     def complete(self, rnd: OpenRound, records: dict[str, ClientRecord]) -> None:
         """Bring S_w, S_s and N up to date with every cached client before the z-step."""

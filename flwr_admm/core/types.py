@@ -22,9 +22,6 @@ from numpy.typing import NDArray
 Arrays = list[NDArray[np.float64]]
 ClientRho = Literal["uniform", "data_size"]
 CLIENT_RHO_MODES = ("uniform", "data_size")
-StateDtype = Literal["float64", "float32"]
-STATE_DTYPES = ("float64", "float32")
-Kernels = Literal["auto", "numpy", "numba"]  # flwr_admm.core.backend
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 
@@ -82,13 +79,6 @@ def check_dual_step(gamma: object) -> float:
     if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0 < gamma <= 1):
         raise ValueError(f"dual_step: must be a number in (0, 1], got {gamma!r}")
     return float(gamma)
-
-
-def check_state_dtype(state_dtype: object) -> np.dtype[np.floating]:
-    """Return the numpy dtype of `state_dtype`; ValueError unless it is in STATE_DTYPES."""
-    if not isinstance(state_dtype, str) or state_dtype not in STATE_DTYPES:
-        raise ValueError(f"state_dtype: must be one of {list(STATE_DTYPES)}, got {state_dtype!r}")
-    return np.dtype(state_dtype)
 
 
 @dataclass

@@ -52,17 +52,12 @@ def averaged_z_step(
     rho: float,
     relaxation: float,
     regularizer: Regularizer | None,
-    fused: bool = False,
-) -> tuple[Arrays, Arrays | None, tuple[float, float] | None]:
+) -> tuple[Arrays, Arrays]:
     """Return z' averaging every cached w_i ("cached", `z_step`) or the replies' only, z - z'.
-
-    The third value: (||z'||^2, ||z - z'||^2) when `z_step`'s fused pass summed them,
-    else None; z - z' is then None unless alpha != 1 (`z_step`).
 
     "replies": z' = prox_{g/rho_bar}((alpha R + (1 - alpha) W z) / W + S_y / (rho S_s)),
     `shares` R and `weight` W being the replies' part of S_w and S_s; z is the round's
-    center. Pass "cached" when every cached client replied (the same step). `fused`
-    (numba's one-pass average) applies to "cached"; "replies" runs on numpy.
+    center. Pass "cached" when every cached client replied (the same step).
     """
     if z_average == "cached":
         return z_step(
@@ -73,7 +68,6 @@ def averaged_z_step(
             rho=rho,
             relaxation=relaxation,
             regularizer=regularizer,
-            fused=fused,
         )
     # into new arrays: `c * share` would turn a 0-d tensor into a numpy scalar, which
     # the in-place terms below would silently leave alone
@@ -89,4 +83,4 @@ def averaged_z_step(
             axpy(1.0 / (rho * sums.ns), acc, t)  # + S_y / (rho S_s)
     if regularizer is not None:
         regularizer.prox_(z_new, sums.rho_bar(rho))
-    return z_new, [a - b for a, b in zip(z, z_new, strict=True)], None
+    return z_new, [a - b for a, b in zip(z, z_new, strict=True)]

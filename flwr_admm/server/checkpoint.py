@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DELETED, deleted_message
+from flwr_admm.core.persistence import state_dtype_message
 
 FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings (issue 12)
 MANIFEST = "checkpoint.json"
@@ -182,13 +183,20 @@ def load_matching_checkpoint(
 
     The checkpoint's ``fingerprint`` must equal ``config_fingerprint(settings)``;
     otherwise the `CheckpointError` names every field that differs, or the deleted
-    option it was written with.
+    option it was written with. A ``state_dtype`` of "float64" (recorded before float32
+    state was deleted) is the state every run now keeps: such a checkpoint resumes.
     """
     arrays, manifest = load_checkpoint(directory)
     saved = manifest.get("configuration")
-    acceleration = saved.get("acceleration") if isinstance(saved, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
+    acceleration = saved.get("acceleration")
     if isinstance(acceleration, str) and acceleration in DELETED:
         raise CheckpointError(deleted_message(acceleration, f"checkpoint: {directory}"))
+    if "state_dtype" in saved:
+        if saved["state_dtype"] != "float64":
+            where = f"checkpoint: {directory}"
+            raise CheckpointError(state_dtype_message(saved["state_dtype"], where))
+        settings = {**settings, "state_dtype": "float64"}  # fingerprinted as it was
     if manifest.get("fingerprint") != config_fingerprint(settings):
         differences = config_differences(manifest.get("configuration"), settings)
         detail = "; ".join(differences) or f"its own is not recorded; now {settings}"

@@ -121,7 +121,6 @@ from flwr_admm.uplink.wire import to_parameters
 
 __all__ = ["FedADMMClientDuals"]
 
-UNSUPPORTED = ("local_dp", "uplink_residual", "tensor_policy", "tensor_names")
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
@@ -158,8 +157,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         `TopK`), with error feedback (required: ``error_feedback=False`` is refused,
         since S would keep every compression error). Each client keeps its residual
         e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
-        ``uplink_bytes`` counts the payload bytes. ``local_dp`` and
-        ``uplink_residual`` are not supported (use `FedADMM`).
+        ``uplink_bytes`` counts the payload bytes. ``local_dp``, ``uplink_residual``
+        and ``tensor_policy`` are `FedADMM`'s only.
     acceleration, restart_eta : {None, "nesterov"}, float in (0, 1]
         Fast ADMM with restart (module docstring); refused under SecAgg+
         (`FedADMMClientDualsSecAgg`).
@@ -206,11 +205,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
-        for name in UNSUPPORTED:
-            if name in fedavg_kwargs:
-                raise ValueError(
-                    f"{name}: not supported by FedADMMClientDuals (client-held duals); use FedADMM"
-                )
         super().__init__(
             channel=UplinkChannel(checked_uplink(uplink)),
             stop_on_convergence=stop_on_convergence,

@@ -34,22 +34,19 @@ from numpy.typing import NDArray
 
 from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.backend import Kernels
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    SETTING_VIEWS,
     ConsensusSettings,
-    SettingView,
     given_rho,
     strategy_defaults,
 )
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, Arrays, Reply, StateDtype
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
@@ -83,7 +80,7 @@ class FedADMM(ConsensusStrategy):
     Parameters
     ----------
     rho, proximal_mu, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, \
-    relaxation, acceleration, restart_eta, state_dtype, kernels, z_average, dual_step, \
+    relaxation, acceleration, restart_eta, z_average, dual_step, \
     stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
     uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
     tensor_policy :
@@ -102,11 +99,6 @@ class FedADMM(ConsensusStrategy):
 
     label: ClassVar[str] = "FedADMM"
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
-    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
-    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
-    acceleration: SettingView[str | None] = SettingView()
-    restart_eta: SettingView[float] = SettingView()
-    state_dtype: SettingView[StateDtype] = SettingView()
 
     def __init__(
         self,
@@ -121,8 +113,6 @@ class FedADMM(ConsensusStrategy):
         relaxation: float | None = None,
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
-        state_dtype: StateDtype = "float64",
-        kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -168,8 +158,6 @@ class FedADMM(ConsensusStrategy):
             relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
-            state_dtype=state_dtype,
-            kernels=kernels,
             z_average=z_average,
             dual_step=dual_step,
         )
@@ -180,11 +168,11 @@ class FedADMM(ConsensusStrategy):
         self._resume(resume)
 
     def __repr__(self) -> str:
-        schedule = type(self.rho_schedule).__name__
+        s = self.admm_settings
         return (
-            f"FedADMM(rho={self.rho}, rho_schedule={schedule}, "
-            f"regularizer={self.regularizer!r}, relaxation={self.relaxation}, "
-            f"acceleration={self.acceleration!r})"
+            f"FedADMM(rho={s.rho}, rho_schedule={type(s.rho_schedule).__name__}, "
+            f"regularizer={s.regularizer!r}, relaxation={s.relaxation}, "
+            f"acceleration={s.acceleration!r})"
         )
 
     # ------------------------------------------------------------------- fit

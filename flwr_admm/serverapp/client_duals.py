@@ -42,7 +42,6 @@ from flwr_admm.server.client_duals_replies import (
 from flwr_admm.server.client_duals_settings import checked_uplink
 from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
-from flwr_admm.serverapp.config import refuse_planned
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
@@ -125,9 +124,6 @@ class FedADMMClientDuals(ConsensusStrategy):
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
 
-    Not supported: ``uplink_residual``, ``local_dp`` and ``tensor_policy``
-    (ValueError), as in the legacy class.
-
     """
 
     label: ClassVar[str] = STRATEGY
@@ -167,9 +163,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         max_client_age: int | None = None,
         max_clients: int | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
-        **planned: Any,
     ) -> None:
-        refuse_planned(planned, STRATEGY)
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord
@@ -11,31 +10,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_admm.protocol import MESSAGE_RESERVED_CONFIG_KEYS, RESERVED_CONFIG_PREFIXES
 from flwr_admm.server.sampling import check_sampling_seed, check_sizes
 
-__all__ = ["PLANNED", "check_fields", "copy_config", "refuse_planned"]
-
-# Keywords of the legacy strategies a Message-API one does not support (client-held
-# duals: `FedADMMClientDuals` refuses them on both APIs).
-PLANNED = ("uplink_residual", "local_dp", "tensor_policy")
-
-
-def refuse_planned(keywords: Mapping[str, Any], strategy: str = "FedADMM") -> None:
-    """Raise for keywords the Message-API `strategy` does not take (yet).
-
-    Raises
-    ------
-    ValueError
-        For a legacy keyword that is planned here, naming it and the legacy class.
-    TypeError
-        For any other unknown keyword, as Python would.
-
-    """
-    for name in sorted(keywords):
-        if name in PLANNED:
-            raise ValueError(
-                f"{name}: not supported by flwr_admm.serverapp.{strategy} (client-held "
-                "duals); use flwr_admm.serverapp.FedADMM"
-            )
-        raise TypeError(f"{strategy}() got an unexpected keyword argument {name!r}")
+__all__ = ["check_fields", "copy_config"]
 
 
 def check_fields(strategy: FedAvg, sampling_seed: int | None) -> None:

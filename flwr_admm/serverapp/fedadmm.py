@@ -19,16 +19,14 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import (
     DEFAULT_ACCELERATION,
     DEFAULT_DUAL_STEP,
-    SETTING_VIEWS,
     ConsensusSettings,
-    SettingView,
     given_rho,
     strategy_defaults,
 )
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
-from flwr_admm.core.types import NON_FINITE, ClientRho, Kernels, StateDtype
+from flwr_admm.core.types import NON_FINITE, ClientRho
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
@@ -117,12 +115,6 @@ class FedADMM(ConsensusStrategy):
         iteration, ``**FAST_CONVEX`` the faster one for full-batch convex clients.
     restart_eta : float
         Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
-    state_dtype : {"float64", "float32"}
-        Storage of the cached w_i, y_i, y_i,prev (z and the sums stay float64);
-        "float32" halves the server's per-client memory, the optimum is reached up to
-        float32 rounding (~1e-7 relative). Part of the checkpoint fingerprint.
-    kernels : {"auto", "numpy", "numba"}
-        numba's fused kernels ("auto": if installed) or numpy's (`ConsensusSettings`).
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
@@ -171,12 +163,6 @@ class FedADMM(ConsensusStrategy):
     label: ClassVar[str] = "FedADMM"
     counters: ClassVar[tuple[str, ...]] = (NUM_RESYNCED,)
 
-    # Read-only views of `admm_settings` (`ConsensusSettings`), the core's settings.
-    rho, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, relaxation = SETTING_VIEWS
-    acceleration: SettingView[str | None] = SettingView()
-    restart_eta: SettingView[float] = SettingView()
-    state_dtype: SettingView[StateDtype] = SettingView()
-
     def __init__(
         self,
         fraction_train: float = 1.0,
@@ -200,8 +186,6 @@ class FedADMM(ConsensusStrategy):
         eps_rel: float = 1e-4,
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
-        state_dtype: StateDtype = "float64",
-        kernels: Kernels = "auto",
         z_average: ZAverage = "cached",
         dual_step: float = DEFAULT_DUAL_STEP,
         stop_on_convergence: bool = False,
@@ -254,8 +238,6 @@ class FedADMM(ConsensusStrategy):
             relaxation=alpha,
             acceleration=acceleration,
             restart_eta=restart_eta,
-            state_dtype=state_dtype,
-            kernels=kernels,
             z_average=z_average,
             dual_step=dual_step,
         )
@@ -268,12 +250,12 @@ class FedADMM(ConsensusStrategy):
 
     def summary(self) -> None:
         """Log the ADMM settings, then FedAvg's."""
+        s = self.admm_settings
         log(INFO, "\t├──> FedADMM settings:")
-        log(INFO, "\t│\t├── rho: %s (%s)", self.rho, type(self.rho_schedule).__name__)
-        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", self.regularizer, self.client_rho)
-        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", self.relaxation, self.acceleration)
-        gamma, seed = self.admm_settings.dual_step, self.sampling_seed
-        log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", gamma, seed)
+        log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
+        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", s.regularizer, s.client_rho)
+        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
+        log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
 
     # ------------------------------------------------------------------ train

@@ -256,7 +256,7 @@ class TorchADMM:
         self.admm = True
 
     # --------------------------------------------------------------- the loop
-    def start(self, *, init: LocalInit | None = None, warm: bool | None = None) -> None:
+    def start(self, *, init: LocalInit | None = None) -> None:
         """Load the starting point into the model, as `ADMMClient`'s ``local_init``.
 
         Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
@@ -264,18 +264,16 @@ class TorchADMM:
         ("consensus": ValueError if none was received); "auto" (the default) is
         "consensus" wherever z is received, else "previous". Every other tensor, and
         every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
-        ``warm=True`` / ``False`` (older spelling) is "previous" / "center"; given with
-        a different `init`, a ValueError.
         """
         source = start_source(
-            local_init_of(init, warm),
+            local_init_of(init),
             admm=self.admm,
             rho=self.rho,
             center=self.received,
             previous=self.previous,
             consensus=self.consensus,
         )
-        self._at_z = starts_at_z(local_init_of(init, warm))  # the reply's START_MARK
+        self._at_z = starts_at_z(local_init_of(init))  # the reply's START_MARK
         if self.train_step is not None:
             self.train_step.started["at_z"] = self._at_z
         values = dict(self.received)

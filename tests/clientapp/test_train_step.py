@@ -90,7 +90,7 @@ def test_warm_start_is_the_last_reply_under_fedadmm_only() -> None:
     second = ADMMTrainStep.from_message(train_message(trained(5.0), rho=0.3), ctx)
     for name, a in second.start().items():
         np.testing.assert_array_equal(a, trained(2.0)[name])  # float64, not rounded to int
-    assert second.start(warm=False)["fc.bias"][0] == 5.25
+    assert second.start(init="center")["fc.bias"][0] == 5.25
     # FedProx (proximal-mu only), rho = 0: start at the received arrays.
     for config in ({"proximal-mu": 0.3}, {"rho": 0.0, "proximal-mu": 0.0}):
         step = ADMMTrainStep.from_message(train_message(trained(5.0), **config), ctx)
@@ -173,20 +173,16 @@ def test_client_held_duals_refuse_what_they_cannot_do() -> None:
 
 
 def test_start_names_the_init_and_needs_z_for_consensus() -> None:
-    """init = ADMMClient's local_init; warm= is its older spelling; z only from client duals."""
+    """init = ADMMClient's local_init; z only from client duals."""
     ctx = context()
     step = ADMMTrainStep.from_message(train_message(rho=0.3, **{"server-round": 1}), ctx)
     step.reply(trained(2.0), 10, context=ctx)
     second = ADMMTrainStep.from_message(train_message(trained(5.0), rho=0.3), ctx)
     assert second.consensus is None  # no admm-start record: only v_i = z - u_i arrived
-    assert second.start(init="previous")["fc.bias"][0] == second.start(warm=True)["fc.bias"][0]
-    assert (
-        second.start(init="center")["fc.bias"][0] == 5.25 == second.start(warm=False)["fc.bias"][0]
-    )
+    assert second.start(init="previous")["fc.bias"][0] == trained(2.0)["fc.bias"][0]
+    assert second.start(init="center")["fc.bias"][0] == 5.25
     with pytest.raises(ValueError, match=r"local_init / init: 'consensus'.*'admm-start'"):
         second.start(init="consensus")
-    with pytest.raises(ValueError, match=r"warm / init: warm=True means init='previous'"):
-        second.start(init="center", warm=True)
     with pytest.raises(ValueError, match=r"init: must be one of \['auto', 'previous', 'center'"):
         second.start(init="zero")  # type: ignore[arg-type]
     # FedProx / rho = 0: the received arrays are the model itself, as ADMMClient starts

@@ -57,13 +57,15 @@ def test_defaults_reach_1e6_without_tuning_rho(rho: float, measured: int) -> Non
 
 def test_defaults_are_the_measured_ones_and_rho_zero_is_fedavg() -> None:
     strategy = FedADMM()
-    assert strategy.acceleration is None and strategy.relaxation == 1.0
-    assert strategy.rho == 0.1 and strategy.admm_settings.dual_step == 0.2
-    assert isinstance(strategy.rho_schedule, ResidualBalancing)
+    settings = strategy.admm_settings
+    assert settings.acceleration is None and settings.relaxation == 1.0
+    assert settings.rho == 0.1 and settings.dual_step == 0.2
+    assert isinstance(settings.rho_schedule, ResidualBalancing)
     assert strategy.configuration()["dual_step"] == 0.2
     assert FedADMM(**FAST_CONVEX).configuration()["acceleration"] == "nesterov"
     fedavg = FedADMM(rho=0.0)
-    assert isinstance(fedavg.rho_schedule, Constant) and fedavg.relaxation == 1.0
+    assert isinstance(fedavg.admm_settings.rho_schedule, Constant)
+    assert fedavg.admm_settings.relaxation == 1.0
     plain = FedADMM(**TEXTBOOK)
     assert plain.admm_settings.new_admm([np.zeros(1)]).fast is None
     assert plain.admm_settings.dual_step == 1.0

@@ -118,7 +118,6 @@ def test_arrays_without_a_manifest_are_an_error_and_are_kept(
         ({"max_clients": 5}, {}, "max_clients"),
         ({"fraction_fit": 0.5}, {}, "fraction_fit"),
         ({"relaxation": 1.0}, {"relaxation": 1.5}, "relaxation"),
-        ({"state_dtype": "float32"}, {}, "state_dtype"),
         ({"z_average": "replies"}, {}, "z_average"),
         ({}, {"z_average": "replies"}, "z_average"),
         ({"accept_failures": True}, {"accept_failures": False}, "accept_failures"),

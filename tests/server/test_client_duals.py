@@ -322,8 +322,6 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"dual_step": True}, "dual_step"),
         ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "uplink"),
         ({"uplink": "sq"}, "uplink"),
-        ({"local_dp": LocalDP(clip=1.0, noise_multiplier=1.0)}, "local_dp"),
-        ({"uplink_residual": "dual"}, "uplink_residual"),
         ({"checkpoint_every": 0}, "checkpoint_every"),
         ({"eps_abs": -1.0}, "eps_abs"),
         ({"sampling_seed": -2}, "sampling_seed"),
@@ -331,7 +329,6 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"acceleration": "anderson"}, "acceleration"),
         ({"acceleration": "nesterov", "restart_eta": 0.0}, "restart_eta"),
         ({"restart_eta": 1.5}, "restart_eta"),
-        ({"tensor_policy": {"bn.*": "keep"}}, "tensor_policy"),
         ({"fraction_fit": 2.0}, "fraction_fit"),
     ],
 )
@@ -346,6 +343,17 @@ def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str,
     strategy_class = FedADMMClientDuals if api == "legacy" else MessageFedADMMClientDuals
     with pytest.raises(ValueError, match=field):
         strategy_class(**kwargs)
+
+
+@pytest.mark.parametrize("keyword", ["local_dp", "uplink_residual", "tensor_policy"])
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_fedadmm_only_keywords_are_not_in_the_signature(keyword: str, api: str) -> None:
+    """Local DP, the uplink residual and tensor policies are FedADMM's: Python's TypeError."""
+    from flwr_admm.serverapp import FedADMMClientDuals as MessageFedADMMClientDuals
+
+    strategy_class = FedADMMClientDuals if api == "legacy" else MessageFedADMMClientDuals
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+        strategy_class(**{keyword: None})
 
 
 def test_client_refuses_what_client_held_duals_cannot_do() -> None:

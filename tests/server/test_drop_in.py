@@ -29,7 +29,8 @@ CONSENSUS = [FedADMM, FedADMMClientDuals, FedADMMClientDualsSecAgg]
 
 
 def rho_of(strategy: Any) -> float:
-    return float(strategy.rho if isinstance(strategy, FedADMM) else strategy.state.rho)
+    rho = strategy.admm_settings.rho if isinstance(strategy, FedADMM) else strategy.state.rho
+    return float(rho)
 
 
 # ------------------------------------------------------------ rho / proximal_mu
@@ -49,7 +50,8 @@ def test_rho_and_a_different_proximal_mu_is_a_value_error_naming_both(cls: type)
 def test_a_fedprox_call_site_runs_unchanged() -> None:
     kwargs = {"fraction_fit": 0.5, "min_fit_clients": 3, "proximal_mu": 0.25}
     flower, ours = FedProx(**kwargs), FedADMM(**kwargs)
-    assert (ours.fraction_fit, ours.min_fit_clients, ours.rho) == (0.5, 3, flower.proximal_mu)
+    got = (ours.fraction_fit, ours.min_fit_clients, ours.admm_settings.rho)
+    assert got == (0.5, 3, flower.proximal_mu)
 
 
 # ---------------------------------------------------------- keyword-only, as Flower

@@ -269,23 +269,14 @@ def test_fit_metrics_aggregation_sees_only_the_accepted_replies() -> None:
     assert metrics["custom"] == 1.0
 
 
-@pytest.mark.parametrize("kernels", ["numpy", "numba"])
-def test_a_nan_reply_among_several_is_rejected_and_the_round_is_that_of_the_others(
-    kernels: str,
-) -> None:
-    """The replies are absorbed together (numba: one batch fold); the NaN one is refused."""
-    if kernels == "numba":
-        pytest.importorskip("numba")
+def test_a_nan_reply_among_several_is_rejected_and_the_round_is_that_of_the_others() -> None:
+    """The replies are absorbed together (`absorb_all`); the NaN one is refused."""
     rng = np.random.default_rng(4)
     models = [rng.normal(size=D) for _ in range(4)]
     poisoned = models[1].copy()
     poisoned[3] = np.nan
-    got, proxies = started(
-        FedADMM(rho=0.5, initial_parameters=zeros_parameters(), kernels=kernels), 4
-    )
-    want, twins = started(
-        FedADMM(rho=0.5, initial_parameters=zeros_parameters(), kernels=kernels), 4
-    )
+    got, proxies = started(FedADMM(rho=0.5, initial_parameters=zeros_parameters()), 4)
+    want, twins = started(FedADMM(rho=0.5, initial_parameters=zeros_parameters()), 4)
     replies = [
         (proxies[i], fit_res([m], 10 + i, {"partition-id": i})) for i, m in enumerate(models)
     ]

@@ -100,6 +100,27 @@ def test_a_checkpoint_written_with_a_deleted_option_is_refused_naming_it(
         factory(**SETTINGS, checkpoint_dir=tmp_path)
 
 
+def test_a_recorded_state_dtype_resumes_if_float64_and_is_refused_naming_float32(
+    tmp_path: Path,
+) -> None:
+    """Before float32 state was deleted, FedADMM fingerprinted its ``state_dtype``."""
+    straight = run(FedADMM(**SETTINGS), grid(), 8)
+    nodes = grid()
+    before = run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), nodes, 4)
+    path = tmp_path / MANIFEST
+    manifest = json.loads(path.read_text())
+    for dtype in ("float32", "float64"):
+        manifest["configuration"]["state_dtype"] = dtype
+        manifest["fingerprint"] = config_fingerprint(manifest["configuration"])
+        manifest[MANIFEST_SHA256] = manifest_sha256(manifest)
+        path.write_text(json.dumps(manifest))
+        if dtype == "float32":
+            with pytest.raises(CheckpointError, match="written with state_dtype='float32', which"):
+                FedADMM(**SETTINGS, checkpoint_dir=tmp_path)
+    after = run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), nodes, 4)
+    np.testing.assert_array_equal(np.vstack([before, after]), straight)
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_checkpoint_of_other_settings_or_damaged_is_refused(name: str, tmp_path: Path) -> None:
     factory = STRATEGIES[name]

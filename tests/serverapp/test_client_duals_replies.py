@@ -121,8 +121,6 @@ def test_next_round_acknowledges_what_s_holds() -> None:
         ({"eps_abs": -1.0}, "eps_abs"),
         ({"uplink": "8-bit"}, "uplink"),
         ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "error_feedback"),
-        ({"uplink_residual": "dual"}, "uplink_residual"),
-        ({"local_dp": None}, "local_dp"),
         ({"max_clients": 0}, "max_clients"),
         ({"key_binding": "trust"}, "key_binding"),
         ({"checkpoint_every": 0}, "checkpoint_every"),

@@ -26,7 +26,8 @@ Z0 = {"w": np.zeros(3)}
 
 
 def rho_of(strategy: Any) -> float:
-    return float(strategy.rho if isinstance(strategy, FedADMM) else strategy.state.rho)
+    rho = strategy.admm_settings.rho if isinstance(strategy, FedADMM) else strategy.state.rho
+    return float(rho)
 
 
 def train_aggr(records: list[RecordDict], key: str) -> MetricRecord:

@@ -132,7 +132,7 @@ def test_loss_mode_gradient_is_rho_times_w_minus_v() -> None:
     model = TorchLogistic(4)
     v = [np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.5])]
     admm = TorchADMM.from_parameters(model, v, {"rho": 0.7}, penalty="loss")
-    admm.start(warm=False)
+    admm.start(init="center")
     load_arrays(model, {"coef": np.zeros(4), "intercept": np.zeros(1)})
     admm.penalty_term().backward()
     assert np.allclose(model.coef.grad.numpy(), -0.7 * v[0])  # type: ignore[union-attr]
@@ -257,8 +257,6 @@ def test_consensus_starts_at_the_received_z_center_at_z_minus_the_dual(api: str)
         np.testing.assert_array_equal(starts["center"][name], z - u)
         np.testing.assert_array_equal(starts["previous"][name], W1[name])
         assert np.all(starts["consensus"][name] != starts["center"][name])
-    with pytest.raises(ValueError, match=r"warm / init: warm=False means init='center'"):
-        admm.start(init="consensus", warm=False)
 
 
 @pytest.mark.parametrize("api", ["legacy", "message"])
@@ -290,7 +288,6 @@ def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:
             admm.start(init="consensus")
     with pytest.raises(ValueError, match=r"init: must be one of \['auto', 'previous', 'center'"):
         legacy.start(init="zero")  # type: ignore[arg-type]
-    legacy.start(init="center", warm=False)  # the same start twice: fine
     # FedProx, FedAvg, rho = 0: the received model is z; ADMMClient starts there too
     for config in ({"proximal_mu": 0.5}, {}, {"rho": 0.0}):
         admm = TorchADMM.from_parameters(model, v, config, context())
