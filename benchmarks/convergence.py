@@ -4,11 +4,12 @@ For every task each algorithm runs over the same grid (learning rate x local ste
 rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
-its defaults ("FedADMM (defaults)": fast ADMM, `ResidualBalancing` from rho0 = 1,
-alpha = 1.6; "FedADMM (defaults), local tuned" runs them over the local grid only,
-lr x steps, no server argument), plain ADMM at rho = 1 ("FedADMM-default (untuned)",
-the defaults before them) and `ResidualBalancing` from rho0 = 1. The grid rows are
-the textbook iteration (constant rho, no acceleration).
+its defaults ("FedADMM (defaults)": `ResidualBalancing` from rho0 = 0.1, dual step
+0.2, alpha = 1, no acceleration, `flwr_admm.core.settings`; "FedADMM (defaults), local
+tuned" runs them over the local grid only, lr x steps, no server argument), plain ADMM
+at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 = 1. The
+grid rows and those two are the textbook iteration (no acceleration, alpha as the
+grid says, dual step 1).
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -167,6 +168,7 @@ def make_strategy(
         rho_schedule=schedule or Constant(),
         relaxation=float(config.get("relaxation", 1.0)),
         acceleration=None,
+        dual_step=1.0,  # the textbook step: the grid rows are the seeds' iteration
         sampling_seed=None,
         **common,
     )
