@@ -44,6 +44,7 @@ from flwr.server.strategy import FedAvg, Strategy
 from scipy.optimize import minimize
 
 from flwr_admm import ADMMClient, FedADMM, LocalDP, StochasticQuantizer, TopK, UplinkWrapper
+from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.data import Task, load_task
 from flwr_admm.models import SoftmaxRegression
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
@@ -119,7 +120,7 @@ def run(
 
 def fedadmm(rho: float, **extra: Any) -> Callable[..., Strategy]:
     """FedADMM factory with the channel options in `extra`."""
-    return lambda **kw: FedADMM(rho=rho, **extra, **kw)
+    return lambda **kw: FedADMM(**TEXTBOOK, rho=rho, **extra, **kw)  # as measured
 
 
 def fedavg(uplink: Compressor | None = None, local_dp: LocalDP | None = None) -> Any:
