@@ -61,7 +61,7 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.server.client_duals_replies import ClientEntry
+from flwr_admm.rounds.client_duals_replies import ClientEntry
 
 SETUP_ROUND = 1
 

@@ -51,7 +51,7 @@ acknowledgement brings the client back.
 Rebuild sweep. A resync for a key S holds is accepted (N += n_i' - n_i, S += F_i,
 ``num_resynced``), but S still holds the client's old share, which the server cannot
 subtract (it never had it). S without it is the sum of the current shares, so the
-server sweeps (`flwr_admm.server.client_duals_sweep`): every sampled key not yet
+server sweeps (`flwr_admm.rounds.client_duals_sweep`): every sampled key not yet
 rebuilt gets ``admm-rebuild`` = 1 and replies with its usual Delta_j and, as a second
 block of tensors in full precision, its full share sigma_j' = n_j' c_j' - e_j'; S +=
 Delta_j as usual and S_new += sigma_j' (rebuilt keys add Delta_j to S_new too; new and
@@ -79,7 +79,7 @@ reports the payload bytes of each round as in `FedADMM`. Local DP is not support
 
 Clients MUST follow the protocol above; `ADMMClient` does on ``admm-duals = "client"``.
 The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
-checks in `flwr_admm.server.client_duals_replies`, and the round skeleton (sampling,
+checks in `flwr_admm.rounds.client_duals_replies`, and the round skeleton (sampling,
 reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
 """
 
@@ -107,14 +107,14 @@ from flwr_admm.protocol import (
     PREVIOUS_ROUND,
     RHO,
 )
-from flwr_admm.server.base import ConsensusStrategy
-from flwr_admm.server.client_duals_replies import (
+from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
     decoded_reply,
 )
-from flwr_admm.server.client_duals_settings import checked_uplink
-from flwr_admm.server.client_duals_state import ClientDualsState
-from flwr_admm.server.sampling import KeyedReply
+from flwr_admm.rounds.client_duals_settings import checked_uplink
+from flwr_admm.rounds.client_duals_state import ClientDualsState
+from flwr_admm.rounds.sampling import KeyedReply
+from flwr_admm.server.base import ConsensusStrategy
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.wire import to_parameters

@@ -38,8 +38,8 @@ from flwr.server.strategy import FedAvg
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, ROUND, TAU_EFF
-from flwr_admm.server.report import watch_round, without_reply_keys
-from flwr_admm.server.sampling import unconfigured
+from flwr_admm.rounds.report import watch_round, without_reply_keys
+from flwr_admm.rounds.sampling import unconfigured
 
 
 class FedNova(FedAvg):

@@ -35,12 +35,12 @@ from flwr_admm.protocol import (
     RHO,
     SHARE_RECORD,
 )
-from flwr_admm.server.client_duals import STRATEGY
-from flwr_admm.server.client_duals_replies import (
+from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
 )
-from flwr_admm.server.client_duals_settings import checked_uplink
-from flwr_admm.server.client_duals_state import ClientDualsState
+from flwr_admm.rounds.client_duals_settings import checked_uplink
+from flwr_admm.rounds.client_duals_state import ClientDualsState
+from flwr_admm.server.client_duals import STRATEGY
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
 from flwr_admm.serverapp.payloads import decoded_or_problem
@@ -55,8 +55,8 @@ class FedADMMClientDuals(ConsensusStrategy):
     r"""Federated consensus ADMM with client-held duals (Message API).
 
     The protocol, math and server arithmetic of the legacy `flwr_admm.FedADMMClientDuals`
-    (read its module docstring; `flwr_admm.server.client_duals_replies`,
-    `flwr_admm.server.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
+    (read its module docstring; `flwr_admm.rounds.client_duals_replies`,
+    `flwr_admm.rounds.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
     its ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),
     N = sum_i n_i and, per client key, n_i and the round it last took part in. Round k:
 
@@ -116,7 +116,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         coefficient g; each node extrapolates its own dual.
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1), as in the legacy
-        class (`flwr_admm.server.client_duals_settings`).
+        class (`flwr_admm.rounds.client_duals_settings`).
 
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.

@@ -1,4 +1,4 @@
-"""FedDyn on Flower's Message API: the legacy `flwr_admm.server.feddyn.FedDyn` round.
+"""FedDyn on Flower's Message API: the legacy `flwr_admm.rounds.feddyn.FedDyn` round.
 
 Dynamic regularization (Acar et al., ICLR 2021), with x the model sent this round,
 grad_i node i's linear term (zero at first), h the server state (zero at first):
@@ -21,7 +21,7 @@ from typing import Any
 
 from flwr.common import NDArrays
 
-from flwr_admm.server.feddyn import FedDyn as LegacyFedDyn
+from flwr_admm.rounds.feddyn import FedDyn as LegacyFedDyn
 from flwr_admm.serverapp.peer_base import PeerFedAvg
 
 __all__ = ["FedDyn"]

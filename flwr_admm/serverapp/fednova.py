@@ -31,9 +31,9 @@ from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunH
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, TAU_EFF
+from flwr_admm.rounds.report import watch_round
+from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.server.fednova import local_steps_problem, normalized_average
-from flwr_admm.server.report import watch_round
-from flwr_admm.server.sampling import unconfigured
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
 __all__ = ["FedNova"]

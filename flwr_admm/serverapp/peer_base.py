@@ -1,7 +1,7 @@
 """The Message-API round the peer baselines `SCAFFOLD` and `FedDyn` share.
 
 A subclass of `flwr.serverapp.strategy.FedAvg` (same keywords, same node sample)
-around the legacy strategy object (`flwr_admm.server.peer_base.PeerStrategy`), which
+around the legacy strategy object (`flwr_admm.rounds.peers.PeerStrategy`), which
 keeps x in float64, the server state (SCAFFOLD's c, FedDyn's h) and the arithmetic:
 this module only translates records. Per round:
 
@@ -45,8 +45,8 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
-from flwr_admm.server.peer_base import PeerStrategy, Reply
-from flwr_admm.server.sampling import unconfigured
+from flwr_admm.rounds.peers import PeerStrategy, Reply
+from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 

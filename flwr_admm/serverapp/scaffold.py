@@ -1,4 +1,4 @@
-"""SCAFFOLD on Flower's Message API: the legacy `flwr_admm.server.scaffold.SCAFFOLD` round.
+"""SCAFFOLD on Flower's Message API: the legacy `flwr_admm.rounds.scaffold.SCAFFOLD` round.
 
 Option II control variates (Karimireddy et al., ICML 2020), with x the global model,
 c the server's control variate, c_i node i's (zero at first), S the round's nodes:
@@ -24,7 +24,7 @@ from typing import Any
 from flwr.common import NDArrays
 
 from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
-from flwr_admm.server import scaffold as legacy
+from flwr_admm.rounds import scaffold as legacy
 from flwr_admm.serverapp.peer_base import PeerFedAvg
 
 __all__ = ["SCAFFOLD"]

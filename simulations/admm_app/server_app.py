@@ -36,11 +36,10 @@ from flwr.serverapp import Grid
 
 from flwr_admm import FedADMM, Geometric, make_schedule
 from flwr_admm.data import Task
+from flwr_admm.server import SCAFFOLD, FedDyn
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
-from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
-from flwr_admm.server.scaffold import SCAFFOLD
 
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api

@@ -59,7 +59,7 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.server.checkpoint import CheckpointError
+from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.testing import make_proxies, run_rounds
 
 # Both sides start the local solve at the client's last w_i, so that client-held duals

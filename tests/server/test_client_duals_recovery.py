@@ -21,7 +21,7 @@ from seed_task import first_round_below, gaps
 
 from flwr_admm import FedADMMClientDuals, StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}

@@ -22,7 +22,7 @@ from seed_task import first_round_below, gaps
 from flwr_admm import FedADMMClientDuals, StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.core.secure_sum import SecureGrid
-from flwr_admm.server.checkpoint import CheckpointError
+from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 

@@ -14,7 +14,7 @@ from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters, param
 from flwr.server.client_manager import SimpleClientManager
 
 from flwr_admm import FedADMM, ResidualBalancing
-from flwr_admm.server.checkpoint import CheckpointError
+from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.testing import make_proxies, run_rounds
 
 

@@ -87,7 +87,7 @@ def test_a_hostile_client_key_never_raises_and_never_collides(
 
 
 def test_client_key_normal_form_is_canonical() -> None:
-    from flwr_admm.server.identity import client_key_of
+    from flwr_admm.rounds.identity import client_key_of
 
     assert client_key_of("5", {"partition-id": 3}) == "partition-id:3"
     assert client_key_of("5", {"client-key": "bank-a"}) == "client-key:bank-a"

@@ -9,7 +9,7 @@ linear term (zero at first), h the server state (zero at first), S the round's c
                   (h <- h - alpha/m sum_{i in S} (w_i - x) in the paper)
              x' = sum_{i in S} p_i w_i - h / alpha
 
-p_i = n_i / sum_{j in S} n_j (`flwr_admm.server.peer_base` on the weighting: with
+p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i and every client seen this is the paper's). At a fixed point w_i = x and
 grad_i = grad f_i(x), so h = 0 = sum_i p_i grad f_i(x): the pooled optimum, like
 ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients).
@@ -24,7 +24,7 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from flwr_admm.protocol import FEDDYN_ALPHA, PEER_FEDDYN
-from flwr_admm.server.peer_base import PeerStrategy, Reply
+from flwr_admm.rounds.peers import PeerStrategy, Reply
 
 
 class FedDyn(PeerStrategy):

@@ -1,7 +1,7 @@
 """Helpers shared by the ADMM strategies: keyword checks, sampling, reply keys, records.
 
 `FedADMM` and `FedADMMClientDuals` key every reply by a stable client key
-(`flwr_admm.server.identity`) and sample clients deterministically: with a
+(`flwr_admm.rounds.identity`) and sample clients deterministically: with a
 `sampling_seed`, round k draws from the clients ordered by key, then cid, with a
 generator seeded by (sampling_seed, k). The Message-API strategy
 (`flwr_admm.serverapp`) uses the same draw (`sample_ids`) and keyword checks
@@ -32,7 +32,7 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
-from flwr_admm.server.report import without_reply_keys
+from flwr_admm.rounds.report import without_reply_keys
 
 IdT = TypeVar("IdT", int, str)  # a legacy cid or a Message-API node id
 

@@ -25,7 +25,7 @@ from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import ACK_ROUND, CONVERGED, NUM_CLIENTS_CACHED, REBUILD, REBUILDING, RHO
-from flwr_admm.server.client_duals_replies import (
+from flwr_admm.rounds.client_duals_replies import (
     ClientEntry,
     RoundStats,
     entries_from_arrays,
@@ -33,8 +33,8 @@ from flwr_admm.server.client_duals_replies import (
     protocol_problem,
     z_round,
 )
-from flwr_admm.server.client_duals_settings import check_client_duals_settings
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.rounds.client_duals_settings import check_client_duals_settings
+from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 
 __all__ = ["ClientDualsState"]
 

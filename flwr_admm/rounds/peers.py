@@ -54,9 +54,9 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
-from flwr_admm.server.identity import client_key_of
-from flwr_admm.server.report import watch_round, without_reply_keys
-from flwr_admm.server.sampling import unconfigured
+from flwr_admm.rounds.identity import client_key_of
+from flwr_admm.rounds.report import watch_round, without_reply_keys
+from flwr_admm.rounds.sampling import unconfigured
 
 Reply = tuple[str, NDArrays, int]  # (client key, reply arrays in float64, n_i)
 

@@ -350,7 +350,7 @@ def z_round(
 
 
 class ZRoundState(Protocol):
-    """What `z_round` reads: `flwr_admm.server.client_duals_state.ClientDualsState`."""
+    """What `z_round` reads: `flwr_admm.rounds.client_duals_state.ClientDualsState`."""
 
     @property
     def z(self) -> Arrays | None: ...  # noqa: D102

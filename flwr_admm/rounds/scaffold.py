@@ -8,7 +8,7 @@ c the server's control variate, c_i client i's (zero at first), S the round's cl
     server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
              c   = sum_{i seen} n_i c_i / sum_{i seen} n_i   (c += that share of dc_i)
 
-p_i = n_i / sum_{j in S} n_j (`flwr_admm.server.peer_base` on the weighting: with
+p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i this is the paper's mean over S and, once every client has been seen,
 its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
 carry two model-sized blocks: twice FedAvg's bytes per round.
@@ -23,7 +23,7 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from flwr_admm.protocol import PEER_SCAFFOLD, SERVER_STEP
-from flwr_admm.server.peer_base import PeerStrategy, Reply
+from flwr_admm.rounds.peers import PeerStrategy, Reply
 
 
 class SCAFFOLD(PeerStrategy):
