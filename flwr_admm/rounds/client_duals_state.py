@@ -36,7 +36,9 @@ from flwr_admm.rounds.client_duals_replies import (
 from flwr_admm.rounds.client_duals_settings import check_client_duals_settings
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 
-__all__ = ["ClientDualsState"]
+__all__ = ["STRATEGY", "ClientDualsState"]
+
+STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
 class ClientDualsState:

@@ -18,34 +18,27 @@ ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from flwr_admm.protocol import FEDDYN_ALPHA, PEER_FEDDYN
-from flwr_admm.rounds.peers import PeerStrategy, Reply
+from flwr_admm.rounds.peers import PeerRound, Reply
+
+__all__ = ["FedDynRound"]
 
 
-class FedDyn(PeerStrategy):
-    """FedDyn with penalty alpha and server state h.
+class FedDynRound(PeerRound):
+    """FedDyn's server round: penalty alpha (> 0) and server state h.
 
-    Takes every keyword of Flower's `FedAvg` plus `alpha` (> 0, required: the paper
-    tunes it over 0.1, 0.01, 0.001) and ``health`` (the divergence watchdog,
-    `PeerStrategy`; None: off). Clients MUST follow the ``peer-algorithm =
-    "feddyn"`` contract: from the received x, approximately minimize f_i(w) -
-    <grad_i, w> + alpha/2 ||w - x||^2 with alpha from ``feddyn-alpha``, update
-    grad_i <- grad_i - alpha (w_i - x) and reply w_i. `flwr_admm.ADMMClient` does,
-    keeping grad_i in its ``context.state``. Bad replies (layout, NaN/inf,
-    num_examples <= 0, a key's second reply in a round) are rejected and counted in
-    ``num_rejected``; they leave the state untouched.
+    Sent: x (and ``feddyn-alpha`` in the config); a reply: w_i.
 
     Update: sum_seen n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
     """
 
     peer = PEER_FEDDYN
 
-    def __init__(self, *, alpha: float, **fedavg_kwargs: Any) -> None:
+    def __init__(self, alpha: float) -> None:
         if (
             isinstance(alpha, bool)
             or not isinstance(alpha, int | float)
@@ -53,12 +46,9 @@ class FedDyn(PeerStrategy):
             or alpha <= 0
         ):
             raise ValueError(f"alpha: must be a finite number > 0, got {alpha!r}")
-        super().__init__(**fedavg_kwargs)
+        super().__init__()
         self.alpha = float(alpha)
         self.h_sum: NDArrays | None = None  # sum_{i seen} n_i grad_i
-
-    def __repr__(self) -> str:
-        return f"FedDyn(alpha={self.alpha!r})"
 
     def h(self) -> NDArrays:
         """Return the server state h = sum_seen n_i grad_i / sum_seen n_i (0 at first)."""

@@ -17,34 +17,29 @@ carry two model-sized blocks: twice FedAvg's bytes per round.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from flwr_admm.protocol import PEER_SCAFFOLD, SERVER_STEP
-from flwr_admm.rounds.peers import PeerStrategy, Reply
+from flwr_admm.rounds.peers import PeerRound, Reply
+
+__all__ = ["ScaffoldRound"]
 
 
-class SCAFFOLD(PeerStrategy):
-    """SCAFFOLD with option II control variates and server step size eta_g.
+class ScaffoldRound(PeerRound):
+    """SCAFFOLD's server round: option II control variates, server step size eta_g.
 
-    Takes every keyword of Flower's `FedAvg` plus `server_learning_rate` (eta_g > 0,
-    default 1: the paper's choice with full participation) and ``health`` (the
-    divergence watchdog, `PeerStrategy`; None: off). Clients MUST follow the
-    ``peer-algorithm = "scaffold"`` contract: the parameters are x followed by c (two
-    blocks of the model's shapes); run K gradient steps on grad f_i - c_i + c from x;
-    reply y_i followed by c_i+ - c_i. `flwr_admm.ADMMClient` does, keeping c_i in its
-    ``context.state``. A reply of any other layout, with NaN/inf entries or
-    num_examples <= 0, or a second reply for one client key in a round, is rejected
-    (counted in ``num_rejected``) and leaves the state untouched.
+    `server_learning_rate` is eta_g (> 0; default 1, the paper's choice with full
+    participation). Sent: x followed by c; a reply: y_i followed by c_i+ - c_i (two
+    blocks of the model's shapes).
 
     Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_seen n_i c_i / sum_seen n_i.
     """
 
     peer = PEER_SCAFFOLD
 
-    def __init__(self, *, server_learning_rate: float = 1.0, **fedavg_kwargs: Any) -> None:
+    def __init__(self, server_learning_rate: float = 1.0) -> None:
         if (
             isinstance(server_learning_rate, bool)
             or not isinstance(server_learning_rate, int | float)
@@ -54,12 +49,9 @@ class SCAFFOLD(PeerStrategy):
             raise ValueError(
                 f"server_learning_rate: must be a finite number > 0, got {server_learning_rate!r}"
             )
-        super().__init__(**fedavg_kwargs)
+        super().__init__()
         self.server_learning_rate = float(server_learning_rate)
         self.control_sum: NDArrays | None = None  # sum_{i seen} n_i c_i
-
-    def __repr__(self) -> str:
-        return f"SCAFFOLD(server_learning_rate={self.server_learning_rate!r})"
 
     def control(self) -> NDArrays:
         """Return the server control variate c = sum_seen n_i c_i / sum_seen n_i (0 at first)."""

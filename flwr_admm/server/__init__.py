@@ -1,6 +1,6 @@
 """Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals and the baselines.
 
-The baselines are FedNova, SCAFFOLD and FedDyn (`flwr_admm.rounds.peers`).
+The baselines are FedNova, SCAFFOLD and FedDyn (their rounds: `flwr_admm.rounds`).
 
 Thin translations between Flower's FitIns/FitRes and the numpy core
 (`flwr_admm.core`). FedADMM and FedADMMClientDuals share one round skeleton
@@ -8,12 +8,12 @@ Thin translations between Flower's FitIns/FitRes and the numpy core
 keys, checkpoints) and override only its hooks.
 """
 
-from flwr_admm.rounds.feddyn import FedDyn
-from flwr_admm.rounds.scaffold import SCAFFOLD
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fedadmm import FedADMM
+from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
+from flwr_admm.server.scaffold import SCAFFOLD
 
 __all__ = [
     "SCAFFOLD",

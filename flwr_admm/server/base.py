@@ -53,7 +53,8 @@ from flwr_admm.rounds.checkpoint import (
 )
 from flwr_admm.rounds.identity import KeyBinding, client_key_of, optional_count
 from flwr_admm.rounds.report import watch_round
-from flwr_admm.rounds.sampling import (
+from flwr_admm.rounds.sampling import unconfigured
+from flwr_admm.server.sampling import (
     KeyedReply,
     check_flower_fields,
     check_user_config,
@@ -61,7 +62,6 @@ from flwr_admm.rounds.sampling import (
     record_round,
     reject_reply,
     sample_clients,
-    unconfigured,
 )
 from flwr_admm.uplink.channel import UplinkChannel
 

@@ -62,8 +62,8 @@ from flwr_admm.protocol import (
     START_TENSORS,
 )
 from flwr_admm.rounds.report import report_metrics
-from flwr_admm.rounds.sampling import KeyedReply
 from flwr_admm.server.base import ConsensusStrategy
+from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP

@@ -38,15 +38,13 @@ from flwr_admm.protocol import (
 from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
 )
-from flwr_admm.rounds.client_duals_settings import checked_uplink
-from flwr_admm.rounds.client_duals_state import ClientDualsState
-from flwr_admm.server.client_duals import STRATEGY
+from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.config import refuse_planned
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.compression import Compressor
+from flwr_admm.uplink.compression import Compressor, checked_uplink
 
 __all__ = ["FedADMMClientDuals"]
 
