@@ -64,9 +64,9 @@ from benchmarks.common import (
 from benchmarks.server_cost import measure
 from benchmarks.server_setup import FLOAT, SAMPLED
 from benchmarks.stream_floor import stream_floor_seconds
-from flwr_admm import FedADMM
 from flwr_admm.core.backend import compiled, numba_installed
 from flwr_admm.core.settings import TEXTBOOK
+from flwr_admm.server import FedADMM
 
 
 def bytes_per_reply(

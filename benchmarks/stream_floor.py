@@ -48,9 +48,9 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.server_setup import SAMPLED, prepared_fedadmm
-from flwr_admm import FedADMM
 from flwr_admm.core.backend import FUSED_BLOCK, compiled
 from flwr_admm.core.fused import LANES
+from flwr_admm.server import FedADMM
 
 BLOCK = FUSED_BLOCK
 CLIENTS = 4 * SAMPLED  # state arrays per kind: 320 MB at 1e6 values, far beyond the L3

@@ -25,7 +25,7 @@ class FedDyn(PeerStrategy):
     `PeerStrategy`; None: off). Clients MUST follow the ``peer-algorithm =
     "feddyn"`` contract: from the received x, approximately minimize f_i(w) -
     <grad_i, w> + alpha/2 ||w - x||^2 with alpha from ``feddyn-alpha``, update
-    grad_i <- grad_i - alpha (w_i - x) and reply w_i. `flwr_admm.ADMMClient` does,
+    grad_i <- grad_i - alpha (w_i - x) and reply w_i. `flwr_admm.client.ADMMClient` does,
     keeping grad_i in its ``context.state``. Bad replies (layout, NaN/inf,
     num_examples <= 0, a key's second reply in a round) are rejected and counted in
     ``num_rejected``; they leave the state untouched.

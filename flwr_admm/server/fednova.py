@@ -39,7 +39,7 @@ class FedNova(FedAvg):
 
     Takes every keyword of Flower's `FedAvg`. Clients MUST run plain gradient steps
     from the received parameters (no proximal term) and report the number of steps
-    they took as the integer fit metric ``"local_steps"`` (`flwr_admm.ADMMClient`
+    they took as the integer fit metric ``"local_steps"`` (`flwr_admm.client.ADMMClient`
     does). A reply without a valid ``local_steps`` is rejected, like a reply with
     wrong shapes or NaN entries; a client that took 0 steps must return x unchanged
     and then contributes d_i = 0. ``health`` (a `HealthCheck`, default on; None: off)

@@ -25,7 +25,7 @@ class SCAFFOLD(PeerStrategy):
     divergence watchdog, `PeerStrategy`; None: off). Clients MUST follow the
     ``peer-algorithm = "scaffold"`` contract: the parameters are x followed by c (two
     blocks of the model's shapes); run K gradient steps on grad f_i - c_i + c from x;
-    reply y_i followed by c_i+ - c_i. `flwr_admm.ADMMClient` does, keeping c_i in its
+    reply y_i followed by c_i+ - c_i. `flwr_admm.client.ADMMClient` does, keeping c_i in its
     ``context.state``. A reply of any other layout, with NaN/inf entries or
     num_examples <= 0, or a second reply for one client key in a round, is rejected
     (counted in ``num_rejected``) and leaves the state untouched.

@@ -52,7 +52,7 @@ __all__ = ["FedADMMClientDuals"]
 class FedADMMClientDuals(ConsensusStrategy):
     r"""Federated consensus ADMM with client-held duals (Message API).
 
-    The protocol, math and server arithmetic of the legacy `flwr_admm.FedADMMClientDuals`
+    The protocol, math and server arithmetic of the legacy `flwr_admm.server.FedADMMClientDuals`
     (read its module docstring; `flwr_admm.rounds.client_duals_replies`,
     `flwr_admm.rounds.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
     its ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
-from flwr_admm.core import backend
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Reply, ResidualBalancing, backend
 from flwr_admm.core.backend import FUSED_BLOCK
 from flwr_admm.core.consensus import NonFiniteReplyError
 from flwr_admm.core.settings import ConsensusSettings
@@ -177,7 +177,7 @@ def test_bad_kernels_names_the_field_and_the_choices(bad: object) -> None:
 
 
 def test_both_fedadmm_apis_take_kernels() -> None:
-    from flwr_admm import FedADMM
+    from flwr_admm.server import FedADMM
     from flwr_admm.serverapp import FedADMM as MessageFedADMM
 
     for strategy in (FedADMM, MessageFedADMM):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from consensus_reference import clients, pooled_ridge, rel, ridge_round
 
-from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Reply, ResidualBalancing
 from flwr_admm.core.consensus import NonFiniteReplyError
 from flwr_admm.core.settings import ConsensusSettings
 

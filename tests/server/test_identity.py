@@ -26,7 +26,7 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 
-from flwr_admm import FedADMM, FedADMMClientDuals
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 5, "learning_rate": 0.5}

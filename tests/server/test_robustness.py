@@ -28,7 +28,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMM, FedADMMClientDuals
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}

@@ -16,8 +16,8 @@ from flwr.common import parameters_to_ndarrays
 from message_apps import ZRecorder, zeros
 
 import flwr_admm.serverapp as message
-from flwr_admm import FedADMM
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.server import FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 from flwr_admm.testing import make_proxies, run_rounds
 
