@@ -51,8 +51,8 @@ from benchmarks.common import (
 )
 from benchmarks.server_cost import measure
 from benchmarks.server_setup import FLOAT, SAMPLED
-from flwr_admm import FedADMM
 from flwr_admm.core.settings import TEXTBOOK
+from flwr_admm.server import FedADMM
 
 
 def bytes_per_reply(kind: str, num_parameters: int, partial_participation: bool) -> float:

@@ -53,7 +53,6 @@ from benchmarks.server_setup import (
     layer_shapes,
     make_replies,
 )
-from flwr_admm import FedADMMClientDuals
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
@@ -61,7 +60,8 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.server.client_duals_replies import ClientEntry
+from flwr_admm.rounds.client_duals_replies import ClientEntry
+from flwr_admm.server import FedADMMClientDuals
 
 SETUP_ROUND = 1
 

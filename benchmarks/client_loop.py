@@ -44,7 +44,8 @@ from benchmarks.common import (
 )
 from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.data import load_task
-from flwr_admm.models import Model, Params
+from flwr_admm.models import Model
+from flwr_admm.models.base import Params
 
 RHO = 0.1
 

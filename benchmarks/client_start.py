@@ -23,7 +23,8 @@ from threadpoolctl import threadpool_limits
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
 from benchmarks.defaults import tracked_run
 from benchmarks.problems import Problem, build_problems
-from flwr_admm import ADMMClient, FedADMMClientDuals
+from flwr_admm.client import ADMMClient
+from flwr_admm.server import FedADMMClientDuals
 
 STARTS = ("previous", "consensus")
 # (task, strategy keywords, lr, local steps or epochs); None: the task's untuned ones

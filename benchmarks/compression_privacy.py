@@ -43,11 +43,13 @@ from flwr.common.serde import fit_res_to_proto
 from flwr.server.strategy import FedAvg, Strategy
 from scipy.optimize import minimize
 
-from flwr_admm import ADMMClient, FedADMM, LocalDP, StochasticQuantizer, TopK, UplinkWrapper
+from flwr_admm.client import ADMMClient
 from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.data import Task, load_task
 from flwr_admm.models import SoftmaxRegression
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
+from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK, UplinkWrapper
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import PrivacyLedger
 

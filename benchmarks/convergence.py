@@ -53,8 +53,11 @@ from benchmarks.peers import (
 )
 from benchmarks.problems import Problem, build_problems
 from benchmarks.tables import ratio_text, report_table
-from flwr_admm import ADMMClient, Constant, FedADMM, ResidualBalancing, RunDivergedError
+from flwr_admm import RunDivergedError
+from flwr_admm.client import ADMMClient
+from flwr_admm.core import Constant, ResidualBalancing
 from flwr_admm.models import Model
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
 # A run whose best gap improved by less than 0.1% over the last 25 rounds sits at a

@@ -27,8 +27,10 @@ from threadpoolctl import threadpool_limits
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
 from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
-from flwr_admm import FedADMM, ResidualBalancing, RunDivergedError
+from flwr_admm import RunDivergedError
+from flwr_admm.core import ResidualBalancing
 from flwr_admm.core.settings import TEXTBOOK
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
 PLAIN: dict[str, Any] = {**TEXTBOOK, "rho": 1.0}

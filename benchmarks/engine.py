@@ -78,9 +78,10 @@ def run_worker(strategy_name: str, rounds: int) -> dict[str, Any]:
     from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from flwr_admm import ADMMClient, FedADMM
+    from flwr_admm.client import ADMMClient
     from flwr_admm.core.settings import TEXTBOOK
     from flwr_admm.data import load_task
+    from flwr_admm.server import FedADMM
 
     task = load_task("seed-logreg")
     stamps: list[float] = []

@@ -18,7 +18,7 @@ from typing import Any
 from flwr.common import FitIns, FitRes, Parameters
 from flwr.server.strategy import Strategy
 
-from flwr_admm import SCAFFOLD, FedDyn
+from flwr_admm.server import SCAFFOLD, FedDyn
 from flwr_admm.testing import InProcessClientProxy
 
 PEERS = ("SCAFFOLD", "FedDyn")

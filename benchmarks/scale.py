@@ -33,9 +33,10 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server.strategy import FedAvg, Strategy
 
 from benchmarks.common import base_parser, format_table, quiet_flower, size_text, write_json
-from flwr_admm import ADMMClient, FedADMM, FedADMMClientDuals
+from flwr_admm.client import ADMMClient
 from flwr_admm.core.settings import FAST_CONVEX
 from flwr_admm.models import LogisticRegression
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 STRATEGIES = ("FedAvg", "FedADMM", "FedADMMClientDuals")

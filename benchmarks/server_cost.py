@@ -59,7 +59,7 @@ from benchmarks.server_setup import (
     prepared_fedadmm,
     state_bytes,
 )
-from flwr_admm import FedADMM
+from flwr_admm.server import FedADMM
 
 
 def peak_extra_bytes(call: Any) -> int:

@@ -18,7 +18,7 @@ from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_pa
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from flwr_admm import FedADMM
+from flwr_admm.server import FedADMM
 
 SAMPLED = 10
 FLOAT = 8  # bytes of a float64

@@ -27,7 +27,8 @@ import torch
 
 from benchmarks.common import base_parser, format_table, interleaved_times, median, write_json
 from flwr_admm.data import load_task
-from flwr_admm.torch import SmallCNN, TorchADMM, TorchLogistic, TorchSoftmax, state_arrays
+from flwr_admm.torch import TorchADMM, state_arrays
+from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
 
 RHO = 0.1
 

@@ -16,7 +16,7 @@ from flower_run import run_seed
 from seed_task import first_round_below, gaps
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMMClientDuals
+from flwr_admm.server import FedADMMClientDuals
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 10}

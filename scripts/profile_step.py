@@ -15,7 +15,8 @@ import sys
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Reply, ResidualBalancing
 
 P, CLIENTS, SAMPLED = 10**6, 100, 10
 

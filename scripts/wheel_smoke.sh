@@ -35,7 +35,9 @@ import numpy as np
 from flwr.common import parameters_to_ndarrays
 
 import flwr_admm
-from flwr_admm import ADMMClient, FedADMM, PrivacyLedger
+from flwr_admm.client import ADMMClient
+from flwr_admm.server import FedADMM
+from flwr_admm.uplink import PrivacyLedger
 from flwr_admm.models import LogisticRegression
 from flwr_admm.testing import make_proxies, run_rounds
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM, Reply, ResidualBalancing
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Reply, ResidualBalancing
 
 SHAPES = [(300_000,), (7, 3)]
 SCENARIOS: dict[str, dict[str, Any]] = {

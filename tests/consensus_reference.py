@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM, Reply
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Reply
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:

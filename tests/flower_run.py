@@ -11,8 +11,9 @@ import numpy as np
 from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters
 from flwr.server.strategy import Strategy
 
-from flwr_admm import ADMMClient
-from flwr_admm.data import FederatedData, seed_logreg
+from flwr_admm.client import ADMMClient
+from flwr_admm.data.base import FederatedData
+from flwr_admm.data.seed_logreg import seed_logreg
 from flwr_admm.models import LogisticRegression
 from flwr_admm.testing import RunResult, make_proxies, run_rounds
 

@@ -14,7 +14,7 @@ from flower_run import seed_data, seed_model
 from flwr.app import Array, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import ADMMTrainStep
 from flwr_admm.core.local_solver import penalized_local_solve
 from flwr_admm.serverapp.testing import InProcessGrid

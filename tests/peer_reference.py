@@ -12,7 +12,7 @@ import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 from flwr_admm.models.base import Model
 
 LAM = 0.1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flwr_admm.data import FederatedData
+from flwr_admm.data.base import FederatedData
 
 
 def same(a: FederatedData, b: FederatedData) -> bool:

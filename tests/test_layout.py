@@ -1,6 +1,10 @@
 """The package's layout rules, read from its source: what a reviewer would check by hand.
 
 - `flwr_admm.core` imports nothing from `flwr` (and, run alone, loads no `flwr` module);
+- the legacy API's package (`server`) and the Message API's (`serverapp`) import
+  nothing from each other; what they share is the wire-neutral round layer
+  (`rounds`), which imports neither API: only the core, the protocol and Flower's
+  shared type aliases and logger;
 - no module of `flwr_admm` is longer than 450 lines;
 - no class is built from two or more of the package's own classes (composition, not
   mixins).
@@ -41,6 +45,57 @@ def test_core_imports_nothing_from_flwr() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def package_arrows(package: str) -> dict[str, set[str]]:
+    """Each module of `package` with the other `flwr_admm` subpackages it imports."""
+    arrows: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        targets = {
+            name.split(".")[1] if "." in name else "flwr_admm"
+            for name in imported_modules(path)
+            if name == "flwr_admm" or name.startswith("flwr_admm.")
+        }
+        arrows[str(path.relative_to(PACKAGE))] = targets - {package}
+    return arrows
+
+
+def test_server_and_serverapp_import_nothing_from_each_other() -> None:
+    crossing = {
+        module: sorted(targets & {"server", "serverapp", "flwr_admm"})
+        for package, other in (("server", "serverapp"), ("serverapp", "server"))
+        for module, targets in package_arrows(package).items()
+        if targets & {other, "flwr_admm"}
+    }
+    assert crossing == {}
+
+
+# What the round layer may take from Flower: the type aliases and the logger both APIs use.
+ROUNDS_FLWR_NAMES = {"flwr.common": {"NDArrays", "Scalar"}, "flwr.common.logger": {"log"}}
+
+
+def test_rounds_imports_neither_api() -> None:
+    allowed = {"core", "protocol"}
+    offenders: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "rounds").rglob("*.py")):
+        bad = sorted(
+            name
+            for name in imported_modules(path)
+            if (name.startswith("flwr_admm.") and name.split(".")[1] not in {*allowed, "rounds"})
+            or name == "flwr_admm"
+        )
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                bad += [a.name for a in node.names if a.name.split(".")[0] == "flwr"]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] == "flwr":
+                    allowed_names = ROUNDS_FLWR_NAMES.get(node.module, set())
+                    bad += [
+                        f"{node.module}.{a.name}" for a in node.names if a.name not in allowed_names
+                    ]
+        if bad:
+            offenders[str(path.relative_to(PACKAGE))] = bad
+    assert offenders == {}
+
+
 def test_core_runs_without_flwr_installed() -> None:
     code = (
         "import sys\n"
@@ -69,6 +124,7 @@ def test_importing_the_package_imports_no_torch() -> None:
         "import sys\n"
         "import flwr_admm, flwr_admm.client, flwr_admm.clientapp, flwr_admm.server\n"
         "import flwr_admm.serverapp, flwr_admm.core, flwr_admm.uplink, flwr_admm.models\n"
+        "import flwr_admm.rounds\n"
         "import flwr_admm.testing\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from flwr_admm.data import PartitionSpec, digits_federated, partition_rows
+from flwr_admm.data.digits import digits_federated
+from flwr_admm.data.partition import PartitionSpec, partition_rows
 from flwr_admm.uplink import LocalDP, PrivacyLedger
 
 # Modules that only an extra installs (dp_accounting: `dp`; the others: `simulations`).

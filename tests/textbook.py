@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr_admm import FedADMM
 from flwr_admm.core.settings import TEXTBOOK
+from flwr_admm.server import FedADMM
 from flwr_admm.serverapp import FedADMM as MessageFedADMM
 
 

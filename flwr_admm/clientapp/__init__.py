@@ -1,30 +1,22 @@
 """Flower Message-API client side: helpers for ``@app.train()`` handlers, a ready ClientApp.
 
-`ADMMTrainStep` (with `received_arrays`, `read_rho`, `warm_start`, `build_reply`)
-serves a user's own handler; `make_client_app` wraps the legacy ``client_fn`` of an
-`ADMMClient` (the project's numpy models) into a ClientApp with train and evaluate
-handlers (also under the Message-API `SCAFFOLD` / `FedDyn`); `received_control` and
-`build_scaffold_reply` serve a user's own SCAFFOLD handler.
+`ADMMTrainStep` (and, as functions, `received_arrays` and `build_reply`; `read_rho`
+and `warm_start` in `flwr_admm.clientapp.step`) serves a user's own handler;
+`make_client_app` wraps the legacy ``client_fn`` of an `ADMMClient` (the project's
+numpy models) into a ClientApp with train and evaluate handlers (also under the
+Message-API `SCAFFOLD` / `FedDyn`); `received_control` and `build_scaffold_reply`
+serve a user's own SCAFFOLD handler.
 """
 
-from flwr_admm.clientapp.app import legacy_config, make_client_app
+from flwr_admm.clientapp.app import make_client_app
 from flwr_admm.clientapp.peers import build_scaffold_reply, received_control
-from flwr_admm.clientapp.step import (
-    ADMMTrainStep,
-    build_reply,
-    read_rho,
-    received_arrays,
-    warm_start,
-)
+from flwr_admm.clientapp.step import ADMMTrainStep, build_reply, received_arrays
 
 __all__ = [
     "ADMMTrainStep",
     "build_reply",
     "build_scaffold_reply",
-    "legacy_config",
     "make_client_app",
-    "read_rho",
     "received_arrays",
     "received_control",
-    "warm_start",
 ]

@@ -10,49 +10,28 @@ layer feeds).
 """
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck, RunHealth
-from flwr_admm.core.local_solver import LocalPlan, LocalResult, penalized_local_solve
-from flwr_admm.core.regularizers import L1, L2, Regularizer
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
+from flwr_admm.core.regularizers import L1, L2
 from flwr_admm.core.schedules import (
     Constant,
     Geometric,
     ResidualBalancing,
     RhoSchedule,
-    RoundResiduals,
     StallIncrease,
-    make_schedule,
 )
-from flwr_admm.core.settings import ConsensusSettings
-from flwr_admm.core.types import (
-    Arrays,
-    NonFiniteReplyError,
-    Reply,
-    RoundReport,
-    RunDivergedError,
-)
+from flwr_admm.core.types import Reply, RunDivergedError
 
 __all__ = [
     "DEFAULT_HEALTH",
     "L1",
     "L2",
-    "Arrays",
     "ConsensusADMM",
-    "ConsensusSettings",
     "Constant",
     "Geometric",
     "HealthCheck",
-    "LocalPlan",
-    "LocalResult",
-    "NonFiniteReplyError",
-    "Regularizer",
     "Reply",
     "ResidualBalancing",
     "RhoSchedule",
-    "RoundReport",
-    "RoundResiduals",
     "RunDivergedError",
-    "RunHealth",
     "StallIncrease",
-    "make_schedule",
-    "penalized_local_solve",
 ]

@@ -1,6 +1,6 @@
 """Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals and the baselines.
 
-The baselines are FedNova, SCAFFOLD and FedDyn (`flwr_admm.server.peer_base`).
+The baselines are FedNova, SCAFFOLD and FedDyn (their rounds: `flwr_admm.rounds`).
 
 Thin translations between Flower's FitIns/FitRes and the numpy core
 (`flwr_admm.core`). FedADMM and FedADMMClientDuals share one round skeleton

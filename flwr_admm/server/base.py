@@ -41,7 +41,7 @@ from flwr_admm.protocol import (
     NUM_REJECTED,
     SERVER_ROUND,
 )
-from flwr_admm.server.checkpoint import (
+from flwr_admm.rounds.checkpoint import (
     CheckpointError,
     checkpoint_every_value,
     config_fingerprint,
@@ -51,8 +51,9 @@ from flwr_admm.server.checkpoint import (
     shared_settings,
     strategy_manifest,
 )
-from flwr_admm.server.identity import KeyBinding, client_key_of, optional_count
-from flwr_admm.server.report import watch_round
+from flwr_admm.rounds.identity import KeyBinding, client_key_of, optional_count
+from flwr_admm.rounds.report import watch_round
+from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.server.sampling import (
     KeyedReply,
     check_flower_fields,
@@ -61,7 +62,6 @@ from flwr_admm.server.sampling import (
     record_round,
     reject_reply,
     sample_clients,
-    unconfigured,
 )
 from flwr_admm.uplink.channel import UplinkChannel
 
@@ -83,7 +83,7 @@ class ConsensusStrategy(FedAvg):
     ``aggregate_fit`` raises ValueError naming ``configure_fit`` and changes nothing
     (why not FedAvg's mean: `flwr_admm.serverapp.base.ConsensusStrategy`).
 
-    Identity (``key_binding``, `flwr_admm.server.identity`). ``"node"`` (default): a
+    Identity (``key_binding``, `flwr_admm.rounds.identity`). ``"node"`` (default): a
     key is accepted only from the node (cid) it was first accepted from, and a node
     speaks for one key; any other claim is rejected (``num_key_conflicts``), the
     owner untouched, unless the owner has left the federation (it was not among

@@ -51,7 +51,7 @@ acknowledgement brings the client back.
 Rebuild sweep. A resync for a key S holds is accepted (N += n_i' - n_i, S += F_i,
 ``num_resynced``), but S still holds the client's old share, which the server cannot
 subtract (it never had it). S without it is the sum of the current shares, so the
-server sweeps (`flwr_admm.server.client_duals_sweep`): every sampled key not yet
+server sweeps (`flwr_admm.rounds.client_duals_sweep`): every sampled key not yet
 rebuilt gets ``admm-rebuild`` = 1 and replies with its usual Delta_j and, as a second
 block of tensors in full precision, its full share sigma_j' = n_j' c_j' - e_j'; S +=
 Delta_j as usual and S_new += sigma_j' (rebuilt keys add Delta_j to S_new too; new and
@@ -79,17 +79,19 @@ reports the payload bytes of each round as in `FedADMM`. Local DP is not support
 
 Clients MUST follow the protocol above; `ADMMClient` does on ``admm-duals = "client"``.
 The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
-checks in `flwr_admm.server.client_duals_replies`, and the round skeleton (sampling,
+checks in `flwr_admm.rounds.client_duals_replies`, and the round skeleton (sampling,
 reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.common import FitIns, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
@@ -99,6 +101,7 @@ from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
+from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
@@ -107,21 +110,15 @@ from flwr_admm.protocol import (
     PREVIOUS_ROUND,
     RHO,
 )
+from flwr_admm.rounds.client_duals_replies import RoundStats
+from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
 from flwr_admm.server.base import ConsensusStrategy
-from flwr_admm.server.client_duals_replies import (
-    RoundStats,
-    decoded_reply,
-)
-from flwr_admm.server.client_duals_settings import checked_uplink
-from flwr_admm.server.client_duals_state import ClientDualsState
 from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.compression import Compressor
-from flwr_admm.uplink.wire import to_parameters
+from flwr_admm.uplink.compression import Compressor, checked_uplink
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views, to_parameters
 
 __all__ = ["FedADMMClientDuals"]
-
-STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
 class FedADMMClientDuals(ConsensusStrategy):
@@ -347,3 +344,44 @@ class FedADMMClientDuals(ConsensusStrategy):
             raise ValueError("z, S and dtypes disagree")
         self.state.load_state_dict(arrays, manifest)
         self._broadcast = None
+
+
+@dataclass(frozen=True)
+class DecodedReply:
+    """Delta_i of a reply, its full share sigma_i' if it sent one, or why it is unusable."""
+
+    problem: str | None
+    change: Sequence[NDArray[np.generic]]
+    share: Sequence[NDArray[np.generic]] | None
+
+
+def decoded_reply(channel: UplinkChannel, res: FitRes, like: Arrays) -> DecodedReply:
+    """Decode Delta_i (the first P tensors) and sigma_i' (P more ``.npy`` tensors, if any).
+
+    `like` gives the expected shapes (S itself: nothing is copied from it). Both
+    blocks are checked (shapes, finite) before anything touches S.
+    """
+    tensors, count = res.parameters.tensors, len(like)
+    shapes = [t.shape for t in like]
+    try:
+        change = _decoded(channel, Parameters(tensors[:count], res.parameters.tensor_type), like)
+        problem, _ = check_reply(change, res.num_examples, shapes)
+        share = None
+        if problem is None and len(tensors) == 2 * count:
+            share = channel.decode(Parameters(tensors[count:], NUMPY_TENSOR_TYPE), lambda: like)
+            problem, _ = check_reply(share, res.num_examples, shapes)
+            problem = None if problem is None else f"share: {problem}"
+        elif problem is None and len(tensors) != count:
+            problem = f"expected {count} or {2 * count} tensors, got {len(tensors)}"
+    except Exception as error:  # a malformed reply must not stop the server
+        return DecodedReply(f"unreadable reply ({error!r})", [], None)
+    return DecodedReply(problem, change, share)
+
+
+def _decoded(
+    channel: UplinkChannel, parameters: Parameters, like: Arrays
+) -> Sequence[NDArray[np.generic]]:
+    """Return Delta_i: the reply's views, or decode(payload) when compressed."""
+    if channel.compressor is None:
+        return parameters_to_views(parameters)
+    return channel.decode(parameters, lambda: like, add_center=False)

@@ -66,10 +66,10 @@ from flwr_admm.protocol import (
     SECAGG_WEIGHT,
     SECURE_DROPPED,
 )
+from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
+from flwr_admm.rounds.identity import client_key_of
 from flwr_admm.server.base import Results
 from flwr_admm.server.client_duals import FedADMMClientDuals
-from flwr_admm.server.client_duals_replies import RoundStats, protocol_problem
-from flwr_admm.server.identity import client_key_of
 from flwr_admm.server.sampling import keyed_replies
 
 __all__ = ["FedADMMClientDualsSecAgg"]

@@ -58,8 +58,8 @@ from flwr_admm.protocol import (
     RHO,
     START_TENSORS,
 )
+from flwr_admm.rounds.report import report_metrics
 from flwr_admm.server.base import ConsensusStrategy
-from flwr_admm.server.report import report_metrics
 from flwr_admm.server.sampling import KeyedReply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
 from flwr_admm.uplink.compression import Compressor

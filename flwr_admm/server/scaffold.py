@@ -1,29 +1,20 @@
-"""SCAFFOLD: stochastic controlled averaging (Karimireddy et al., ICML 2020).
+"""SCAFFOLD on Flower's legacy API: `flwr_admm.rounds.scaffold` behind `PeerStrategy`.
 
-Flower 1.42 ships no SCAFFOLD. Option II control variates, with x the global model,
-c the server's control variate, c_i client i's (zero at first), S the round's clients:
-
-    client:  y_i <- y_i - lr (grad f_i(y_i) - c_i + c)      K steps from y_i = x
-             c_i+ = c_i - c + (x - y_i) / (K lr)
-    server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
-             c   = sum_{i seen} n_i c_i / sum_{i seen} n_i   (c += that share of dc_i)
-
-p_i = n_i / sum_{j in S} n_j (`flwr_admm.server.peer_base` on the weighting: with
-equal n_i this is the paper's mean over S and, once every client has been seen,
-its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
-carry two model-sized blocks: twice FedAvg's bytes per round.
+The math (Karimireddy et al., ICML 2020, option II control variates), the server
+state and the update are `flwr_admm.rounds.scaffold.ScaffoldRound`'s, which the
+Message-API `flwr_admm.serverapp.scaffold.SCAFFOLD` runs too.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
-from flwr.common import NDArrays, Scalar
+from flwr.common import NDArrays
 
-from flwr_admm.protocol import PEER_SCAFFOLD, SERVER_STEP
-from flwr_admm.server.peer_base import PeerStrategy, Reply
+from flwr_admm.rounds.scaffold import ScaffoldRound
+from flwr_admm.server.peer_base import PeerStrategy
+
+__all__ = ["SCAFFOLD"]
 
 
 class SCAFFOLD(PeerStrategy):
@@ -34,7 +25,7 @@ class SCAFFOLD(PeerStrategy):
     divergence watchdog, `PeerStrategy`; None: off). Clients MUST follow the
     ``peer-algorithm = "scaffold"`` contract: the parameters are x followed by c (two
     blocks of the model's shapes); run K gradient steps on grad f_i - c_i + c from x;
-    reply y_i followed by c_i+ - c_i. `flwr_admm.ADMMClient` does, keeping c_i in its
+    reply y_i followed by c_i+ - c_i. `flwr_admm.client.ADMMClient` does, keeping c_i in its
     ``context.state``. A reply of any other layout, with NaN/inf entries or
     num_examples <= 0, or a second reply for one client key in a round, is rejected
     (counted in ``num_rejected``) and leaves the state untouched.
@@ -42,48 +33,15 @@ class SCAFFOLD(PeerStrategy):
     Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_seen n_i c_i / sum_seen n_i.
     """
 
-    peer = PEER_SCAFFOLD
-
     def __init__(self, *, server_learning_rate: float = 1.0, **fedavg_kwargs: Any) -> None:
-        if (
-            isinstance(server_learning_rate, bool)
-            or not isinstance(server_learning_rate, int | float)
-            or not math.isfinite(server_learning_rate)
-            or server_learning_rate <= 0
-        ):
-            raise ValueError(
-                f"server_learning_rate: must be a finite number > 0, got {server_learning_rate!r}"
-            )
-        super().__init__(**fedavg_kwargs)
-        self.server_learning_rate = float(server_learning_rate)
-        self.control_sum: NDArrays | None = None  # sum_{i seen} n_i c_i
+        algorithm = ScaffoldRound(server_learning_rate)
+        super().__init__(algorithm, **fedavg_kwargs)
+        self.server_learning_rate = algorithm.server_learning_rate
 
     def __repr__(self) -> str:
         return f"SCAFFOLD(server_learning_rate={self.server_learning_rate!r})"
 
     def control(self) -> NDArrays:
         """Return the server control variate c = sum_seen n_i c_i / sum_seen n_i (0 at first)."""
-        assert self.current is not None
-        if self.control_sum is None:
-            return [np.zeros_like(t) for t in self.current]
-        return [s / self.seen_examples() for s in self.control_sum]
-
-    def _outgoing(self, x: NDArrays) -> NDArrays:
-        return [*x, *self.control()]
-
-    def _blocks(self) -> int:
-        return 2
-
-    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
-        """X' = x + eta_g sum_S p_i (y_i - x); sum_seen n_i c_i += n_i (c_i+ - c_i)."""
-        half = len(x)
-        step = [np.zeros_like(t) for t in x]
-        control_sum = self.control_sum or [np.zeros_like(t) for t in x]
-        for p, (key, arrays, _) in zip(self.weights(replies), replies, strict=True):
-            n = self.state_weight(key)
-            for k, (xk, yk, dck) in enumerate(zip(x, arrays[:half], arrays[half:], strict=True)):
-                step[k] += p * (yk - xk)  # sum_S p_i (y_i - x)
-                control_sum[k] += n * dck  # n_i (c_i+ - c_i)
-        self.control_sum = control_sum
-        eta = self.server_learning_rate
-        return [xk + eta * s for xk, s in zip(x, step, strict=True)], {SERVER_STEP: eta}
+        assert isinstance(self.algorithm, ScaffoldRound)
+        return self.algorithm.control()

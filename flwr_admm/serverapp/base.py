@@ -6,7 +6,7 @@ API: keyword checks, waiting for nodes and seeded sampling, client identity
 (``key_binding``) and eviction (``max_client_age``, ``max_clients``), keyed and ordered
 reply folding that rejects and counts bad replies instead of ending the run, round
 records, evaluation, checkpoints (``checkpoint_dir``, ``checkpoint_every``,
-``resume``; the legacy file format, `flwr_admm.server.checkpoint`) and the divergence
+``resume``; the legacy file format, `flwr_admm.rounds.checkpoint`) and the divergence
 watchdog (``health``, `flwr_admm.core.health`). A strategy fills in
 the hooks (`_adopt`, `_train_messages`, `_read`, `_open_round`, `_fold_reply`,
 `_finish_round`, `_discard_round`, `_evict`, `_state_dict`, ...).
@@ -38,7 +38,7 @@ from flwr_admm.protocol import (
     NUM_REJECTED,
     ROUND,
 )
-from flwr_admm.server.checkpoint import (
+from flwr_admm.rounds.checkpoint import (
     CheckpointError,
     checkpoint_every_value,
     config_fingerprint,
@@ -47,9 +47,9 @@ from flwr_admm.server.checkpoint import (
     save_checkpoint,
     strategy_manifest,
 )
-from flwr_admm.server.identity import KeyBinding, optional_count
-from flwr_admm.server.report import watch_round
-from flwr_admm.server.sampling import sample_ids, unconfigured
+from flwr_admm.rounds.identity import KeyBinding, optional_count
+from flwr_admm.rounds.report import watch_round
+from flwr_admm.rounds.sampling import sample_ids, unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.nodes import admit, wait_for_nodes
 from flwr_admm.serverapp.records import Layout, ReadReply, has_weight, merge_metrics, plain_metrics
@@ -84,7 +84,7 @@ class ConsensusStrategy(FedAvg):
     are the same with it off.
 
     Checkpoints: after every `checkpoint_every` aggregations the state goes to
-    `checkpoint_dir` (`flwr_admm.server.checkpoint`: atomic, checksummed, settings
+    `checkpoint_dir` (`flwr_admm.rounds.checkpoint`: atomic, checksummed, settings
     fingerprinted, key bindings kept, plus the model's tensor names, dtypes and
     shapes). With `resume` and a checkpoint there, the strategy starts from it: the
     first ``configure_train`` sends the checkpoint's z (the given arrays must have its

@@ -35,17 +35,15 @@ from flwr_admm.protocol import (
     RHO,
     SHARE_RECORD,
 )
-from flwr_admm.server.client_duals import STRATEGY
-from flwr_admm.server.client_duals_replies import (
+from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
 )
-from flwr_admm.server.client_duals_settings import checked_uplink
-from flwr_admm.server.client_duals_state import ClientDualsState
+from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.compression import Compressor
+from flwr_admm.uplink.compression import Compressor, checked_uplink
 
 __all__ = ["FedADMMClientDuals"]
 
@@ -53,9 +51,9 @@ __all__ = ["FedADMMClientDuals"]
 class FedADMMClientDuals(ConsensusStrategy):
     r"""Federated consensus ADMM with client-held duals (Message API).
 
-    The protocol, math and server arithmetic of the legacy `flwr_admm.FedADMMClientDuals`
-    (read its module docstring; `flwr_admm.server.client_duals_replies`,
-    `flwr_admm.server.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
+    The protocol, math and server arithmetic of the legacy `flwr_admm.server.FedADMMClientDuals`
+    (read its module docstring; `flwr_admm.rounds.client_duals_replies`,
+    `flwr_admm.rounds.client_duals_sweep`): node i keeps w_i and its scaled dual u_i in
     its ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),
     N = sum_i n_i and, per client key, n_i and the round it last took part in. Round k:
 
@@ -115,7 +113,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         coefficient g; each node extrapolates its own dual.
     rho_schedule, client_rho, relaxation :
         Accepted only at their defaults (None, "uniform", 1), as in the legacy
-        class (`flwr_admm.server.client_duals_settings`).
+        class (`flwr_admm.rounds.client_duals_settings`).
     dual_step : float in (0, 1]
         The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
         ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same

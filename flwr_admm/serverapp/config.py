@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.protocol import MESSAGE_RESERVED_CONFIG_KEYS, RESERVED_CONFIG_PREFIXES
-from flwr_admm.server.sampling import check_sampling_seed, check_sizes
+from flwr_admm.rounds.sampling import check_sampling_seed, check_sizes
 
 __all__ = ["check_fields", "copy_config"]
 

@@ -38,7 +38,7 @@ from flwr_admm.protocol import (
     RHO,
     START_RECORD,
 )
-from flwr_admm.server.report import report_metrics
+from flwr_admm.rounds.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply

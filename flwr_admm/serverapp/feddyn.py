@@ -1,4 +1,4 @@
-"""FedDyn on Flower's Message API: the legacy `flwr_admm.server.feddyn.FedDyn` round.
+"""FedDyn on Flower's Message API: the round of `flwr_admm.rounds.feddyn.FedDynRound`.
 
 Dynamic regularization (Acar et al., ICLR 2021), with x the model sent this round,
 grad_i node i's linear term (zero at first), h the server state (zero at first):
@@ -11,8 +11,8 @@ grad_i node i's linear term (zero at first), h the server state (zero at first):
 p_i = n_i / sum_{j in S} n_j (``num-examples``). Wire: x under ``arrays`` and
 ``peer-algorithm = "feddyn"``, ``feddyn-alpha`` in the config; a node replies w_i
 under ``arrays`` with ``num-examples`` in its one MetricRecord: FedAvg's messages.
-The state and the update are the legacy class's (`flwr_admm.serverapp.peer_base`),
-so identical replies give identical x' and h.
+The state and the update are the round's, as in the legacy
+`flwr_admm.server.feddyn.FedDyn`, so identical replies give identical x' and h.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from flwr.common import NDArrays
 
-from flwr_admm.server.feddyn import FedDyn as LegacyFedDyn
+from flwr_admm.rounds.feddyn import FedDynRound
 from flwr_admm.serverapp.peer_base import PeerFedAvg
 
 __all__ = ["FedDyn"]
@@ -41,7 +41,7 @@ class FedDyn(PeerFedAvg):
     """
 
     def __init__(self, *, alpha: float, **fedavg_kwargs: Any) -> None:
-        algorithm = LegacyFedDyn(alpha=alpha)
+        algorithm = FedDynRound(alpha)
         super().__init__(algorithm, (), **fedavg_kwargs)
         self.alpha = algorithm.alpha
 
@@ -50,5 +50,5 @@ class FedDyn(PeerFedAvg):
 
     def h(self) -> NDArrays:
         """Return the server state h (float64, model order; 0 at first)."""
-        assert isinstance(self.algorithm, LegacyFedDyn)
+        assert isinstance(self.algorithm, FedDynRound)
         return self.algorithm.h()

@@ -1,4 +1,4 @@
-"""FedNova on Flower's Message API: the legacy `flwr_admm.server.fednova.FedNova` update.
+"""FedNova on Flower's Message API: the `flwr_admm.rounds.fednova` update.
 
 A subclass of `flwr.serverapp.strategy.FedAvg` (same keywords, same sampling and
 messages: every sampled node receives the global model x under ``arrays``). With
@@ -7,7 +7,7 @@ w_i a node's returned model, n_i its ``num-examples`` (`weighted_by_key`), tau_i
 
     x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i,    tau_eff = sum_i p_i tau_i
 
-(`flwr_admm.server.fednova.normalized_average`, so identical replies give the
+(`flwr_admm.rounds.fednova.normalized_average`, so identical replies give the
 legacy strategy's x' exactly). A reply Flower's FedAvg would abort the run on
 (`InconsistentMessageReplies`) or that the legacy FedNova rejects (wrong names or
 shapes, NaN, non-positive num-examples, a missing or non-integer ``local_steps``,
@@ -31,9 +31,9 @@ from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunH
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPLIES, TAU_EFF
-from flwr_admm.server.fednova import local_steps_problem, normalized_average
-from flwr_admm.server.report import watch_round
-from flwr_admm.server.sampling import unconfigured
+from flwr_admm.rounds.fednova import local_steps_problem, normalized_average
+from flwr_admm.rounds.report import watch_round
+from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
 __all__ = ["FedNova"]

@@ -3,10 +3,10 @@
 Sampling waits for the nodes first and sizes the sample afterwards (Flower 1.42's
 Message-API FedAvg sizes it from the nodes connected *before* waiting, so round 1 of
 a simulation can sample 2 of 10 nodes); the draw itself is the legacy strategies'
-`flwr_admm.server.sampling.sample_ids` (nodes ordered by their known client key,
+`flwr_admm.rounds.sampling.sample_ids` (nodes ordered by their known client key,
 then node id; with a seed, a generator seeded by (sampling_seed, k)), so both APIs
 pick the same clients. `admit` applies the legacy strategies' duplicate-key
-and key-binding policy (`flwr_admm.server.identity.KeyBinding.admit`) to Message replies.
+and key-binding policy (`flwr_admm.rounds.identity.KeyBinding.admit`) to Message replies.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from logging import INFO
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_admm.server.identity import KeyBinding
+from flwr_admm.rounds.identity import KeyBinding
 from flwr_admm.serverapp.records import ReadReply
 
 __all__ = ["admit", "wait_for_nodes"]
@@ -40,7 +40,7 @@ def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> l
 
 @dataclass(frozen=True)
 class _Sender:
-    """A node id as `KeyBinding.admit` reads it (`flwr_admm.server.identity.Sender`)."""
+    """A node id as `KeyBinding.admit` reads it (`flwr_admm.rounds.identity.Sender`)."""
 
     cid: str
 

@@ -1,25 +1,26 @@
 """The Message-API round the peer baselines `SCAFFOLD` and `FedDyn` share.
 
 A subclass of `flwr.serverapp.strategy.FedAvg` (same keywords, same node sample)
-around the legacy strategy object (`flwr_admm.server.peer_base.PeerStrategy`), which
-keeps x in float64, the server state (SCAFFOLD's c, FedDyn's h) and the arithmetic:
-this module only translates records. Per round:
+around the round object (`flwr_admm.rounds.peers.PeerRound`, which the legacy
+`flwr_admm.server.peer_base.PeerStrategy` holds too), which keeps x in float64, the
+server state (SCAFFOLD's c, FedDyn's h) and the arithmetic: this module only
+translates records. Per round:
 
 - ``configure_train``: x under ``arrays`` (the model's names and dtypes), the
-  legacy strategy's further blocks under their own ArrayRecords (SCAFFOLD: c under
+  round's further blocks under their own ArrayRecords (SCAFFOLD: c under
   ``scaffold-control``), and ``peer-algorithm`` (plus FedDyn's ``feddyn-alpha``)
   added to a copy of the given config (Flower adds ``server-round``).
 - ``aggregate_train``: every content reply is read into (client key, blocks, n_i)
-  as the legacy strategy reads a FitRes (key: ``client-key``, else ``partition-id``,
+  as the legacy translator reads a FitRes (key: ``client-key``, else ``partition-id``,
   else the node id; n_i: ``num-examples``), then folded in sorted key order by the
-  legacy `fold`, so identical replies give the legacy x' and state bit for bit.
+  round's `fold`, so identical replies give the legacy x' and state bit for bit.
 
-A reply Flower's FedAvg would abort the run on, or that the legacy strategy rejects
+A reply Flower's FedAvg would abort the run on, or that the legacy translator rejects
 (missing or extra ArrayRecords, other tensor names or shapes, NaN/inf, a
 non-positive ``num-examples``, a second reply for one client key in a round) is
 logged and counted in ``num_rejected``; error replies in ``num_failures``. Never raises
-on a reply; the legacy strategy's divergence watchdog (``health``, `PeerStrategy.watch`)
-sees every round and raises `RunDivergedError` when the run diverged or stalled.
+on a reply; the round's divergence watchdog (``health``, `PeerRound.watch`) sees
+every round and raises `RunDivergedError` when the run diverged or stalled.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck, RunHealth
+from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
     MESSAGE_RESERVED_CONFIG_KEYS,
@@ -45,8 +46,8 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
-from flwr_admm.server.peer_base import PeerStrategy, Reply
-from flwr_admm.server.sampling import unconfigured
+from flwr_admm.rounds.peers import PeerRound, Reply
+from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
 
@@ -54,12 +55,12 @@ __all__ = ["PeerFedAvg"]
 
 
 class PeerFedAvg(FedAvg):
-    """Flower's Message-API FedAvg sampling around a legacy peer strategy's round.
+    """Flower's Message-API FedAvg sampling around a peer baseline's round (`PeerRound`).
 
     Parameters
     ----------
-    algorithm : PeerStrategy
-        The legacy `SCAFFOLD` / `FedDyn` whose state and update this strategy runs.
+    algorithm : PeerRound
+        The round (`ScaffoldRound`, `FedDynRound`) whose state and update this runs.
     extra_records : tuple of str
         Names of the ArrayRecords carrying the blocks after x, down and up.
     health : HealthCheck or None
@@ -71,7 +72,7 @@ class PeerFedAvg(FedAvg):
 
     def __init__(
         self,
-        algorithm: PeerStrategy,
+        algorithm: PeerRound,
         extra_records: tuple[str, ...] = (),
         *,
         health: HealthCheck | None = DEFAULT_HEALTH,
@@ -80,8 +81,8 @@ class PeerFedAvg(FedAvg):
         super().__init__(**fedavg_kwargs)
         check_fields(self, None)
         self.algorithm = algorithm
-        self.health = algorithm.health = health
-        algorithm.health_state = RunHealth.of(health, type(self).__name__, PEER_ADVICE)
+        self.health = health
+        algorithm.watch_with(health, type(self).__name__)
         self.extra_records = extra_records
         self.layout: Layout | None = None
         self.history: list[dict[str, Any]] = []  # round metrics, as returned

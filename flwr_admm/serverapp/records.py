@@ -7,7 +7,7 @@ same names, in the same order, with the same dtypes and shapes (0-d tensors stay
 0-d). `read_reply` turns one reply `Message` into a core `Reply`, or says why it is
 unusable; it never raises. `merge_metrics` builds the round's MetricRecord (plain
 ints and floats): the user's aggregation overlaid with ours (the counts and
-`flwr_admm.server.report.report_metrics`).
+`flwr_admm.rounds.report.report_metrics`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
     LOSS,
 )
-from flwr_admm.server.identity import client_key_of
-from flwr_admm.server.report import without_reply_keys
+from flwr_admm.rounds.identity import client_key_of
+from flwr_admm.rounds.report import without_reply_keys
 
 __all__ = [
     "Layout",
@@ -125,7 +125,7 @@ def read_reply(
     """Read a content reply: client key, w_i (float64, layout order), n_i, f_i(w_i).
 
     The key is the ``client-key`` metric, else ``partition-id``, else the sending node
-    (`flwr_admm.server.identity.client_key_of`). Unusable, with `problem` set: not
+    (`flwr_admm.rounds.identity.client_key_of`). Unusable, with `problem` set: not
     exactly one ArrayRecord and one MetricRecord, tensor names other than the layout's
     (in any order), a shape that differs, a non-numeric dtype, a `weighted_by_key`
     value that is not a positive integer, an unreadable key. NaN/inf entries are left

@@ -1,4 +1,4 @@
-"""SCAFFOLD on Flower's Message API: the legacy `flwr_admm.server.scaffold.SCAFFOLD` round.
+"""SCAFFOLD on Flower's Message API: the round of `flwr_admm.rounds.scaffold.ScaffoldRound`.
 
 Option II control variates (Karimireddy et al., ICML 2020), with x the global model,
 c the server's control variate, c_i node i's (zero at first), S the round's nodes:
@@ -13,8 +13,9 @@ c under ``scaffold-control`` (`flwr_admm.protocol.SCAFFOLD_CONTROL_RECORD`), bot
 the model's tensor names and dtypes, and the config holds ``peer-algorithm =
 "scaffold"``; a node replies y_i under ``arrays`` and c_i+ - c_i under
 ``scaffold-control`` (same names), with ``num-examples`` in its one MetricRecord.
-Twice FedAvg's bytes each way. The state and the update are the legacy class's
-(`flwr_admm.serverapp.peer_base`), so identical replies give identical x' and c.
+Twice FedAvg's bytes each way. The state and the update are the round's, as in the
+legacy `flwr_admm.server.scaffold.SCAFFOLD`, so identical replies give identical x'
+and c.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from flwr.common import NDArrays
 
 from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
-from flwr_admm.server import scaffold as legacy
+from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.serverapp.peer_base import PeerFedAvg
 
 __all__ = ["SCAFFOLD"]
@@ -45,7 +46,7 @@ class SCAFFOLD(PeerFedAvg):
     """
 
     def __init__(self, *, server_learning_rate: float = 1.0, **fedavg_kwargs: Any) -> None:
-        algorithm = legacy.SCAFFOLD(server_learning_rate=server_learning_rate)
+        algorithm = ScaffoldRound(server_learning_rate)
         super().__init__(algorithm, (SCAFFOLD_CONTROL_RECORD,), **fedavg_kwargs)
         self.server_learning_rate = algorithm.server_learning_rate
 
@@ -54,5 +55,5 @@ class SCAFFOLD(PeerFedAvg):
 
     def control(self) -> NDArrays:
         """Return the server control variate c (float64, model order; 0 at first)."""
-        assert isinstance(self.algorithm, legacy.SCAFFOLD)
+        assert isinstance(self.algorithm, ScaffoldRound)
         return self.algorithm.control()

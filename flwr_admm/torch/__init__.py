@@ -3,7 +3,8 @@
 `TorchADMM` runs one node's ADMM w-step inside a user's own training loop, in both
 Flower APIs; `state_arrays` / `load_arrays` move a module's ``state_dict`` to and from
 named numpy arrays; `buffer_policy` names its buffers for a strategy's
-``tensor_policy``. Nothing else in `flwr_admm` imports torch.
+``tensor_policy``; small models for the tests and benchmarks are in
+`flwr_admm.torch.models`. Nothing else in `flwr_admm` imports torch.
 """
 
 try:
@@ -14,19 +15,7 @@ except ImportError as error:  # pragma: no cover - the base install has no torch
         "(CPU build first: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
     ) from error
 
-from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
-from flwr_admm.torch.state import buffer_policy, load_arrays, state_arrays, trainable_names
-from flwr_admm.torch.step import PENALTIES, Penalty, TorchADMM
+from flwr_admm.torch.state import buffer_policy, load_arrays, state_arrays
+from flwr_admm.torch.step import TorchADMM
 
-__all__ = [
-    "PENALTIES",
-    "Penalty",
-    "SmallCNN",
-    "TorchADMM",
-    "TorchLogistic",
-    "TorchSoftmax",
-    "buffer_policy",
-    "load_arrays",
-    "state_arrays",
-    "trainable_names",
-]
+__all__ = ["TorchADMM", "buffer_policy", "load_arrays", "state_arrays"]

@@ -348,3 +348,15 @@ def compressor_from_config(config: dict[str, Scalar]) -> Compressor | None:
             raise ValueError(f"{UPLINK_FRACTION}: must be a number, got {fraction!r}")
         return TopK(fraction=float(fraction), error_feedback=bool(feedback))
     raise ValueError(f"{UPLINK}: must be 'sq', 'topk' or 'none', got {scheme!r}")
+
+
+def checked_uplink(uplink: Any) -> Compressor | None:
+    """Return `uplink` if it is None or a `Compressor` with error feedback; else raise."""
+    if uplink is not None and not isinstance(uplink, Compressor):
+        raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
+    if uplink is not None and not uplink.error_feedback:
+        raise ValueError(
+            "uplink: client-held duals need error_feedback=True (S would keep every "
+            f"compression error), got {uplink!r}"
+        )
+    return uplink

@@ -14,7 +14,7 @@ from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.protocol import PARTITION_ID
 

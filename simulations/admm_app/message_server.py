@@ -25,7 +25,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from flwr_admm import Geometric, make_schedule
+from flwr_admm.core import Geometric
+from flwr_admm.core.schedules import make_schedule
 from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 

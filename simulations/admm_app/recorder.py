@@ -39,8 +39,8 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from flwr_admm.server import SCAFFOLD
 from flwr_admm.server.client_duals import FedADMMClientDuals
-from flwr_admm.server.scaffold import SCAFFOLD
 
 T = TypeVar("T")
 STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED = "running", "complete", "failed"

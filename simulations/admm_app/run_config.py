@@ -24,7 +24,7 @@ from flwr.common.logger import log
 from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
-from flwr_admm.server.identity import KEY_BINDINGS
+from flwr_admm.rounds.identity import KEY_BINDINGS
 
 STRATEGIES = (
     "fedadmm",

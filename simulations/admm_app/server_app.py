@@ -34,13 +34,13 @@ from flwr.server.criterion import Criterion
 from flwr.server.strategy import FedAvg, FedProx, Strategy
 from flwr.serverapp import Grid
 
-from flwr_admm import FedADMM, Geometric, make_schedule
+from flwr_admm.core import Geometric
+from flwr_admm.core.schedules import make_schedule
 from flwr_admm.data import Task
+from flwr_admm.server import SCAFFOLD, FedADMM, FedDyn
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
-from flwr_admm.server.feddyn import FedDyn
 from flwr_admm.server.fednova import FedNova
-from flwr_admm.server.scaffold import SCAFFOLD
 
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api

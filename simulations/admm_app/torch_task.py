@@ -2,7 +2,7 @@
 
 `torch_module_factory` returns the module the clients train: the twins of the numpy
 logistic and softmax models (same tensors, same objective) or, with ``model = "cnn"``,
-`flwr_admm.torch.SmallCNN` (BatchNorm) for the image tasks. `TorchTaskModel` wraps a
+`flwr_admm.torch.models.SmallCNN` (BatchNorm) for the image tasks. `TorchTaskModel` wraps a
 module factory in the numpy `flwr_admm.models.Model` contract, so that the server's
 `Evaluator`, its L-BFGS optimum and the initial parameters work unchanged: parameters
 are the ``state_dict`` tensors in order (their own dtypes at init), and the loss and
@@ -22,7 +22,8 @@ from numpy.typing import NDArray
 from flwr_admm.data import Task
 from flwr_admm.models import LogisticRegression, Model, SoftmaxRegression
 from flwr_admm.models.base import Params, encode_class_labels
-from flwr_admm.torch import SmallCNN, TorchLogistic, TorchSoftmax, load_arrays, state_arrays
+from flwr_admm.torch import load_arrays, state_arrays
+from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
 
 ModuleFactory = Callable[[], torch.nn.Module]
 IMAGE_SHAPES = {"digits": ((1, 8, 8), False), "mnist": ((1, 28, 28), False)}

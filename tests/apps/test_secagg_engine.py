@@ -29,7 +29,7 @@ from flwr.serverapp import Grid
 from flwr.simulation import run_simulation
 from secagg_emulation import SecureSumEmulation, faulty_proxies
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.testing import run_rounds
 

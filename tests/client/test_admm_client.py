@@ -17,7 +17,7 @@ from scipy.special import expit
 from seed_reference import logistic_grad
 from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 from flwr_admm.models import LogisticRegression, SoftmaxRegression
 
 RHO, L, LR = 0.1, 5, 0.02

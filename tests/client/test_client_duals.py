@@ -18,9 +18,10 @@ import pytest
 from flower_run import D, seed_data, seed_model
 from flwr.common import Context, RecordDict, Scalar
 
-from flwr_admm import ADMMClient, StochasticQuantizer
+from flwr_admm.client import ADMMClient
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.core.client_duals import DualState, acknowledged
+from flwr_admm.uplink import StochasticQuantizer
 from flwr_admm.uplink.wire import ndarray_view
 
 BASE: dict[str, Scalar] = {"rho": 0.1, "admm-duals": "client", "local_steps": 5}

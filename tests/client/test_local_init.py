@@ -15,8 +15,8 @@ from flower_run import D, run_seed, seed_data, seed_model
 from flwr.common import Context, RecordDict, Scalar
 from seed_task import first_round_below, gaps
 
-from flwr_admm import ADMMClient, FedADMMClientDuals
-from flwr_admm.client import admm_client
+from flwr_admm.client import ADMMClient, admm_client
+from flwr_admm.server import FedADMMClientDuals
 
 CLIENT_DUALS: dict[str, Scalar] = {"rho": 0.1, "admm-duals": "client", "local_steps": 5}
 

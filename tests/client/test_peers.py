@@ -7,7 +7,7 @@ import pytest
 from flwr.common import ArrayRecord, Context, RecordDict
 from peer_reference import Ridge, gradient, ridge_clients
 
-from flwr_admm import ADMMClient
+from flwr_admm.client import ADMMClient
 
 X, Y = ridge_clients([6], d=2, seed=4)[0]
 

@@ -9,7 +9,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
-from flwr_admm.clientapp import ADMMTrainStep, build_reply, read_rho, warm_start
+from flwr_admm.clientapp import ADMMTrainStep, build_reply
+from flwr_admm.clientapp.step import read_rho, warm_start
 from flwr_admm.uplink import LocalDP
 
 CENTER = {

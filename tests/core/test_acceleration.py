@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from consensus_reference import clients, pooled_ridge, rel, ridge_local_argmin, ridge_round
 
-from flwr_admm import ConsensusADMM, Geometric
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import Geometric
 
 
 def textbook_fast_admm(data, lam: float, rho: float, rounds: int, eta: float = 0.999):

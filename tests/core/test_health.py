@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RunDivergedError, RunHealth
+from flwr_admm.core import HealthCheck, RunDivergedError
+from flwr_admm.core.health import DEFAULT_HEALTH, RunHealth
 
 
 def feed(health: RunHealth, models: list[np.ndarray], **extra: object) -> int:

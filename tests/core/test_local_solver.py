@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_admm import LocalPlan, penalized_local_solve
+from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.models import Model
 
 

@@ -19,7 +19,8 @@ from consensus_reference import pooled_ridge as _pooled_ridge
 from consensus_reference import rel as _rel
 from consensus_reference import ridge_round as _ridge_round
 
-from flwr_admm import L2, ConsensusADMM, Reply
+from flwr_admm import ConsensusADMM
+from flwr_admm.core import L2, Reply
 
 # ----------------------------------- partial participation reaches the pooled ridge
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from flwr_admm import L1, L2, Regularizer
+from flwr_admm.core import L1, L2
+from flwr_admm.core.regularizers import Regularizer
 
 
 def _prox_by_minimization(g, a: np.ndarray, rho: float) -> np.ndarray:

@@ -6,16 +6,8 @@ import json
 
 import pytest
 
-from flwr_admm import (
-    Constant,
-    Geometric,
-    ResidualBalancing,
-    RhoSchedule,
-    RoundResiduals,
-    StallIncrease,
-    make_schedule,
-)
-from flwr_admm.core.schedules import ScheduleState
+from flwr_admm.core import Constant, Geometric, ResidualBalancing, StallIncrease
+from flwr_admm.core.schedules import RhoSchedule, RoundResiduals, ScheduleState, make_schedule
 
 
 def _run(

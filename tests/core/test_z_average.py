@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from consensus_reference import clients, pooled_ridge, rel, ridge_round
 
-from flwr_admm import ConsensusADMM, FedADMM, Reply, ResidualBalancing
+from flwr_admm import ConsensusADMM
 from flwr_admm import serverapp as message_api
+from flwr_admm.core import Reply, ResidualBalancing
 from flwr_admm.core.regularizers import L2
 from flwr_admm.core.settings import ConsensusSettings
+from flwr_admm.server import FedADMM
 
 
 def test_one_partial_round_by_hand() -> None:

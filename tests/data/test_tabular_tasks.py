@@ -16,8 +16,9 @@ from task_checks import label_shares as _label_shares
 from task_checks import same as _same
 from task_checks import skew as _skew
 
-from flwr_admm.data import BANKS, fit_standardizer, load_task
-from flwr_admm.data.credit import FEATURES, encode_loans, load_lending_club
+from flwr_admm.data import load_task
+from flwr_admm.data.base import fit_standardizer
+from flwr_admm.data.credit import BANKS, FEATURES, encode_loans, load_lending_club
 
 # ---------------------------------------------------------------- seed-logreg
 

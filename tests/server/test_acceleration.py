@@ -14,9 +14,10 @@ import pytest
 from flower_run import run_seed
 from seed_task import first_round_below, gaps
 
-from flwr_admm import FedADMM, FedADMMClientDuals, ResidualBalancing
+from flwr_admm.core import ResidualBalancing
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.settings import FAST_CONVEX, TEXTBOOK
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 

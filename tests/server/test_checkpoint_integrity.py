@@ -19,8 +19,8 @@ import pytest
 from flower_run import NUM_CLIENTS, admm_client_fn, zeros_parameters
 from flwr.common import parameters_to_ndarrays
 
-from flwr_admm import FedADMM, FedADMMClientDuals
-from flwr_admm.server.checkpoint import MANIFEST, CheckpointError
+from flwr_admm.rounds.checkpoint import MANIFEST, CheckpointError
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink.compression import StochasticQuantizer
 

@@ -41,16 +41,9 @@ from flwr.server.client_proxy import ClientProxy
 from seed_task import first_round_below, gaps
 from textbook import textbook_fedadmm
 
-from flwr_admm import (
-    L1,
-    ADMMClient,
-    FedADMMClientDuals,
-    LocalDP,
-    ResidualBalancing,
-    StochasticQuantizer,
-    TopK,
-)
+from flwr_admm.client import ADMMClient
 from flwr_admm.client.client_duals import load_states
+from flwr_admm.core import L1, ResidualBalancing
 from flwr_admm.models import LogisticRegression
 from flwr_admm.protocol import (
     EXAMPLES_CHANGE,
@@ -59,8 +52,10 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.server.checkpoint import CheckpointError
+from flwr_admm.rounds.checkpoint import CheckpointError
+from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
+from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK
 
 # Both sides start the local solve at the client's last w_i, so that client-held duals
 # give server-held FedADMM's iterates (FedADMMClientDuals' default, "auto", starts at z)

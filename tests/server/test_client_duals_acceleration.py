@@ -19,7 +19,6 @@ from seed_task import first_round_below, gaps
 from server.test_client_duals_recovery import assert_recovers, run
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMMClientDuals, FedADMMClientDualsSecAgg
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.core.client_duals import Extrapolation, start_round
 from flwr_admm.protocol import (
@@ -29,6 +28,7 @@ from flwr_admm.protocol import (
     RHO,
     SERVER_ROUND,
 )
+from flwr_admm.server import FedADMMClientDuals, FedADMMClientDualsSecAgg
 
 # Both sides start the local solve at the client's last w_i, so that client-held duals
 # give server-held FedADMM's iterates (FedADMMClientDuals' default, "auto", starts at z)
@@ -171,7 +171,7 @@ def test_secagg_refuses_acceleration_naming_the_field() -> None:
 def test_the_client_refuses_a_bad_coefficient_naming_the_key() -> None:
     from flower_run import seed_model
 
-    from flwr_admm import ADMMClient
+    from flwr_admm.client import ADMMClient
 
     data = seed_data()
     client = ADMMClient(seed_model(), data.X[0], data.y[0])

@@ -19,10 +19,11 @@ from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
-from flwr_admm import FedADMMClientDuals, StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.rounds.client_duals_sweep import RebuildSweep
+from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
+from flwr_admm.uplink import StochasticQuantizer
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 ROUNDS = 80

@@ -34,7 +34,7 @@ from seed_task import first_round_below, gaps, optimum, pooled
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 from textbook import textbook_fedadmm
 
-from flwr_admm import L1, ResidualBalancing
+from flwr_admm.core import L1, ResidualBalancing
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 L1_STRENGTH = 0.02

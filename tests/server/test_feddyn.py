@@ -19,7 +19,7 @@ from peer_reference import (
     ridge_clients,
 )
 
-from flwr_admm import FedDyn
+from flwr_admm.server import FedDyn
 from flwr_admm.testing import make_proxies, run_rounds
 
 

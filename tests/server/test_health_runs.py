@@ -27,8 +27,8 @@ from flwr.server.strategy import Strategy
 from flwr.server.workflow import DefaultWorkflow
 from flwr.serverapp import Grid
 
-from flwr_admm import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.core import HealthCheck, RunDivergedError
+from flwr_admm.server import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
 from flwr_admm.testing import make_proxies, run_rounds
 

@@ -13,8 +13,9 @@ from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
-from flwr_admm import FedADMM, ResidualBalancing
-from flwr_admm.server.checkpoint import CheckpointError
+from flwr_admm.core import ResidualBalancing
+from flwr_admm.rounds.checkpoint import CheckpointError
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
 

@@ -28,7 +28,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMM, FedADMMClientDuals
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
@@ -87,7 +87,7 @@ def test_a_hostile_client_key_never_raises_and_never_collides(
 
 
 def test_client_key_normal_form_is_canonical() -> None:
-    from flwr_admm.server.identity import client_key_of
+    from flwr_admm.rounds.identity import client_key_of
 
     assert client_key_of("5", {"partition-id": 3}) == "partition-id:3"
     assert client_key_of("5", {"client-key": "bank-a"}) == "client-key:bank-a"

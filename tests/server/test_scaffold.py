@@ -25,7 +25,7 @@ from peer_reference import (
     scaffold_reference,
 )
 
-from flwr_admm import SCAFFOLD
+from flwr_admm.server import SCAFFOLD
 from flwr_admm.testing import make_proxies, run_rounds
 
 

@@ -14,7 +14,7 @@ from flwr.server.strategy import FedAvg, FedProx
 from seed_reference import seed_admm, seed_fedavg
 from textbook import textbook_fedadmm
 
-from flwr_admm import FedADMM
+from flwr_admm.server import FedADMM
 
 RHO, L, LR = 0.1, 5, 0.02
 ROUNDS = 200  # the seed's K

@@ -27,8 +27,9 @@ from flwr.server.strategy import FedProx
 from seed_reference import logistic_grad, seed_admm
 from textbook import textbook_fedadmm
 
-from flwr_admm import ADMMClient, FedADMM
+from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import START_MARK
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
 RHO, L, LR = 0.1, 5, 0.02

@@ -9,8 +9,8 @@ from flwr.common import Context, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from message_replies import FakeGrid, configure, named, reply
 
-from flwr_admm import FedADMM
 from flwr_admm.protocol import START_MARK
+from flwr_admm.server import FedADMM
 from flwr_admm.serverapp import FedADMM as MessageFedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 

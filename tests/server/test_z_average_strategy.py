@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 
-from flwr_admm import FedADMM
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
 # "center": the clients keep no warm start, so new client objects after the resume

@@ -10,10 +10,10 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 from textbook import textbook_message_fedadmm
 
-from flwr_admm import StochasticQuantizer
 from flwr_admm.core import ConsensusADMM, Reply
 from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM
+from flwr_admm.uplink import StochasticQuantizer
 
 Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "step": np.array(0.0)}
 NODES = [21, 22, 23, 24]

@@ -21,13 +21,13 @@ from seed_task import gaps
 
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
-from flwr_admm.server.checkpoint import (
+from flwr_admm.rounds.checkpoint import (
     MANIFEST,
     MANIFEST_SHA256,
     CheckpointError,
     config_fingerprint,
 )
-from flwr_admm.server.checkpoint import _manifest_sha256 as manifest_sha256
+from flwr_admm.rounds.checkpoint import _manifest_sha256 as manifest_sha256
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 

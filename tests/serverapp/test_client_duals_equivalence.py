@@ -17,11 +17,11 @@ from flower_run import NUM_CLIENTS, admm_client_fn, run_seed
 from message_apps import ZRecorder, zeros
 from message_duals import steps_app
 
-import flwr_admm
-from flwr_admm import StochasticQuantizer, TopK
+import flwr_admm.server
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
+from flwr_admm.uplink import StochasticQuantizer, TopK
 
 ROUNDS = 15
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
@@ -49,7 +49,7 @@ def message_run(case: dict[str, Any], app: Any, rounds: int = ROUNDS, **extra: A
 
 def legacy_run(case: dict[str, Any], **extra: Any) -> Any:
     strategy, recorder, _ = run_seed(
-        flwr_admm.FedADMMClientDuals,
+        flwr_admm.server.FedADMMClientDuals,
         ROUNDS,
         client_kwargs=CLIENT,
         rho=0.1,

@@ -16,11 +16,11 @@ from message_apps import ZRecorder, zeros
 from message_duals import FaultyGrid
 from seed_task import first_round_below, gaps
 
-from flwr_admm import StochasticQuantizer
 from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMMClientDuals
 from flwr_admm.serverapp.testing import run_strategy
+from flwr_admm.uplink import StochasticQuantizer
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 ROUNDS = 40

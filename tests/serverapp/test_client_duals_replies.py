@@ -10,8 +10,8 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 
-from flwr_admm import StochasticQuantizer
 from flwr_admm.serverapp import FedADMMClientDuals
+from flwr_admm.uplink import StochasticQuantizer
 
 Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "b": np.array(0.0)}
 NODES = [21, 22, 23]

@@ -8,11 +8,11 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg, strategy_utils
 from message_replies import FakeGrid, configure, named, reply
 
-from flwr_admm import StochasticQuantizer
 from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals, nodes
 from flwr_admm.serverapp.testing import flower_task_identity
+from flwr_admm.uplink import StochasticQuantizer
 
 Z0 = {
     "layer.weight": np.arange(6, dtype=np.float32).reshape(3, 2),

@@ -179,7 +179,8 @@ def momentum_cnn_app(lr: float) -> tuple[ClientApp, Any]:
     torch = pytest.importorskip("torch")
     from sklearn.datasets import load_digits
 
-    from flwr_admm.torch import SmallCNN, TorchADMM
+    from flwr_admm.torch import TorchADMM
+    from flwr_admm.torch.models import SmallCNN
 
     digits = load_digits()
     X = torch.tensor(digits.data / 16.0, dtype=torch.float32)

@@ -15,11 +15,11 @@ import pytest
 from flower_run import NUM_CLIENTS, admm_client_fn, run_seed
 from message_apps import ZRecorder, zeros
 
-import flwr_admm
-from flwr_admm import LocalDP, StochasticQuantizer, TopK
+import flwr_admm.server
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
+from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK
 
 ROUNDS = 12
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
@@ -80,7 +80,7 @@ def test_legacy_and_message_api_give_identical_z_sequences(case: str) -> None:
     admm = dict(admm)
     client = {**CLIENT, **admm.pop("client", {})}
     legacy, recorder, _ = run_seed(
-        flwr_admm.FedADMM,
+        flwr_admm.server.FedADMM,
         ROUNDS,
         client_kwargs=client,
         fraction_fit=sampling["fraction"],

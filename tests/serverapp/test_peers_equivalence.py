@@ -27,7 +27,7 @@ from peer_reference import (
     scaffold_reference,
 )
 
-import flwr_admm
+import flwr_admm.server
 from flwr_admm.clientapp import (
     build_scaffold_reply,
     make_client_app,
@@ -44,8 +44,8 @@ D = 4
 SAMPLING_SEED = 11
 
 PEERS = {
-    "scaffold": (flwr_admm.SCAFFOLD, SCAFFOLD, {"server_learning_rate": 0.7}),
-    "feddyn": (flwr_admm.FedDyn, FedDyn, {"alpha": 0.5}),
+    "scaffold": (flwr_admm.server.SCAFFOLD, SCAFFOLD, {"server_learning_rate": 0.7}),
+    "feddyn": (flwr_admm.server.FedDyn, FedDyn, {"alpha": 0.5}),
 }
 
 

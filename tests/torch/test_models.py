@@ -7,7 +7,8 @@ import torch
 
 from flwr_admm.data import load_task
 from flwr_admm.models import LogisticRegression, SoftmaxRegression
-from flwr_admm.torch import SmallCNN, TorchLogistic, TorchSoftmax, load_arrays
+from flwr_admm.torch import load_arrays
+from flwr_admm.torch.models import SmallCNN, TorchLogistic, TorchSoftmax
 
 
 def torch_loss_and_grad(

@@ -12,12 +12,15 @@ from flwr.client import NumPyClient
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from message_replies import metadata, named
 
-from flwr_admm import ADMMClient, FedADMMClientDuals, LocalDP
+from flwr_admm.client import ADMMClient
 from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.data import load_task
 from flwr_admm.models import LogisticRegression
+from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
-from flwr_admm.torch import SmallCNN, TorchADMM, TorchLogistic, load_arrays, state_arrays
+from flwr_admm.torch import TorchADMM, load_arrays, state_arrays
+from flwr_admm.torch.models import SmallCNN, TorchLogistic
+from flwr_admm.uplink import LocalDP
 
 torch.use_deterministic_algorithms(True)
 
@@ -326,7 +329,7 @@ X_FEATURES = 20
 def test_torch_client_follows_the_numpy_client_through_a_strategy(
     duals: str, local_init: str
 ) -> None:
-    from flwr_admm import FedADMM
+    from flwr_admm.server import FedADMM
 
     task = load_task("seed-logreg", seed=42)
     data = [(task.data.X[i][:60], task.data.y[i][:60]) for i in range(4)]

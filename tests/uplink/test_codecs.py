@@ -31,8 +31,9 @@ from flwr.common.serde import fit_res_to_proto, recorddict_to_proto
 from flwr.compat.common import recorddict_compat as compat
 from scipy import stats
 
-from flwr_admm import ADMMClient, StochasticQuantizer, TopK
+from flwr_admm.client import ADMMClient
 from flwr_admm.models import SoftmaxRegression
+from flwr_admm.uplink import StochasticQuantizer, TopK
 from flwr_admm.uplink.compression import compressor_from_config, pack_bits, unpack_bits
 
 

@@ -48,9 +48,11 @@ from flwr.common import (
 from flwr.server.strategy import FedAvg, FedProx
 from textbook import textbook_fedadmm
 
-from flwr_admm import ADMMClient, FedADMM, StochasticQuantizer, UplinkWrapper
+from flwr_admm.client import ADMMClient
 from flwr_admm.client.admm_client import STATE_RESIDUAL
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
+from flwr_admm.uplink import StochasticQuantizer, UplinkWrapper
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 

@@ -40,16 +40,11 @@ from flwr.server.strategy import (
 from scipy import stats
 from textbook import TEXTBOOK, textbook_fedadmm
 
-from flwr_admm import (
-    ADMMClient,
-    FedADMM,
-    LocalDP,
-    PrivacyLedger,
-    StochasticQuantizer,
-    UplinkWrapper,
-)
+from flwr_admm.client import ADMMClient
 from flwr_admm.models import SoftmaxRegression
+from flwr_admm.server import FedADMM
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
+from flwr_admm.uplink import LocalDP, PrivacyLedger, StochasticQuantizer, UplinkWrapper
 from flwr_admm.uplink.privacy import RDP_ORDERS, clip_update, update_norm
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}

@@ -5,9 +5,10 @@ The server keeps, per client key, only n_i and the round it last took part in
 previous round and n_i' = n_i + (its change of n), and it sends d2_i = ||w_i - z^k||^2
 exactly when it took part before (`protocol_problem`); a reply with previous round 0
 is a full contribution (a new key, or a resync of a key S holds: n_i' is all new).
-A compressed reply is decoded by the strategy's `UplinkChannel` (no center: Delta_i =
-decode(payload)), a full share sigma_i' after it is read as plain ``.npy`` tensors, and
-both are checked (shapes, finite) before they touch S (`decoded_reply`). `RoundStats`
+Each API's translator decodes a reply (Delta_i, and a full share sigma_i' after it)
+and checks both (shapes, finite) before they touch S (legacy
+`flwr_admm.server.client_duals.decoded_reply`, Message API
+`flwr_admm.serverapp.payloads`). `RoundStats`
 sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for the
 residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 ||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
@@ -17,19 +18,18 @@ residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar
+from flwr.common import Scalar
 from numpy.typing import NDArray
 
 from flwr_admm.core.dual_momentum import DualMomentum, RoundSums, extrapolate
 from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
-from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
     CONVERGED,
     DELAYED_SQ_RESIDUAL,
@@ -51,8 +51,6 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 
 @dataclass(slots=True)
@@ -136,47 +134,6 @@ def protocol_problem(
     if not secure and (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
         return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
     return None
-
-
-@dataclass(frozen=True)
-class DecodedReply:
-    """Delta_i of a reply, its full share sigma_i' if it sent one, or why it is unusable."""
-
-    problem: str | None
-    change: Sequence[NDArray[np.generic]]
-    share: Sequence[NDArray[np.generic]] | None
-
-
-def decoded_reply(channel: UplinkChannel, res: FitRes, like: Arrays) -> DecodedReply:
-    """Decode Delta_i (the first P tensors) and sigma_i' (P more ``.npy`` tensors, if any).
-
-    `like` gives the expected shapes (S itself: nothing is copied from it). Both
-    blocks are checked (shapes, finite) before anything touches S.
-    """
-    tensors, count = res.parameters.tensors, len(like)
-    shapes = [t.shape for t in like]
-    try:
-        change = _decoded(channel, Parameters(tensors[:count], res.parameters.tensor_type), like)
-        problem, _ = check_reply(change, res.num_examples, shapes)
-        share = None
-        if problem is None and len(tensors) == 2 * count:
-            share = channel.decode(Parameters(tensors[count:], NUMPY_TENSOR_TYPE), lambda: like)
-            problem, _ = check_reply(share, res.num_examples, shapes)
-            problem = None if problem is None else f"share: {problem}"
-        elif problem is None and len(tensors) != count:
-            problem = f"expected {count} or {2 * count} tensors, got {len(tensors)}"
-    except Exception as error:  # a malformed reply must not stop the server
-        return DecodedReply(f"unreadable reply ({error!r})", [], None)
-    return DecodedReply(problem, change, share)
-
-
-def _decoded(
-    channel: UplinkChannel, parameters: Parameters, like: Arrays
-) -> Sequence[NDArray[np.generic]]:
-    """Return Delta_i: the reply's views, or decode(payload) when compressed."""
-    if channel.compressor is None:
-        return parameters_to_views(parameters)
-    return channel.decode(parameters, lambda: like, add_center=False)
 
 
 def z_step(
@@ -350,7 +307,7 @@ def z_round(
 
 
 class ZRoundState(Protocol):
-    """What `z_round` reads: `flwr_admm.server.client_duals_state.ClientDualsState`."""
+    """What `z_round` reads: `flwr_admm.rounds.client_duals_state.ClientDualsState`."""
 
     @property
     def z(self) -> Arrays | None: ...  # noqa: D102

@@ -6,7 +6,8 @@ u_i = y_i / rho would change meaning under a new rho), the z-step is the plain
 z = prox_{g/rho}(S / N) (no over-relaxation), and an uplink compressor must feed its
 error back (S would otherwise keep every compression error). Fast ADMM
 (``acceleration``, ``restart_eta``) is checked as for `FedADMM`: the server
-extrapolates z, each client its own dual (`flwr_admm.core.dual_momentum`).
+extrapolates z, each client its own dual (`flwr_admm.core.dual_momentum`). The
+compressor check is `flwr_admm.uplink.compression.checked_uplink`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Any
 from flwr_admm.core.acceleration import DEFAULT_ETA, check_acceleration
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
-from flwr_admm.uplink.compression import Compressor
 
-__all__ = ["check_client_duals_settings", "checked_uplink"]
+__all__ = ["check_client_duals_settings"]
 
 
 def check_client_duals_settings(
@@ -57,18 +57,6 @@ def check_client_duals_settings(
     for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
         if not _finite_number(value) or value < 0:
             raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-
-
-def checked_uplink(uplink: Any) -> Compressor | None:
-    """Return `uplink` if it is None or a `Compressor` with error feedback; else raise."""
-    if uplink is not None and not isinstance(uplink, Compressor):
-        raise ValueError(f"uplink: must be a Compressor or None, got {uplink!r}")
-    if uplink is not None and not uplink.error_feedback:
-        raise ValueError(
-            "uplink: client-held duals need error_feedback=True (S would keep every "
-            f"compression error), got {uplink!r}"
-        )
-    return uplink
 
 
 def _finite_number(value: Any) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from flwr_admm.protocol import EPS_DUAL, EPS_PRIMAL
-from flwr_admm.server.client_duals_replies import RoundStats, z_round
+from flwr_admm.rounds.client_duals_replies import RoundStats, z_round
 
 
 def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:

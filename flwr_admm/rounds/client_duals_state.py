@@ -33,7 +33,7 @@ from flwr_admm.protocol import (
     REBUILDING,
     RHO,
 )
-from flwr_admm.server.client_duals_replies import (
+from flwr_admm.rounds.client_duals_replies import (
     ClientEntry,
     RoundStats,
     entries_from_arrays,
@@ -41,10 +41,12 @@ from flwr_admm.server.client_duals_replies import (
     protocol_problem,
     z_round,
 )
-from flwr_admm.server.client_duals_settings import check_client_duals_settings
-from flwr_admm.server.client_duals_sweep import RebuildSweep
+from flwr_admm.rounds.client_duals_settings import check_client_duals_settings
+from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 
-__all__ = ["ClientDualsState"]
+__all__ = ["STRATEGY", "ClientDualsState"]
+
+STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
 
 
 class ClientDualsState:

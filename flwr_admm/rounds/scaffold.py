@@ -1,0 +1,81 @@
+"""SCAFFOLD: stochastic controlled averaging (Karimireddy et al., ICML 2020).
+
+Flower 1.42 ships no SCAFFOLD. Option II control variates, with x the global model,
+c the server's control variate, c_i client i's (zero at first), S the round's clients:
+
+    client:  y_i <- y_i - lr (grad f_i(y_i) - c_i + c)      K steps from y_i = x
+             c_i+ = c_i - c + (x - y_i) / (K lr)
+    server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
+             c   = sum_{i seen} n_i c_i / sum_{i seen} n_i   (c += that share of dc_i)
+
+p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
+equal n_i this is the paper's mean over S and, once every client has been seen,
+its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
+carry two model-sized blocks: twice FedAvg's bytes per round.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.common import NDArrays, Scalar
+
+from flwr_admm.protocol import PEER_SCAFFOLD, SERVER_STEP
+from flwr_admm.rounds.peers import PeerRound, Reply
+
+__all__ = ["ScaffoldRound"]
+
+
+class ScaffoldRound(PeerRound):
+    """SCAFFOLD's server round: option II control variates, server step size eta_g.
+
+    `server_learning_rate` is eta_g (> 0; default 1, the paper's choice with full
+    participation). Sent: x followed by c; a reply: y_i followed by c_i+ - c_i (two
+    blocks of the model's shapes).
+
+    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_seen n_i c_i / sum_seen n_i.
+    """
+
+    peer = PEER_SCAFFOLD
+
+    def __init__(self, server_learning_rate: float = 1.0) -> None:
+        if (
+            isinstance(server_learning_rate, bool)
+            or not isinstance(server_learning_rate, int | float)
+            or not math.isfinite(server_learning_rate)
+            or server_learning_rate <= 0
+        ):
+            raise ValueError(
+                f"server_learning_rate: must be a finite number > 0, got {server_learning_rate!r}"
+            )
+        super().__init__()
+        self.server_learning_rate = float(server_learning_rate)
+        self.control_sum: NDArrays | None = None  # sum_{i seen} n_i c_i
+
+    def control(self) -> NDArrays:
+        """Return the server control variate c = sum_seen n_i c_i / sum_seen n_i (0 at first)."""
+        assert self.current is not None
+        if self.control_sum is None:
+            return [np.zeros_like(t) for t in self.current]
+        return [s / self.seen_examples() for s in self.control_sum]
+
+    def _outgoing(self, x: NDArrays) -> NDArrays:
+        return [*x, *self.control()]
+
+    def _blocks(self) -> int:
+        return 2
+
+    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
+        """X' = x + eta_g sum_S p_i (y_i - x); sum_seen n_i c_i += n_i (c_i+ - c_i)."""
+        half = len(x)
+        step = [np.zeros_like(t) for t in x]
+        control_sum = self.control_sum or [np.zeros_like(t) for t in x]
+        for p, (key, arrays, _) in zip(self.weights(replies), replies, strict=True):
+            n = self.state_weight(key)
+            for k, (xk, yk, dck) in enumerate(zip(x, arrays[:half], arrays[half:], strict=True)):
+                step[k] += p * (yk - xk)  # sum_S p_i (y_i - x)
+                control_sum[k] += n * dck  # n_i (c_i+ - c_i)
+        self.control_sum = control_sum
+        eta = self.server_learning_rate
+        return [xk + eta * s for xk, s in zip(x, step, strict=True)], {SERVER_STEP: eta}
