@@ -23,17 +23,23 @@ from flwr.common import NDArrays
 
 from flwr_admm.protocol import LOCAL_STEPS
 
-__all__ = ["local_steps_problem", "normalized_average"]
+__all__ = ["MAX_LOCAL_STEPS", "local_steps_problem", "normalized_average"]
+
+# tau_eff scales the whole update: one reply claiming 1e300 steps would ruin x for
+# good. No local loop of a federated round takes more steps than this.
+MAX_LOCAL_STEPS = 1_000_000
 
 
 def local_steps_problem(tau: object) -> str | None:
-    """Why a reported ``local_steps`` value is unusable, or None (an integer >= 0)."""
+    """Why a reported ``local_steps`` value is unusable, or None (an integer in [0, 1e6])."""
     if tau is None:
         return f"missing the {LOCAL_STEPS!r} fit metric (FedNova needs tau_i)"
     if isinstance(tau, bool) or not isinstance(tau, int | float | np.integer | np.floating):
         return f"{LOCAL_STEPS} must be an integer >= 0, got {tau!r}"
     if not math.isfinite(float(tau)) or float(tau) != int(tau) or tau < 0:
         return f"{LOCAL_STEPS} must be an integer >= 0, got {tau!r}"
+    if tau > MAX_LOCAL_STEPS:
+        return f"{LOCAL_STEPS} must be at most {MAX_LOCAL_STEPS:,}, got {tau!r}"
     return None
 
 

@@ -93,6 +93,19 @@ def test_rejects_bad_replies_and_keeps_the_rest():
     np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [0.0, 0.0])
 
 
+def test_a_reply_claiming_1e300_steps_is_rejected_and_x_follows_the_others():
+    x = [np.array([1.0, 1.0])]
+    strategy = FedNova(min_fit_clients=2, min_available_clients=2)
+    proxies = _setup(strategy, x, 2)
+    results = [
+        (proxies[0], _res([np.array([0.0, 0.0])], 2, 2)),
+        (proxies[1], _res([np.array([0.5, 0.5])], 2, 1e300)),  # honest w_i, forged tau_i
+    ]
+    params, metrics = strategy.aggregate_fit(1, results, [])
+    assert metrics["num_rejected"] == 1
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [0.0, 0.0])
+
+
 def test_no_usable_reply_returns_none():
     strategy = FedNova(min_fit_clients=1, min_available_clients=1)
     proxies = _setup(strategy, [np.zeros(2)], 1)
@@ -112,6 +125,9 @@ def test_no_usable_reply_returns_none():
         ("3", False),
         (float("nan"), False),
         (None, False),
+        (1_000_000, True),
+        (1_000_001, False),
+        (1e300, False),  # tau_eff = 1e299 would ruin x for good
     ],
 )
 def test_local_steps_validation(tau, ok):
