@@ -93,6 +93,9 @@ def save_checkpoint(
     for old in root.glob(ARRAYS_GLOB):
         if old.name != name:
             old.unlink(missing_ok=True)
+    for pattern in (f".{MANIFEST}.*.tmp", f".{ARRAYS_GLOB}.*.tmp"):  # a killed save's
+        for stray in root.glob(pattern):
+            stray.unlink(missing_ok=True)
     return root / MANIFEST
 
 
