@@ -25,7 +25,10 @@ def snapshot(admm: ConsensusADMM, tensors: TensorSplit) -> tuple[StateArrays, di
     """Return z, every cached w_i and dual, the sums, rho, its schedule and held tensors."""
     arrays, meta = admm.state_dict()
     arrays.update({f"tensors.{i}": t for i, t in tensors.held.items()})
-    return arrays, {"tensor_roles": list(tensors.roles), "admm": meta}
+    manifest: dict[str, Any] = {"tensor_roles": list(tensors.roles), "admm": meta}
+    if tensors.nonnegative:
+        manifest["nonnegative_tensors"] = list(tensors.nonnegative)
+    return arrays, manifest
 
 
 def restore(
@@ -38,4 +41,4 @@ def restore(
     roles = manifest.get("tensor_roles") or ["consensus"] * len(admm.z)
     held = iter(admm.z)
     z = [arrays[f"tensors.{i}"] if r != "consensus" else next(held) for i, r in enumerate(roles)]
-    return admm, TensorSplit(roles, z)
+    return admm, TensorSplit(roles, z, manifest.get("nonnegative_tensors", ()))

@@ -25,13 +25,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays, Reply
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 
 ROLES = ("consensus", "average", "keep")
 DEFAULT_RULES = (("*running_mean", "average"), ("*running_var", "average"))
+VARIANCE = "*running_var"  # an averaged variance must stay >= 0 (BatchNorm divides by it)
 Rules = tuple[tuple[str, str], ...]
 
-__all__ = ["DEFAULT_RULES", "ROLES", "TensorSplit", "absorb_together", "check_rules", "roles_of"]
+__all__ = [
+    "DEFAULT_RULES",
+    "ROLES",
+    "VARIANCE",
+    "TensorSplit",
+    "absorb_together",
+    "check_rules",
+    "nonnegative_of",
+    "roles_of",
+]
 
 
 def check_rules(policy: Mapping[str, str] | None, field: str = "tensor_policy") -> Rules:
@@ -73,10 +83,14 @@ class TensorSplit:
     consensus variable (`trivial`) both return their argument itself.
     """
 
-    def __init__(self, roles: Sequence[str], z: Sequence[NDArray[Any]]) -> None:
+    def __init__(
+        self, roles: Sequence[str], z: Sequence[NDArray[Any]], nonnegative: Sequence[int] = ()
+    ) -> None:
         if len(roles) != len(z):
             raise ValueError(f"roles: expected {len(z)}, got {len(roles)}")
         self.roles = tuple(roles)
+        # averaged tensors that are variances (`nonnegative_of`): a reply below 0 is refused
+        self.nonnegative = tuple(int(i) for i in nonnegative if self.roles[i] == "average")
         self.shapes = [np.shape(t) for t in z]
         self.index = [i for i, r in enumerate(self.roles) if r == "consensus"]
         self.held = {
@@ -110,11 +124,15 @@ class TensorSplit:
         for i in self.held:
             self.held[i] = np.array(z[i], dtype=np.float64)
 
-    def finite(self, arrays: Sequence[NDArray[Any]]) -> bool:
-        """Return True when the reply's averaged tensors hold no NaN or inf."""
-        return all(
-            bool(np.all(np.isfinite(arrays[i]))) for i, r in enumerate(self.roles) if r == "average"
-        )
+    def problem(self, arrays: Sequence[NDArray[Any]]) -> str | None:
+        """Why the reply's averaged tensors are unusable (NaN or inf, a negative variance)."""
+        for i, role in enumerate(self.roles):
+            if role == "average" and not bool(np.all(np.isfinite(arrays[i]))):
+                return NON_FINITE
+        for i in self.nonnegative:
+            if bool(np.any(np.asarray(arrays[i]) < 0)):
+                return f"tensor {i} is a running variance and has entries below 0"
+        return None
 
     def begin(self) -> None:
         """Open a round: no averaged reply yet."""
@@ -138,6 +156,11 @@ class TensorSplit:
     def describe(self, names: Sequence[str]) -> dict[str, str]:
         """Return {name: role} of the non-consensus tensors (for logs and checkpoints)."""
         return {names[i]: self.roles[i] for i in self.held}
+
+
+def nonnegative_of(names: Sequence[str]) -> tuple[int, ...]:
+    """Return the indices of the tensors named as variances (``*running_var``)."""
+    return tuple(i for i, name in enumerate(names) if fnmatch.fnmatchcase(name, VARIANCE))
 
 
 def absorb_together(

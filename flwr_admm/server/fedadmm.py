@@ -45,7 +45,13 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
-from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
+from flwr_admm.core.tensor_policy import (
+    TensorSplit,
+    absorb_together,
+    check_rules,
+    nonnegative_of,
+    roles_of,
+)
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.core.z_average import ZAverage
@@ -248,8 +254,9 @@ class FedADMM(ConsensusStrategy):
         objective = float(loss) if finite and isinstance(loss, int | float) else None
         arrays, sq_norm = checked
         if not split.trivial:  # only the consensus tensors go to the core
-            if not split.finite(arrays):
-                self._reject(key, NON_FINITE, counts)
+            why = split.problem(arrays)
+            if why is not None:
+                self._reject(key, why, counts)
                 return None
             sq_norm = None
         n = int(res.num_examples)
@@ -341,7 +348,7 @@ class FedADMM(ConsensusStrategy):
         if len(names) != len(z):
             raise ValueError(f"tensor_names: expected {len(z)} names, got {len(names)}")
         roles = roles_of(self.tensor_rules, names, [np.asarray(t).dtype for t in z])
-        return TensorSplit(roles, z)
+        return TensorSplit(roles, z, nonnegative_of(names))
 
     def _merge(self, consensus: Arrays) -> Arrays:
         """Return the full tensor list: the core's consensus tensors and the held ones."""

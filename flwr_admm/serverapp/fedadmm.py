@@ -25,7 +25,13 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
-from flwr_admm.core.tensor_policy import TensorSplit, absorb_together, check_rules, roles_of
+from flwr_admm.core.tensor_policy import (
+    TensorSplit,
+    absorb_together,
+    check_rules,
+    nonnegative_of,
+    roles_of,
+)
 from flwr_admm.core.types import NON_FINITE, ClientRho
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
@@ -345,8 +351,9 @@ class FedADMM(ConsensusStrategy):
             counts[NUM_RESYNCED] += 1
             return None
         split = self._split()
-        if not split.finite(r.arrays):  # the core checks the consensus tensors only
-            self._reject(r.key, NON_FINITE, counts)
+        why = split.problem(r.arrays)  # the core checks the consensus tensors only
+        if why is not None:
+            self._reject(r.key, why, counts)
             return None
         self.marks.read(r.key, r.metrics, self.admm.rho)
         sq_norm = r.sq_norm if split.trivial else None
@@ -386,7 +393,7 @@ class FedADMM(ConsensusStrategy):
         z = self.layout.read(arrays)
         if self.admm is None or self.tensors is None:
             roles = roles_of(self.tensor_rules, self.layout.names, self.layout.dtypes)
-            self.tensors = TensorSplit(roles, z)
+            self.tensors = TensorSplit(roles, z, nonnegative_of(self.layout.names))
             self.admm = self.admm_settings.new_admm(self.tensors.consensus(z))
         else:
             self.tensors.adopt(z)

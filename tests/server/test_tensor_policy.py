@@ -144,3 +144,51 @@ def test_message_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: i
     np.testing.assert_allclose(restored[1], AVERAGE, rtol=1e-6)  # not the initial zeros
     with pytest.raises(Exception, match="tensor_policy"):
         MessageFedADMM(tensor_policy={"bn.*": "keep"}, **kwargs)
+
+
+VAR_NAMES = ["fc.weight", "bn.running_var"]
+VAR_Z0 = [np.zeros(3, dtype=np.float32), np.ones(2, dtype=np.float32)]
+
+
+def var_reply(i: int, variance: list[float]) -> list[np.ndarray]:
+    return [np.full(3, 1.0 + i, dtype=np.float32), np.array(variance, dtype=np.float32)]
+
+
+class Variances(NumPyClient):
+    """Client 0 reports a negative running variance; client 1 an honest one."""
+
+    def __init__(self, context: Context) -> None:
+        self.i = int(context.node_config["partition-id"])
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        variance = [-4.0, 1.0] if self.i == 0 else [2.0, 3.0]
+        return var_reply(self.i, variance), N[self.i], {"partition-id": self.i, START_MARK: 0}
+
+
+def test_legacy_fedadmm_refuses_a_negative_running_variance(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    kwargs = {"rho": 0.5, "tensor_names": VAR_NAMES, "min_available_clients": 2}
+    strategy = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    proxies = make_proxies(lambda ctx: Variances(ctx).to_client(), 2)
+    result = run_rounds(strategy, proxies, 1, initial_parameters=ndarrays_to_parameters(VAR_Z0))
+    assert result.fit_metrics[0]["num_rejected"] == 1
+    z = parameters_to_ndarrays(result.parameters)
+    np.testing.assert_array_equal(z[1], [2.0, 3.0])  # the honest client's alone
+    resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)  # the check survives a resume
+    assert resumed.tensors is not None and resumed.tensors.nonnegative == (1,)
+
+
+def test_message_fedadmm_refuses_a_negative_running_variance() -> None:
+    strategy = MessageFedADMM(rho=0.5, fraction_evaluate=0.0)
+    grid = FakeGrid([11, 12])
+    configure(strategy, 1, named(dict(zip(VAR_NAMES, VAR_Z0, strict=True))), grid)
+    replies = [
+        reply(
+            node,
+            dict(zip(VAR_NAMES, var_reply(i, variance), strict=True)),
+            **{"num-examples": N[i], "partition-id": i, START_MARK: 0},
+        )
+        for i, (node, variance) in enumerate([(11, [-4.0, 1.0]), (12, [2.0, 3.0])])
+    ]
+    z1, metrics = strategy.aggregate_train(1, replies)
+    assert z1 is not None and metrics is not None and metrics["num_rejected"] == 1
+    np.testing.assert_array_equal(z1["bn.running_var"].numpy(), [2.0, 3.0])
