@@ -11,9 +11,11 @@ through `without_reply_keys`, and hands its round to the divergence watchdog thr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from logging import WARNING
 from typing import Any, TypeVar
 
 from flwr.common import Scalar
+from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.health import RunHealth
@@ -34,9 +36,13 @@ from flwr_admm.protocol import (
     RHO,
 )
 
-__all__ = ["report_metrics", "watch_round", "without_reply_keys"]
+__all__ = ["MAX_REPLY_METRICS", "report_metrics", "watch_round", "without_reply_keys"]
 
 V = TypeVar("V")
+
+# The aggregated reply metrics kept per round (in name order): the history and the
+# returned round metrics stay bounded whatever names the clients invent.
+MAX_REPLY_METRICS = 64
 
 
 def report_metrics(report: RoundReport) -> dict[str, Scalar]:
@@ -64,13 +70,23 @@ def without_reply_keys(aggregated: Mapping[str, V]) -> dict[str, V]:
     key (`flwr_admm.protocol.REPLY_ONLY_METRICS`): Flower's default
     ``train_metrics_aggr_fn`` weight-averages every numeric reply metric, ids included,
     and an average of ids or protocol counters is no round metric. The function that
-    produced `aggregated` saw the replies unchanged.
+    produced `aggregated` saw the replies unchanged. At most `MAX_REPLY_METRICS` names
+    are kept, the first in sorted order (a warning counts the others).
     """
-    return {
-        name: value
-        for name, value in aggregated.items()
+    names = sorted(
+        name
+        for name in aggregated
         if name not in REPLY_ONLY_METRICS and not name.startswith(REPLY_ONLY_PREFIX)
-    }
+    )
+    if len(names) > MAX_REPLY_METRICS:
+        log(
+            WARNING,
+            "round metrics: %d reply metric names, kept the first %d (sorted)",
+            len(names),
+            MAX_REPLY_METRICS,
+        )
+        names = names[:MAX_REPLY_METRICS]
+    return {name: aggregated[name] for name in names}
 
 
 def watch_round(
