@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,10 +146,16 @@ def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
     return {"task": task, "rounds": rounds, "seeds": seeds, "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the CNN tasks, print the tables, write JSON."""
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=",".join(TASKS))
+def run_cli(
+    argv: list[str] | None,
+    doc: str,
+    name: str,
+    default_tasks: str,
+    task_runner: Callable[[str, list[int], int], dict[str, Any]],
+) -> dict[str, Any]:
+    """Parse ``--tasks --seeds --quick --output``, run `task_runner` per task, write JSON."""
+    parser = base_parser(doc.splitlines()[0])
+    parser.add_argument("--tasks", default=default_tasks)
     parser.add_argument("--seeds", default="0,1,2")
     args = parser.parse_args(argv)
     quiet_flower()
@@ -159,11 +166,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     rounds = 2 if args.quick else 30
     started = time.perf_counter()
-    results = [run_task(task, seeds, rounds) for task in (tasks[:1] if args.quick else tasks)]
+    results = [task_runner(task, seeds, rounds) for task in (tasks[:1] if args.quick else tasks)]
     payload = {"quick": args.quick, "seconds": time.perf_counter() - started, "tasks": results}
-    path = write_json("cnn", payload, args.output)
+    path = write_json(name, payload, args.output)
     print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
     return payload
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the CNN tasks, print the tables, write JSON."""
+    return run_cli(argv, __doc__, "cnn", ",".join(TASKS), run_task)
 
 
 if __name__ == "__main__":

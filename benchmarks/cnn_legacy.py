@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cnn import EXAMPLE, TASKS, print_table, run_config, run_record, summary
-from benchmarks.common import base_parser, quiet_flower, write_json
+from benchmarks.cnn import EXAMPLE, TASKS, print_table, run_cli, run_config, run_record, summary
 
 ROWS = ("FedAvg (legacy)", "FedADMM (defaults, legacy), TorchADMM")
 
@@ -128,37 +127,23 @@ def run_one(config: dict[str, Any], row: str) -> list[float]:
     return accuracies
 
 
+def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
+    """Run both rows on `task` over `seeds`; print the table."""
+    rows: dict[str, Any] = {}
+    for row in ROWS:
+        runs = []
+        for seed in seeds:
+            started = time.perf_counter()
+            config = run_config({**TASKS[task], "seed": seed, "num-server-rounds": rounds})
+            runs.append(run_record(seed, run_one(config, row), rounds, started))
+        rows[row] = summary(runs)
+    print_table(f"{task} (legacy API): final central accuracy after {rounds} rounds", rows, seeds)
+    return {"task": task, "rounds": rounds, "seeds": seeds, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the rows on the CNN tasks, print the tables, write JSON."""
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="cnn-sgd,cnn-bn")
-    parser.add_argument("--seeds", default="0,1,2")
-    args = parser.parse_args(argv)
-    quiet_flower()
-    tasks = args.tasks.split(",")
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise ValueError(f"--tasks: {unknown} not among {list(TASKS)}")
-    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
-    rounds = 2 if args.quick else 30
-    started = time.perf_counter()
-    results = []
-    for task in tasks[:1] if args.quick else tasks:
-        rows: dict[str, Any] = {}
-        for row in ROWS:
-            runs = []
-            for seed in seeds:
-                started_run = time.perf_counter()
-                config = run_config({**TASKS[task], "seed": seed, "num-server-rounds": rounds})
-                runs.append(run_record(seed, run_one(config, row), rounds, started_run))
-            rows[row] = summary(runs)
-        title = f"{task} (legacy API): final central accuracy after {rounds} rounds"
-        print_table(title, rows, seeds)
-        results.append({"task": task, "rounds": rounds, "seeds": seeds, "rows": rows})
-    payload = {"quick": args.quick, "seconds": time.perf_counter() - started, "tasks": results}
-    path = write_json("cnn_legacy", payload, args.output)
-    print(f"\nwrote {path} ({payload['seconds']:.0f} s)")
-    return payload
+    return run_cli(argv, __doc__, "cnn_legacy", "cnn-sgd,cnn-bn", run_task)
 
 
 if __name__ == "__main__":
