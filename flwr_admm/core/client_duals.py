@@ -164,9 +164,7 @@ def dual_step_of(config: Mapping[str, object]) -> float:
 
 
 def _dual_update(u: Arrays, diff: Arrays, gamma: float) -> Arrays:
-    """Return u_i + gamma (w_i - z); gamma = 1 adds the difference itself (bit-exact)."""
-    if gamma == 1.0:
-        return [a + d for a, d in zip(u, diff, strict=True)]
+    """Return u_i + gamma (w_i - z) (gamma = 1: 1.0 * d is d exactly, the textbook step)."""
     return [a + gamma * d for a, d in zip(u, diff, strict=True)]
 
 

@@ -28,8 +28,8 @@ from numpy.typing import NDArray
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 
 ROLES = ("consensus", "average", "keep")
-DEFAULT_RULES = (("*running_mean", "average"), ("*running_var", "average"))
 VARIANCE = "*running_var"  # an averaged variance must stay >= 0 (BatchNorm divides by it)
+DEFAULT_RULES = (("*running_mean", "average"), (VARIANCE, "average"))
 Rules = tuple[tuple[str, str], ...]
 
 __all__ = [
