@@ -5,7 +5,7 @@ On the same model, data, batches and step size, three loops run interleaved:
 - bare: ``_, g = model.loss_and_grad(w, Xb, yb); w_k -= lr * g_k`` (what a FedAvg
   client does), drawing its minibatches with the same `LocalPlan.batches` call as the
   solver (a minibatch loop has to draw them; full-batch cases draw nothing);
-- `flwr_admm.local_solver.penalized_local_solve` with ``prox_step="exact"`` and with
+- `flwr_admm.core.local_solver.penalized_local_solve` with ``prox_step="exact"`` and with
   ``prox_step="gradient"``, rho = 0.1 around a center v != w.
 
 Times are CPU times of the process (single-threaded work, one BLAS thread, garbage
