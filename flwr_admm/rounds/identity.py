@@ -7,15 +7,23 @@ wrong type or size is an error for that reply only, never for the round.
 `KeyBinding` ties keys to the nodes Flower's transport names (cids). With the policy
 ``"node"`` a key is accepted only from the node it was first bound to, and a node
 speaks for one key; a reply claiming another node's key, or a node's second key, is a
-conflict (rejected, the owner untouched), unless the owner has left the federation
-(it was not among the connected nodes at this round's ``configure_fit``): then the key
-is freed, its state evicted, and it starts fresh under the new node. With
-``"authenticated"`` (for deployments with SuperNode authentication, where a node id
-is fixed by the node's registered key and survives restarts) a key is never handed to
-another node, not even when its owner has left: an authenticated node cannot take over
-another node's key while it is offline. With ``"reported"``
-the reported key is trusted as it is (trusted deployments only). The binding also
-remembers when each key was last heard, for the eviction policies `stale` applies.
+conflict (rejected, the owner untouched). A key whose node is away keeps it for
+`ABSENT_GRACE` samplings (a node that misses a round, or a SuperNode reconnecting,
+finds its key and dual as it left them, and another node's claim meanwhile is a
+conflict); once the node has been absent from more samplings in a row it has left: the
+key is freed (its state evicted) and the next node claiming it starts fresh.
+With ``"authenticated"`` (for deployments with SuperNode authentication, where a node
+id is fixed by the node's registered key and survives restarts) a key is never handed
+to another node, not even when its owner has left. With ``"reported"`` the reported key
+is trusted as it is (trusted deployments only).
+
+State stays bounded with the default settings: under ``"node"`` and ``"reported"`` a
+key whose node has left (absent from more than `ABSENT_GRACE` samplings in a row) is
+stale (`stale`), so a node reconnecting under a new id every round leaves at most
+`ABSENT_GRACE` + 1 records behind; ``max_client_age`` and ``max_clients`` bound them
+further. Bindings restored from a checkpoint are provisional under ``"node"``
+(node ids mean nothing in a new run): a key's first claim moves it to the claiming
+node, which keeps the key's state (the strategy resynchronizes it).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import CLIENT_KEY, PARTITION_ID
 
 __all__ = [
+    "ABSENT_GRACE",
     "KEY_BINDINGS",
     "KeyBinding",
     "client_key_of",
@@ -40,6 +49,7 @@ KeyBindingPolicy = Literal["node", "authenticated", "reported"]
 KEY_BINDINGS = ("node", "authenticated", "reported")
 Claim = Literal["ok", "conflict", "rebind"]
 Reject = Callable[[str, str, bool], None]  # (key, problem, is a key conflict)
+ABSENT_GRACE = 1  # samplings in a row an absent node keeps its key and state
 MAX_CLIENT_KEY_LENGTH = 256
 MAX_PARTITION_ID = 2**63 - 1  # Flower's node config holds 64-bit integers
 
@@ -137,7 +147,13 @@ class KeyBinding:
     last_seen : dict
         key -> the round of its last accepted reply.
     present : set or None
-        The cids connected at the last ``configure_fit`` (None before the first).
+        The cids connected at the last sampling (None before the first).
+    samplings : int
+        How many samplings `connected` has seen.
+    connected_at : dict
+        cid -> the last sampling it was connected at (bound or connected cids only).
+    provisional : set
+        Keys restored from a checkpoint and not claimed since (policy ``"node"``).
 
     """
 
@@ -155,10 +171,22 @@ class KeyBinding:
         self.key_of: dict[str, str] = {}
         self.last_seen: dict[str, int] = {}
         self.present: set[str] | None = None
+        self.samplings = 0
+        self.connected_at: dict[str, int] = {}
+        self.provisional: set[str] = set()
 
     def connected(self, cids: Iterable[str]) -> None:
-        """Remember the nodes connected at this round's ``configure_fit``."""
+        """Remember the nodes connected at this round's sampling."""
         self.present = {str(cid) for cid in cids}
+        self.samplings += 1
+        kept = {cid: at for cid, at in self.connected_at.items() if cid in self.key_of}
+        self.connected_at = {**kept, **dict.fromkeys(self.present, self.samplings)}
+
+    def absent(self, cid: str) -> int:
+        """Return how many samplings in a row node `cid` has been absent from (0: present)."""
+        if self.present is None:
+            return 0
+        return self.samplings - self.connected_at.get(cid, 0)
 
     def claim(self, key: str, cid: str) -> Claim:
         """Judge a reply of node `cid` under `key`: "ok", "conflict", or "rebind".
@@ -174,7 +202,9 @@ class KeyBinding:
         owner = self.node_of.get(key)
         if owner is None or owner == cid:
             return "ok"
-        if self.policy == "node" and self.present is not None and owner not in self.present:
+        if key in self.provisional and self.absent(owner) > 0:
+            return "ok"  # restored from a checkpoint, its node gone: the claimant takes it
+        if self.policy == "node" and self.absent(owner) > ABSENT_GRACE:
             return "rebind"  # under "authenticated" the owner keeps its key while away
         return "conflict"
 
@@ -228,6 +258,8 @@ class KeyBinding:
         self.node_of[key] = cid
         self.key_of[cid] = key
         self.last_seen[key] = server_round
+        self.provisional.discard(key)
+        self.connected_at.setdefault(cid, self.samplings)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drop `keys`: their nodes speak for no key until they reply again."""
@@ -237,6 +269,11 @@ class KeyBinding:
         for key in gone:
             self.node_of.pop(key, None)
             self.last_seen.pop(key, None)
+        self.provisional -= gone
+        present = self.present or set()
+        self.connected_at = {
+            cid: at for cid, at in self.connected_at.items() if cid in present or cid in self.key_of
+        }
 
     def stale(
         self,
@@ -247,13 +284,23 @@ class KeyBinding:
     ) -> list[str]:
         """Return the keys to evict in `server_round`, in key order.
 
-        A key is stale when its last accepted reply is more than `max_age` rounds old;
-        beyond `max_clients` keys the least recently heard go (ties in key order). The
-        `incoming` keys (this round's replies) count as heard now and are never stale.
+        A key is stale when its node has left (policies "node" and "reported": absent
+        from more than `ABSENT_GRACE` samplings in a row), or when its last accepted
+        reply is more than `max_age` rounds old; beyond `max_clients` keys the least
+        recently heard go (ties in key order). The `incoming` keys (this round's
+        replies) count as heard now and are never stale.
         """
         seen = {**self.last_seen, **dict.fromkeys(incoming, server_round)}
         keys = sorted(seen, key=natural_key)
         old = {k for k in keys if max_age is not None and server_round - seen[k] > max_age}
+        if self.policy != "authenticated":
+            old.update(
+                k
+                for k in keys
+                if k in self.node_of
+                and k not in set(incoming)
+                and self.absent(self.node_of[k]) > ABSENT_GRACE
+            )
         kept = [k for k in keys if k not in old]
         if max_clients is not None and len(kept) > max_clients:
             candidates = [k for k in kept if k not in set(incoming)]
@@ -275,4 +322,6 @@ class KeyBinding:
         key_of = {str(c): str(k) for c, k in state["key_of"].items()}
         last_seen = {str(k): int(r) for k, r in state["last_seen"].items()}
         self.node_of, self.key_of, self.last_seen = node_of, key_of, last_seen
-        self.present = None
+        self.present, self.samplings = None, 0
+        self.connected_at = dict.fromkeys(key_of, 0)
+        self.provisional = set(node_of) if self.policy == "node" else set()

@@ -87,11 +87,11 @@ class ConsensusStrategy(FedAvg):
     key is accepted only from the node (cid) it was first accepted from, and a node
     speaks for one key; any other claim is rejected (``num_key_conflicts``), the
     owner untouched, unless the owner has left the federation (it was not among
-    ``client_manager.all()`` at this round's ``configure_fit``): then the key's state
-    is evicted and the key starts fresh under its new node. So an insecure SuperNode
-    that restarts (new node id) rejoins as a new client, an authenticated one (same
-    node id) keeps its state, and nobody receives a connected node's center or
-    writes its state. ``"authenticated"``: as ``"node"`` but a key is never rebound
+    ``client_manager.all()`` for more than ``ABSENT_GRACE`` samplings in a row): then
+    the key's state is evicted and the key starts fresh under its new node. So an
+    insecure SuperNode that restarts (new node id) rejoins as a new client after the
+    grace, an authenticated one (same node id) keeps its state, and nobody receives a
+    connected or briefly absent node's center or writes its state. ``"authenticated"``: as ``"node"`` but a key is never rebound
     (for SuperNode authentication, where a node id is fixed by its registered key and
     survives restarts): no node takes over an absent node's key; the key is freed only
     by eviction. ``"reported"``: reported keys are trusted (a returning key
@@ -102,8 +102,9 @@ class ConsensusStrategy(FedAvg):
     is kept (the others are conflicts); no two replies ever touch one client's state
     in a round.
 
-    Eviction: at ``configure_fit``, keys whose last accepted reply is more than
-    ``max_client_age`` rounds old are evicted, then the least recently heard beyond
+    Eviction: at ``configure_fit``, keys whose node has left (policies ``"node"``,
+    ``"reported"``; `flwr_admm.rounds.identity`) or whose last accepted reply is more
+    than ``max_client_age`` rounds old are evicted, then the least recently heard beyond
     ``max_clients`` keys (ties in key order); at ``aggregate_fit`` again beyond
     ``max_clients``, counting the round's replies as heard (they are never evicted in
     their own round, so a round with more replies than ``max_clients`` holds them all

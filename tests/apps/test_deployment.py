@@ -2,8 +2,9 @@
 
 The deployed run must reproduce the in-process run of the same apps round for round;
 a SuperNode killed mid-run must cost one failed reply, not the run; restarted (new
-node id, same partition-id) after its old node left, it must rejoin as a new client
-(key_binding="node": its old dual and cached model are evicted, it is sent z).
+node id, same partition-id), it is refused while its old node is within its grace
+and then rejoins as a new client (key_binding="node": its old dual and cached model
+are evicted, it is sent z).
 Every process is stopped by PID by the fixture, also when a test fails.
 """
 
@@ -20,6 +21,7 @@ import pytest
 from app_runs import run_message
 from flwr.common import Context, RecordDict
 
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.testing import make_proxies
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
@@ -183,11 +185,13 @@ def test_killed_supernode_fails_one_round_and_rejoins_fresh(deployment, tmp_path
         for r in range(1, rounds + 1)
     ]
     # round 2: the others' replies aggregated, the killed node's a failure; round 3:
-    # the restarted node (new node id) claims partition-id 2, whose node has left the
-    # federation: the key's old dual and cached model are evicted (num_evicted = 1),
-    # the key is bound to the new node, and its reply (trained around z, the center
-    # of a new client) is folded in as a new client's; round 4: all three as usual
-    assert pattern == [(3, 0, 0, 0, 3), (2, 1, 0, 0, 2), (3, 0, 1, 0, 3), (3, 0, 0, 0, 3)], log
+    # the restarted node (new node id) claims partition-id 2, whose node is absent
+    # from one sampling (within ABSENT_GRACE = 1): a key conflict, the old state kept;
+    # round 4: the old node has left (absent twice): the key's old dual and cached
+    # model are evicted (num_evicted = 1), the key is bound to the new node, and its
+    # reply (trained around z, the center of a new client) is folded in as a new one's
+    assert ABSENT_GRACE == 1
+    assert pattern == [(3, 0, 0, 0, 3), (2, 1, 0, 0, 2), (3, 0, 0, 1, 2), (3, 0, 1, 0, 3)], log
     assert all(deployed[r]["fit_metrics"]["num_clients_cached"] == 3 for r in range(1, rounds + 1))
     assert all(deployed[r]["fit_metrics"]["num_resynced"] == 0 for r in range(1, rounds + 1))
 
@@ -221,7 +225,8 @@ def test_a_failed_start_stops_what_was_started(tmp_path):
 def test_message_api_killed_supernode_fails_one_round_and_rejoins(deployment, tmp_path):
     """api=message, FedADMM (server-held duals): the SuperNode killed (SIGTERM) in round
     2 is one failed reply (the SuperLink's NODE_UNAVAILABLE error reply), restarted it
-    rejoins as a new client in round 3 (its key's old state evicted), the run completes,
+    is refused in round 3 (its old node within ABSENT_GRACE) and rejoins as a new client
+    in round 4 (its key's old state evicted), the run completes,
     and every round equals the legacy strategy's in-process replay of the same fault."""
     rounds, kill_round = 4, 2
     config = {**CONFIG, "num-server-rounds": rounds}
@@ -253,7 +258,7 @@ def test_message_api_killed_supernode_fails_one_round_and_rejoins(deployment, tm
         )
         for r in range(1, rounds + 1)
     ]
-    assert pattern == [(3, 0, 0, 0), (2, 1, 0, 0), (3, 0, 1, 0), (3, 0, 0, 0)], log
+    assert pattern == [(3, 0, 0, 0), (2, 1, 0, 0), (3, 0, 0, 1), (3, 0, 1, 0)], log
     _replay_with_restart({**config, "output-dir": str(tmp_path / "replay")}, rounds, kill_round)
     replayed = _rounds(tmp_path / "replay" / "seed-logreg")
     _assert_same_rounds(deployed, replayed, range(1, rounds + 1))

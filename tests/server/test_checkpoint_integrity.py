@@ -184,3 +184,25 @@ def test_bindings_and_evictions_resume_bit_identically(tmp_path: Path) -> None:
     )
     assert second.admm is not None and straight.admm is not None
     assert sorted(second.admm.records) == sorted(straight.admm.records)
+
+
+def test_a_resume_under_new_node_ids_keeps_every_dual(tmp_path: Path) -> None:
+    """Issue 25, item 7: a new run (or restarted insecure SuperNodes) gives the clients
+    new node ids. The restored bindings are provisional: each key moves to the node
+    that claims it, keeping its dual (resynced once: that round's reply trained around
+    z); the old code evicted every key and kept only z."""
+    first = checkpointed(tmp_path, rounds=4)
+    assert first.admm is not None
+    duals = {key: record.y[0].copy() for key, record in first.admm.records.items()}
+    second = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+    renewed = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS, node_ids=list(range(101, 111)))
+    resumed = run_rounds(second, renewed, 3)
+    assert [m["num_evicted"] for m in resumed.fit_metrics] == [0, 0, 0]
+    assert [m["num_key_conflicts"] for m in resumed.fit_metrics] == [0, 0, 0]
+    assert resumed.fit_metrics[0]["num_resynced"] == NUM_CLIENTS
+    assert resumed.fit_metrics[1]["num_replies"] == NUM_CLIENTS
+    assert second.binding.key_of == {str(101 + i): f"partition-id:{i}" for i in range(10)}
+    assert second.admm is not None
+    assert sorted(second.admm.records) == sorted(duals)
+    moved = [not np.array_equal(second.admm.records[k].y[0], y) for k, y in duals.items()]
+    assert all(moved)  # the kept duals went on from where they were (not from 0)

@@ -53,6 +53,7 @@ from flwr_admm.protocol import (
     W_SQ_NORM,
 )
 from flwr_admm.rounds.checkpoint import CheckpointError
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK
@@ -241,10 +242,14 @@ def test_a_duplicated_reply_is_rejected_and_its_client_comes_back() -> None:
 
 
 def test_supernodes_restarted_under_new_node_ids_rejoin() -> None:
-    """New node ids, empty states, the same partitions: S is rebuilt in that round."""
+    """New node ids, empty states, the same partitions: while the old nodes are within
+    their grace their keys are refused to the new ones; then S is rebuilt in one round."""
     strategy, _ = _run(4, 3)
     fresh = make_proxies(admm_client_fn(**CLIENT), 4, node_ids=[11, 12, 13, 14])
-    instructions, metrics = _one_round(strategy, fresh, 4)
+    for server_round in range(4, 4 + ABSENT_GRACE):
+        _, metrics = _one_round(strategy, fresh, server_round)
+        assert metrics["num_key_conflicts"] == 4
+    instructions, metrics = _one_round(strategy, fresh, 4 + ABSENT_GRACE)
     assert [ins.config["admm-ack-round"] for _, ins in instructions] == [0] * 4
     assert metrics["num_replies"] == 4 and metrics["num_rejected"] == 0
     assert metrics["rebuilding"] == 0 and strategy.state.total_examples == 4 * 500
@@ -273,7 +278,7 @@ def test_max_client_age_evicts_and_the_sweep_takes_the_shares_out_of_s() -> None
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     for server_round in (1, 2):
         _one_round(strategy, proxies, server_round)
-    metrics = [_one_round(strategy, proxies[:5], r)[1] for r in range(3, 9)]  # 5-9 left
+    metrics = [_replies_of(strategy, proxies, 5, r) for r in range(3, 9)]  # 5-9 go quiet
     assert [m["num_evicted"] for m in metrics] == [0, 0, 0, 5, 0, 0]  # at round 6
     assert [m["rebuilding"] for m in metrics] == [0] * 6  # all 5 sent their shares
     assert sorted(strategy.state.clients) == [f"partition-id:{i}" for i in range(5)]
@@ -437,6 +442,19 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
             largest_residual = max(largest_residual, float(np.abs(state.residual[0]).max()))
         np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-12)
     assert largest_residual > 1e-3  # measured 17.6 (TopK); S matches to 3.6e-15
+
+
+def _replies_of(
+    strategy: FedADMMClientDuals, proxies: list[Any], replying: int, server_round: int
+) -> dict[str, Any]:
+    """One round with every node connected and only the first `replying` replying."""
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    instructions = strategy.configure_fit(server_round, strategy._broadcast, manager)  # type: ignore[arg-type]
+    quiet = {proxy.cid for proxy in proxies[replying:]}
+    results = [(p, p.fit(ins, None, server_round)) for p, ins in instructions if p.cid not in quiet]
+    return strategy.aggregate_fit(server_round, results, [])[1]
 
 
 def _one_round(

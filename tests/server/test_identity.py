@@ -26,6 +26,7 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -264,7 +265,8 @@ def test_an_absent_owners_key_is_not_taken_over_under_authenticated(
     strategy_class: Any, key_binding: str, taken_over: bool
 ) -> None:
     """Node 1 owns partition 0 and leaves; node 2 claims partition 0. Under "node" the
-    key is freed and rebound (right for insecure restarts, which get new node ids);
+    key is freed and rebound once node 1 has been absent for more than ABSENT_GRACE
+    samplings (right for insecure restarts, which get new node ids);
     under "authenticated" (node ids fixed by registered keys) it is a conflict and
     node 1's state stays, so an authenticated node cannot report another node's key."""
     strategy = configured(
@@ -273,8 +275,12 @@ def test_an_absent_owners_key_is_not_taken_over_under_authenticated(
     )
     owner = first_reply(strategy_class, 0.5, 10, {"partition-id": 0})
     strategy.aggregate_fit(1, [(Proxy("1"), owner)], [])
-    configured(strategy, ["2", "3"])  # node 1 is not connected now
     claim = first_reply(strategy_class, 3.0, 500, {"partition-id": 0})
+    for _ in range(ABSENT_GRACE if taken_over else 0):  # node 1 within its grace: refused
+        configured(strategy, ["2", "3"])
+        _, metrics = strategy.aggregate_fit(2, [(Proxy("2"), claim)], [])
+        assert (metrics["num_key_conflicts"], metrics["num_evicted"]) == (1, 0)
+    configured(strategy, ["2", "3"])  # node 1 is not connected now
     _, metrics = strategy.aggregate_fit(2, [(Proxy("2"), claim)], [])
     if taken_over:
         assert (metrics["num_evicted"], metrics["num_key_conflicts"]) == (1, 0)

@@ -28,6 +28,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 from textbook import textbook_fedadmm
 
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -134,12 +135,40 @@ def test_a_key_whose_node_left_is_freed_and_restarts_fresh() -> None:
     proxies = make_proxies(admm_client_fn(**CLIENT), 3)
     first = run_rounds(strategy, proxies, 3)
     # Partition 0 comes back under a new node id (restarted SuperNode); its old node
-    # is gone from the federation.
+    # is gone from the federation. While the old node is within its grace the key is
+    # still its own (the new node's claims are conflicts); then the key is freed.
     renewed = make_proxies(admm_client_fn(**CLIENT), 3, node_ids=[101, 2, 3])
-    second = run_rounds(strategy, renewed, 2, initial_parameters=first.parameters)
-    assert second.fit_metrics[0]["num_key_conflicts"] == 0
-    assert second.fit_metrics[0]["num_replies"] == 3
+    second = run_rounds(strategy, renewed, ABSENT_GRACE + 1, initial_parameters=first.parameters)
+    for metrics in second.fit_metrics[:ABSENT_GRACE]:
+        assert (metrics["num_key_conflicts"], metrics["num_replies"]) == (1, 2)
+    last = second.fit_metrics[ABSENT_GRACE]
+    assert (last["num_key_conflicts"], last["num_evicted"], last["num_replies"]) == (0, 1, 3)
     assert sorted(strategy.admm.records) == [f"partition-id:{i}" for i in range(3)]
+    assert strategy.binding.owner("partition-id:0") == "101"
+
+
+def test_a_node_that_misses_a_round_keeps_its_key_against_a_claimant() -> None:
+    """Issue 25, item 2: node 0 is away for one sampling, a new node reports its key;
+    the claim is a conflict, node 0's dual is untouched, and node 0 is accepted on
+    return (the old code evicted node 0's state, bound the key to the newcomer and
+    refused node 0 for good)."""
+    strategy = FedADMM(rho=0.1, initial_parameters=zeros_parameters())
+    proxies = make_proxies(admm_client_fn(**CLIENT), 6)
+    result = run_rounds(strategy, proxies, 2)
+    y_before = [t.copy() for t in strategy.admm.records["partition-id:0"].y]
+    manager = SimpleClientManager()
+    newcomer = make_proxies(admm_client_fn(**CLIENT), 1, node_ids=[99])[0]
+    for proxy in [*proxies[1:], newcomer]:  # node of partition 0 is away this round
+        manager.register(proxy)
+    strategy.configure_fit(3, result.parameters, manager)
+    res = fit_res([np.full(D, 3.0)], 500, {"partition-id": 0})
+    _, metrics = strategy.aggregate_fit(3, [(newcomer, res)], [])
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_evicted"] == 0
+    for before, after in zip(y_before, strategy.admm.records["partition-id:0"].y, strict=True):
+        np.testing.assert_array_equal(before, after)
+    back = run_rounds(strategy, proxies, 2, initial_parameters=result.parameters)
+    assert all(m["num_key_conflicts"] == 0 and m["num_replies"] == 6 for m in back.fit_metrics)
+    assert strategy.binding.owner("partition-id:0") == proxies[0].cid
 
 
 def test_key_binding_reported_keeps_the_old_re_identification() -> None:

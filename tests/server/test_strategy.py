@@ -29,6 +29,7 @@ from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import START_MARK
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -250,7 +251,8 @@ def test_duals_keyed_by_partition_id_survive_new_node_ids_when_keys_are_trusted(
 
 
 def test_partitions_under_new_node_ids_restart_fresh_when_keys_are_bound_to_nodes() -> None:
-    """key_binding="node": the old nodes left, so each key is freed and starts fresh."""
+    """key_binding="node": the old nodes left, so (after ABSENT_GRACE samplings in which
+    the old nodes keep their keys) each key is freed and starts fresh."""
     strategy = seed_strategy()
     first = run_rounds(strategy, scripted_proxies(), 3)
     assert strategy.admm is not None and all(
@@ -259,10 +261,11 @@ def test_partitions_under_new_node_ids_restart_fresh_when_keys_are_bound_to_node
     second = run_rounds(
         strategy,
         scripted_proxies(node_ids=list(range(101, 111))),
-        1,
+        1 + ABSENT_GRACE,
         initial_parameters=first.parameters,
     )
-    metrics = second.fit_metrics[0]
+    assert all(m["num_key_conflicts"] == NUM_CLIENTS for m in second.fit_metrics[:-1])
+    metrics = second.fit_metrics[-1]
     assert metrics["num_evicted"] == NUM_CLIENTS
     assert metrics["num_replies"] == NUM_CLIENTS
     assert metrics["num_resynced"] == 0 and metrics["num_key_conflicts"] == 0

@@ -12,6 +12,7 @@ from textbook import textbook_message_fedadmm
 
 from flwr_admm.core import ConsensusADMM, Reply
 from flwr_admm.protocol import START_MARK
+from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.serverapp import FedADMM
 from flwr_admm.uplink import StochasticQuantizer
 
@@ -180,18 +181,46 @@ def test_evaluate_ignores_unusable_replies() -> None:
 
 
 def test_a_key_whose_node_left_starts_fresh_under_the_new_node() -> None:
+    """Node 21 is gone and 99 claims its key: a conflict while node 21 is within its
+    grace (ABSENT_GRACE samplings), then the key's state is evicted and 99 starts fresh."""
     strategy = started()
-    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
-    assert z1 is not None and strategy.admm is not None
+    z, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z is not None and strategy.admm is not None
     assert np.any(strategy.admm.records["partition-id:0"].y[0] != 0)
-    configure(strategy, 2, z1, FakeGrid([99, NODES[1]]))  # node 21 is gone, 99 joined
     restarted = reply(99, w_of(3), **{"num-examples": 5, "partition-id": 0})
-    _, metrics = strategy.aggregate_train(2, [restarted, good(1)])
+    for server_round in range(2, ABSENT_GRACE + 2):
+        configure(strategy, server_round, z, FakeGrid([99, NODES[1]]))  # 21 gone, 99 joined
+        z, metrics = strategy.aggregate_train(server_round, [restarted, good(1)])
+        assert z is not None and metrics is not None
+        assert (metrics["num_key_conflicts"], metrics["num_replies"]) == (1, 1)
+    configure(strategy, ABSENT_GRACE + 2, z, FakeGrid([99, NODES[1]]))
+    _, metrics = strategy.aggregate_train(ABSENT_GRACE + 2, [restarted, good(1)])
     assert metrics is not None
     assert metrics["num_evicted"] == 1 and metrics["num_key_conflicts"] == 0
     assert metrics["num_replies"] == 2
     assert strategy.binding.node_of["partition-id:0"] == "99"
     assert strategy.admm.records["partition-id:0"].num_examples == 5
+
+
+def test_a_node_that_misses_a_round_keeps_its_key_against_a_claimant() -> None:
+    """Issue 25, item 2: node 21 misses one sampling and node 24 reports its key: a
+    conflict, node 21's dual untouched, node 21 accepted on return (the old code
+    evicted its state, bound the key to 99 and refused node 21 for good)."""
+    strategy = started()
+    z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
+    assert z1 is not None and strategy.admm is not None
+    y_before = strategy.admm.records["partition-id:0"].y[0].copy()
+    configure(strategy, 2, z1, FakeGrid([NODES[1], 99]))  # node 21 is away, 99 joined
+    claim = reply(99, w_of(3), **{"num-examples": 5, "partition-id": 0})
+    z2, metrics = strategy.aggregate_train(2, [claim, good(1)])
+    assert z2 is not None and metrics is not None
+    assert (metrics["num_key_conflicts"], metrics["num_evicted"]) == (1, 0)
+    np.testing.assert_array_equal(strategy.admm.records["partition-id:0"].y[0], y_before)
+    configure(strategy, 3, z2, FakeGrid([*NODES, 99]))
+    _, metrics = strategy.aggregate_train(3, [good(0), good(1)])
+    assert metrics is not None
+    assert (metrics["num_key_conflicts"], metrics["num_replies"]) == (0, 2)
+    assert strategy.binding.owner("partition-id:0") == str(NODES[0])
 
 
 def test_key_binding_authenticated_never_hands_a_key_to_a_new_node() -> None:

@@ -175,3 +175,24 @@ def test_an_evicted_keys_share_leaves_s() -> None:
     assert strategy.state.contribution_sum is not None
     np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
     assert gaps(np.array([strategy.z[0]]))[-1] > 0  # optimum of the 8 remaining nodes
+
+
+def test_a_resume_under_new_node_ids_keeps_every_dual(tmp_path: Path) -> None:
+    """Issue 25, item 7: a resumed run whose nodes have new ids (a new simulation run,
+    restarted insecure SuperNodes) keeps every key's dual: each key moves to the node
+    that claims it (resynced once) instead of being evicted (the old code kept z only)."""
+    settings = {**SETTINGS, "fraction_train": 1.0, "min_train_nodes": NUM_CLIENTS}
+    first = FedADMM(**settings, checkpoint_dir=tmp_path)
+    run(first, grid(), 4)
+    assert first.admm is not None
+    duals = {key: record.y[0].copy() for key, record in first.admm.records.items()}
+    second = FedADMM(**settings, checkpoint_dir=tmp_path)
+    renewed = InProcessGrid(
+        make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS, node_ids=range(101, 111)
+    )
+    run(second, renewed, 3)
+    rounds = second.history
+    assert [h["num_evicted"] for h in rounds] == [0, 0]  # the resync round folds nothing
+    assert [h["num_replies"] for h in rounds] == [NUM_CLIENTS, NUM_CLIENTS]
+    assert second.admm is not None and sorted(second.admm.records) == sorted(duals)
+    assert second.binding.key_of == {str(101 + i): f"partition-id:{i}" for i in range(10)}
