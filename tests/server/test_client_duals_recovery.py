@@ -212,6 +212,10 @@ def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) ->
         second.state.sweep.rebuilt == {"partition-id:4"}
         and second.state.sweep.stale_examples == 500
     )
+    assert list(second.state.sweep.known) == ["partition-id:4"]  # its resync's share, kept
+    np.testing.assert_array_equal(
+        second.state.sweep.known["partition-id:4"][0], first.state.sweep.known["partition-id:4"][0]
+    )
     run_rounds(second, proxies, 3)
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), straight.matrix)
     assert [int(h["rebuilding"]) for h in second.history] == [0, 0, 0]
@@ -233,6 +237,30 @@ def test_a_stale_share_inside_s_new_restarts_the_sweep() -> None:
     assert total == [7.0 + 16 + 1 + 32 + 1]  # S got every change, stale shares too
     assert sweep.finish(["a", "b", "c"]) == [17.0 + 32 + 4]  # the current shares only
     assert not sweep.active and sweep.stale_examples == 0
+
+
+def test_a_known_share_is_taken_out_exactly_and_seeds_a_restarted_sweep() -> None:
+    """S holds a: 1, b: 2, c: 4; a resyncs (16), then again (32); b resyncs (8); a leaves."""
+    total, sweep = [np.array([7.0])], RebuildSweep()
+    sweep.drop("a", 10, total)  # a's old share 1 goes stale: N_stale = 10
+    sweep.fold("a", total, [np.array([16.0])], None, full=True, resync=True)
+    assert sweep.known == {"a": [16.0]} and sweep.rebuilt == {"a"}
+    assert sweep.take_out("a", total)  # the second resync replaces 16 by 32
+    sweep.fold("a", total, [np.array([32.0])], None, full=True, resync=True)
+    assert total == [7.0 + 32] and sweep.new_sum == [32.0] and sweep.stale_examples == 10
+    sweep.fold("b", total, [np.array([1.0])], [np.array([3.0])], full=False)
+    sweep.drop("b", 10, total)  # b's share 3 is inside S_new: restart from K = {a}
+    assert sweep.new_sum == [32.0] and sweep.rebuilt == {"a"} and sweep.stale_examples == 20
+    sweep.fold("b", total, [np.array([8.0])], None, full=True, resync=True)
+    sweep.fold("a", total, [np.array([1.0])], None, full=False)  # sigma_a = 33 in S, S_new, K
+    assert sweep.known == {"a": [33.0], "b": [8.0]} and sweep.finish(["a", "b", "c"]) is None
+    sweep.fold("c", total, [np.array([0.0])], [np.array([4.0])], full=False)
+    assert sweep.finish(["a", "b", "c"]) == [33.0 + 8 + 4] and sweep.stale_examples == 0
+    total = [np.array([45.0])]
+    assert sweep.take_out("a", total) and total == [12.0]  # eviction: no sweep needed
+    assert not sweep.active and not sweep.take_out("c", total)
+    sweep.fold("b", total, [np.array([1.0])], None, full=False)  # outside a sweep: b leaves K
+    assert sweep.known == {}
 
 
 def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
