@@ -17,6 +17,13 @@ from flwr.clientapp import ClientApp
 from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import ADMMTrainStep
 from flwr_admm.core.local_solver import penalized_local_solve
+from flwr_admm.protocol import (
+    DELAYED_SQ_RESIDUAL,
+    EXAMPLES_CHANGE,
+    NUM_EXAMPLES,
+    PREVIOUS_ROUND,
+    RESYNC,
+)
 from flwr_admm.serverapp.testing import InProcessGrid
 
 steps_app = ClientApp()
@@ -44,7 +51,9 @@ class FaultyGrid(InProcessGrid):
     "lost": the node trains and keeps its new state, but the reply never arrives (a
     late reply is absent in Flower); "wipe": the node's ``context.state`` is lost
     before this round (a SuperNode restart without its state); "nan": the reply
-    arrives with a NaN; "replay": the node's previous reply arrives instead of this one.
+    arrives with a NaN; "replay": the node's previous reply arrives instead of this one;
+    "forge": the node keeps its state but claims a resync (its Delta_i sent as a full
+    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1).
     """
 
     def __init__(self, app: ClientApp, num_nodes: int, faults: dict[int, dict[int, str]]) -> None:
@@ -72,4 +81,9 @@ class FaultyGrid(InProcessGrid):
             record[name] = Array(broken)
         if fault == "replay" and previous is not None:
             return Message(previous.content, reply_to=self.sent[-1])
+        if fault == "forge" and reply is not None:
+            metrics = reply.content["metrics"]
+            metrics.pop(DELAYED_SQ_RESIDUAL, None)
+            metrics[PREVIOUS_ROUND], metrics[RESYNC] = 0, 1
+            metrics[EXAMPLES_CHANGE] = metrics[NUM_EXAMPLES]
         return reply

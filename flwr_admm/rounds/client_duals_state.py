@@ -6,8 +6,9 @@ translates messages; the protocol's server arithmetic lives here once (the math 
 the legacy module's docstring, `flwr_admm.server.client_duals`):
 
     fold     S += Delta_i,  N += n_i' - n_i,  entry_i = (n_i', k)
-             (a resync, a full share for a key S holds: its old share goes stale)
-    evict    N -= n_i; the rebuild sweep takes the key's share out of S
+             (a resync, a full share for a key S holds: its old share is taken out
+             if the server kept it, K in the sweep module, else it goes stale)
+    evict    N -= n_i; the key's share is taken out, or the rebuild sweep does it
     z-round  z_k = prox_{g/rho}(S / (N + N_stale)), residuals, fast ADMM's z^_{k+1}
 """
 
@@ -138,13 +139,17 @@ class ClientDualsState:
         return protocol_problem(self.clients.get(key), metrics, num_examples, secure=secure)
 
     def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
-        """N += n_i' - n_i, entry_i = (n_i', k); True for a resync (its old share goes stale)."""
+        """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.
+
+        A resync's old share is taken out of S if the server kept it, else it goes stale.
+        """
         assert self.contribution_sum is not None
         entry = self.clients.get(key)
         resync = full and entry is not None
         if entry is not None and resync:
             log(INFO, "FedADMMClientDuals: %s resynchronized (its state was lost)", key)
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+            if not self.sweep.take_out(key, self.contribution_sum):
+                self.sweep.drop(key, entry.num_examples, self.contribution_sum)
         self.total_examples += num_examples - (0 if entry is None else entry.num_examples)
         self.clients[key] = ClientEntry(num_examples, server_round)
         return resync
@@ -160,15 +165,18 @@ class ClientDualsState:
         *,
         full: bool,
     ) -> bool:
-        """S += Delta_i (and S_new += sigma_i' in a sweep), then `record`; True for a resync."""
+        """S += Delta_i (and S_new += sigma_i' in a sweep), then `record`; True for a resync.
+
+        A resync's full contribution is kept as the key's known share (`RebuildSweep`).
+        """
         assert self.contribution_sum is not None
         resync = self.record(key, num_examples, server_round, full=full)
-        self.sweep.fold(key, self.contribution_sum, change, share, full=full)
+        self.sweep.fold(key, self.contribution_sum, change, share, full=full, resync=resync)
         self.stats.add(num_examples, metrics)
         return resync
 
     def evict(self, keys: Iterable[str]) -> int:
-        """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
+        """Forget `keys`: drop their entries, N -= n_i; take out or sweep out their shares."""
         evicted = 0
         for key in keys:
             entry = self.clients.pop(key, None)
@@ -176,7 +184,8 @@ class ClientDualsState:
                 continue
             evicted += 1
             self.total_examples -= entry.num_examples
-            self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+            if not self.sweep.take_out(key, self.contribution_sum):
+                self.sweep.drop(key, entry.num_examples, self.contribution_sum)
         self.end_sweep()
         return evicted
 

@@ -16,7 +16,18 @@ holds, S := S_new and the stale shares are gone. Meanwhile they keep their weigh
 N_stale in the z-step, as absent clients do: z = prox_{g/rho}(S / (N + N_stale)).
 
 A stale share inside S_new (a rebuilt key resyncs again, or is evicted) restarts the
-sweep: S_new = 0, R = {}.
+sweep: S_new = sum_{i in K} sigma_i, R = K.
+
+Known shares K. A resync's full contribution F_i is all of the key's new share, and
+the server sees it (not under SecAgg+, which shows only sums): it keeps sigma_i = F_i
+(plus the key's later Delta_i while a sweep is on, so sigma_i stays exact in S and
+S_new; a Delta_i outside a sweep forgets it). A key in K is in R whenever a sweep is
+on. Its next resync, or its eviction, then takes its share out exactly:
+
+    S -= sigma_i,  S_new -= sigma_i,  N_stale unchanged         (`take_out`)
+
+so a client that loses its state every round (a memoryless client), or one that
+forges resync claims, adds its n to N_stale at most once per sweep, never more.
 """
 
 from __future__ import annotations
@@ -34,12 +45,13 @@ __all__ = ["RebuildSweep"]
 
 
 class RebuildSweep:
-    """S_new, the rebuilt keys R and the stale weight N_stale of one sweep (or none)."""
+    """S_new, the rebuilt keys R, the stale weight N_stale (one sweep or none) and K."""
 
     def __init__(self) -> None:
         self.new_sum: Arrays | None = None  # S_new; None: no sweep
         self.rebuilt: set[str] = set()  # R
         self.stale_examples = 0  # N_stale: the n of the stale shares still in S
+        self.known: dict[str, Arrays] = {}  # K: key -> sigma_i, its exact share in S
 
     @property
     def active(self) -> bool:
@@ -53,12 +65,29 @@ class RebuildSweep:
     def drop(self, key: str, num_examples: int, like: Arrays) -> None:
         """Mark the share of `key` in S stale; start the sweep, or restart it.
 
-        Restart (S_new = 0, R = {}) when that share is inside S_new (`key` in R).
+        (Re)start with S_new = sum_{i in K} sigma_i, R = K; restart when that share is
+        inside S_new (`key` in R).
         """
         if self.new_sum is None or key in self.rebuilt:
             self.new_sum = [np.zeros_like(t) for t in like]
-            self.rebuilt = set()
+            for share in self.known.values():
+                _add(self.new_sum, share)
+            self.rebuilt = set(self.known)
         self.stale_examples += num_examples
+
+    def take_out(self, key: str, total: Arrays) -> bool:
+        """S -= sigma_key (and S_new -= sigma_key) if `key` is in K; return whether it was.
+
+        `key` leaves K and R: its next full contribution (`fold`) re-enters both.
+        """
+        share = self.known.pop(key, None)
+        if share is None:
+            return False
+        _subtract(total, share)
+        if self.new_sum is not None:
+            _subtract(self.new_sum, share)
+            self.rebuilt.discard(key)
+        return True
 
     def fold(
         self,
@@ -68,14 +97,22 @@ class RebuildSweep:
         share: Sequence[NDArray[np.generic]] | None,
         *,
         full: bool,
+        resync: bool = False,
     ) -> None:
         """Add a reply's Delta_j to S (`total`), and what the sweep needs to S_new.
 
         A full contribution (new or resyncing key) is all of its share: S_new += it,
         j joins R. Otherwise S_new += Delta_j if j is in R, else S_new += sigma_j'
-        (j joins R) when the reply sent it.
+        (j joins R) when the reply sent it. A resync's share joins K; a key in K
+        adds Delta_j to its sigma_j during a sweep and leaves K outside one.
         """
         _add(total, change)
+        if resync:
+            self.known[key] = [np.array(t, dtype=np.float64) for t in change]
+        elif key in self.known and self.new_sum is not None:
+            _add(self.known[key], change)
+        else:
+            self.known.pop(key, None)
         if self.new_sum is None:
             return
         if full or key in self.rebuilt:
@@ -116,24 +153,38 @@ class RebuildSweep:
 
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
-        """Return S_new (arrays ``s_new_<i>``) and R, N_stale (manifest entries)."""
+        """Return S_new (``s_new_<i>``), K's shares (``known_<j>_<i>``), R, N_stale, K's keys."""
         arrays = {f"s_new_{i}": t for i, t in enumerate(self.new_sum or [])}
-        manifest = {
+        for j, share in enumerate(self.known.values()):
+            arrays.update({f"known_{j}_{i}": t for i, t in enumerate(share)})
+        manifest: dict[str, Any] = {
             "rebuilding": self.active,
             "rebuilt": sorted(self.rebuilt),
             "stale_examples": int(self.stale_examples),
         }
+        if self.known:  # absent (no known share) in checkpoints of a run without resyncs
+            manifest["known"] = list(self.known)
         return arrays, manifest
 
     def load_state_dict(
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], like: Arrays
     ) -> None:
-        """Restore a sweep from `state_dict` output (no entries: no sweep)."""
+        """Restore a sweep and K from `state_dict` output (no entries: none)."""
         self._reset()
+        shapes = [t.shape for t in like]
+        known = {
+            str(key): [
+                np.asarray(arrays[f"known_{j}_{i}"], dtype=np.float64) for i in range(len(like))
+            ]
+            for j, key in enumerate(manifest.get("known", []))
+        }
+        if any([t.shape for t in share] != shapes for share in known.values()):
+            raise ValueError("a known share and S disagree")
+        self.known = known
         if not manifest.get("rebuilding", False):
             return
         new_sum = [np.asarray(arrays[f"s_new_{i}"], dtype=np.float64) for i in range(len(like))]
-        if [t.shape for t in new_sum] != [t.shape for t in like]:
+        if [t.shape for t in new_sum] != shapes:
             raise ValueError("S_new and S disagree")
         self.new_sum = new_sum
         self.rebuilt = {str(k) for k in manifest["rebuilt"]}
@@ -144,3 +195,9 @@ def _add(total: Arrays, arrays: Sequence[NDArray[np.generic]]) -> None:
     """Set total += arrays in place (float64, one pass)."""
     for acc, array in zip(total, arrays, strict=True):
         axpy(1.0, np.asarray(array, dtype=np.float64), acc)
+
+
+def _subtract(total: Arrays, arrays: Arrays) -> None:
+    """Set total -= arrays in place (float64, one pass)."""
+    for acc, array in zip(total, arrays, strict=True):
+        axpy(-1.0, array, acc)

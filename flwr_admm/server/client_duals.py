@@ -62,6 +62,10 @@ weight N_stale in z = prox_{g/rho}(S / (N + N_stale)) and the round metric
 (`_evict`). Cost: one extra model-sized upload per client per sweep, one extra model
 copy (S_new) on the server while it runs; under full participation it ends one round
 after it started. A key that never returns keeps the sweep open until it is evicted.
+The server keeps a resync's F_i (while a sweep is on, or while the key keeps
+resyncing): the key's next resync or eviction takes that share out of S exactly, so
+a client that loses its state every round, or forges resyncs, adds its n to N_stale
+at most once per sweep (known shares K, `flwr_admm.rounds.client_duals_sweep`).
 
 Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
 the rebuilt keys, N_stale), fast ADMM's state, the round, the convergence flag and a

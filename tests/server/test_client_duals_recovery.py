@@ -14,12 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import flower_run
 import numpy as np
-from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
+from flower_run import NUM_CLIENTS, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
 from flwr_admm.client.client_duals import load_states
+from flwr_admm.protocol import DELAYED_SQ_RESIDUAL, EXAMPLES_CHANGE, PREVIOUS_ROUND, RESYNC
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
@@ -27,6 +29,15 @@ from flwr_admm.uplink import StochasticQuantizer
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 ROUNDS = 80
+EVERY_ROUND = range(1, ROUNDS + 1)
+
+
+class Recorder(flower_run.Recorder):
+    """z of every round, and N_stale (the weight of S's stale shares) in its z-step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stale: list[int] = []
 
 
 class LossyProxy(InProcessClientProxy):
@@ -35,7 +46,9 @@ class LossyProxy(InProcessClientProxy):
     "lost": the reply never arrives (the client saved its new state); "nan": the reply
     arrives with a NaN; "truncate": its first tensor arrives 3 bytes short; "replay":
     the reply of the previous round arrives again instead of this one; "wipe": the
-    node's state is lost before this round (a SuperNode restart without its state).
+    node's state is lost before this round (a SuperNode restart without its state);
+    "forge": the node keeps its state but claims a resync (its Delta_i sent as a full
+    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1).
     """
 
     faults: dict[int, str]
@@ -56,6 +69,9 @@ class LossyProxy(InProcessClientProxy):
             res.parameters.tensors[0] = res.parameters.tensors[0][:-3]
         if fault == "replay" and previous is not None:
             return previous
+        if fault == "forge":
+            res.metrics.pop(DELAYED_SQ_RESIDUAL, None)
+            res.metrics.update({PREVIOUS_ROUND: 0, RESYNC: 1, EXAMPLES_CHANGE: res.num_examples})
         return res
 
 
@@ -78,6 +94,7 @@ def run(faults: dict[int, dict[int, str]], **kwargs: Any) -> tuple[Any, Recorder
     strategy = FedADMMClientDuals(
         rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=recorder, **kwargs
     )
+    recorder.hook = lambda _: recorder.stale.append(strategy.state.sweep.stale_examples)
     result = run_rounds(strategy, lossy_proxies(faults), ROUNDS)
     return strategy, recorder, result
 
@@ -195,6 +212,10 @@ def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) ->
         second.state.sweep.rebuilt == {"partition-id:4"}
         and second.state.sweep.stale_examples == 500
     )
+    assert list(second.state.sweep.known) == ["partition-id:4"]  # its resync's share, kept
+    np.testing.assert_array_equal(
+        second.state.sweep.known["partition-id:4"][0], first.state.sweep.known["partition-id:4"][0]
+    )
     run_rounds(second, proxies, 3)
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), straight.matrix)
     assert [int(h["rebuilding"]) for h in second.history] == [0, 0, 0]
@@ -216,6 +237,30 @@ def test_a_stale_share_inside_s_new_restarts_the_sweep() -> None:
     assert total == [7.0 + 16 + 1 + 32 + 1]  # S got every change, stale shares too
     assert sweep.finish(["a", "b", "c"]) == [17.0 + 32 + 4]  # the current shares only
     assert not sweep.active and sweep.stale_examples == 0
+
+
+def test_a_known_share_is_taken_out_exactly_and_seeds_a_restarted_sweep() -> None:
+    """S holds a: 1, b: 2, c: 4; a resyncs (16), then again (32); b resyncs (8); a leaves."""
+    total, sweep = [np.array([7.0])], RebuildSweep()
+    sweep.drop("a", 10, total)  # a's old share 1 goes stale: N_stale = 10
+    sweep.fold("a", total, [np.array([16.0])], None, full=True, resync=True)
+    assert sweep.known == {"a": [16.0]} and sweep.rebuilt == {"a"}
+    assert sweep.take_out("a", total)  # the second resync replaces 16 by 32
+    sweep.fold("a", total, [np.array([32.0])], None, full=True, resync=True)
+    assert total == [7.0 + 32] and sweep.new_sum == [32.0] and sweep.stale_examples == 10
+    sweep.fold("b", total, [np.array([1.0])], [np.array([3.0])], full=False)
+    sweep.drop("b", 10, total)  # b's share 3 is inside S_new: restart from K = {a}
+    assert sweep.new_sum == [32.0] and sweep.rebuilt == {"a"} and sweep.stale_examples == 20
+    sweep.fold("b", total, [np.array([8.0])], None, full=True, resync=True)
+    sweep.fold("a", total, [np.array([1.0])], None, full=False)  # sigma_a = 33 in S, S_new, K
+    assert sweep.known == {"a": [33.0], "b": [8.0]} and sweep.finish(["a", "b", "c"]) is None
+    sweep.fold("c", total, [np.array([0.0])], [np.array([4.0])], full=False)
+    assert sweep.finish(["a", "b", "c"]) == [33.0 + 8 + 4] and sweep.stale_examples == 0
+    total = [np.array([45.0])]
+    assert sweep.take_out("a", total) and total == [12.0]  # eviction: no sweep needed
+    assert not sweep.active and not sweep.take_out("c", total)
+    sweep.fold("b", total, [np.array([1.0])], None, full=False)  # outside a sweep: b leaves K
+    assert sweep.known == {}
 
 
 def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
@@ -241,3 +286,35 @@ def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
     assert [int(m["rebuilding"]) for m in result.fit_metrics[:2]] == [0, 0]
     assert all(m["num_rejected"] == 0 for m in result.fit_metrics)
     assert gaps(recorder.matrix)[-1] <= 1e-9
+
+
+def test_a_node_wiped_every_round_adds_its_weight_once() -> None:
+    """Memoryless client 2: each resync replaces its share (before: N_stale 39,500, gap 2.0e-2)."""
+    recorder, proxies = Recorder(), lossy_proxies({2: {r: "wipe" for r in EVERY_ROUND}})
+    strategy = FedADMMClientDuals(
+        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=recorder
+    )
+    recorder.hook = lambda _: recorder.stale.append(strategy.state.sweep.stale_examples)
+    result = run_rounds(strategy, proxies, ROUNDS)
+    assert all(int(m["num_resynced"]) == 1 for m in result.fit_metrics[1:])
+    assert recorder.stale[:2] == [0, 500] and max(recorder.stale[2:]) == 0
+    assert [int(m["rebuilding"]) for m in result.fit_metrics[:4]] == [0, 1, 0, 0]
+    assert strategy.state.total_examples == NUM_CLIENTS * 500
+    assert list(strategy.state.sweep.known) == ["partition-id:2"]
+    assert gaps(recorder.matrix)[-1] <= 5e-3  # 1.3e-4: a memoryless client's bias
+    expected = np.zeros(20)  # S = the sum of the clients' shares (2's: its last F_2)
+    for proxy in proxies:
+        kept = load_states(proxy.context.state, [(20,)])
+        assert kept.pending is not None
+        expected += kept.pending.share[0]
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
+
+
+def test_forged_resync_claims_cost_the_claimant_only() -> None:
+    """Client 7 claims a resync every round from round 3: N_stale stays within its n."""
+    strategy, recorder, result = run({7: {r: "forge" for r in range(3, ROUNDS + 1)}})
+    assert all(int(m["num_resynced"]) == 1 for m in result.fit_metrics[2:])
+    assert max(recorder.stale) <= 500  # its own share, once (before: 78 x 500 = 39,000)
+    assert recorder.stale[-1] == 0 and strategy.state.total_examples == NUM_CLIENTS * 500
+    assert sum(int(m["rebuilding"]) for m in result.fit_metrics) == 1

@@ -171,6 +171,26 @@ def test_a_lost_state_resyncs_through_a_secure_sweep() -> None:
     assert gap[-1] <= 1e-13
 
 
+def test_a_node_wiped_every_round_keeps_n_stale_within_its_n_under_full_participation() -> None:
+    """SecAgg+ shows only sums: no share is known, so each resync goes stale (`RebuildSweep`).
+
+    With every client every round a sweep ends the round after it starts, so the
+    stale weight in a z-step is at most client 2's n (sweeps on every other round).
+    """
+    stale: list[int] = []
+
+    def check(strategy: Any, proxies: list[InProcessClientProxy], server_round: int) -> None:
+        stale.append(strategy.state.sweep.stale_examples)
+        assert not strategy.state.sweep.known  # never an individual share
+
+    faults = {2: {r: "wipe" for r in range(1, 81)}}
+    _, recorder, result, _ = run_secure(80, faults=faults, on_round=check)
+    assert all(m["num_resynced"] == 1 for m in result.fit_metrics[1:])
+    assert max(stale) == 500 and stale[-2:] == [0, 500]
+    assert sum(m["num_secure_dropped"] for m in result.fit_metrics) == 0
+    assert gaps(recorder.matrix)[-1] <= 5e-3  # 4.5e-6
+
+
 def test_replies_that_are_not_one_aggregate_are_refused() -> None:
     # Without SecAgg+ every reply carries its own arrays: nothing is folded, z stays.
     recorder = Recorder()

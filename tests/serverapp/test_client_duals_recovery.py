@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from flower_run import NUM_CLIENTS, admm_client_fn
+from flwr.app import ArrayRecord, MetricRecord
 from message_apps import ZRecorder, zeros
 from message_duals import FaultyGrid
 from seed_task import first_round_below, gaps
@@ -26,15 +27,34 @@ CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 ROUNDS = 40
 
 
-def run(
+class StaleRecorder(ZRecorder):
+    """z of every round, and N_stale (the weight of S's stale shares) in its z-step."""
+
+    def __init__(self, strategy: FedADMMClientDuals) -> None:
+        super().__init__()
+        self.strategy, self.stale = strategy, list[int]()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        self.stale.append(self.strategy.state.sweep.stale_examples)
+        return super().__call__(server_round, arrays)
+
+
+def run_recorded(
     faults: dict[int, dict[int, str]], rounds: int = ROUNDS, **kwargs: Any
-) -> tuple[FedADMMClientDuals, np.ndarray, FaultyGrid]:
-    recorder = ZRecorder()
+) -> tuple[FedADMMClientDuals, StaleRecorder, FaultyGrid]:
     strategy = FedADMMClientDuals(
         rho=0.1, fraction_evaluate=0.0, min_available_nodes=NUM_CLIENTS, **kwargs
     )
+    recorder = StaleRecorder(strategy)
     grid = FaultyGrid(make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS, faults)
     run_strategy(strategy, grid, zeros(), rounds, evaluate_fn=recorder)
+    return strategy, recorder, grid
+
+
+def run(
+    faults: dict[int, dict[int, str]], rounds: int = ROUNDS, **kwargs: Any
+) -> tuple[FedADMMClientDuals, np.ndarray, FaultyGrid]:
+    strategy, recorder, grid = run_recorded(faults, rounds, **kwargs)
     return strategy, recorder.matrix[1:], grid
 
 
@@ -105,3 +125,28 @@ def test_lost_state_under_8_bit_compression_keeps_s_the_sum_of_shares() -> None:
     assert strategy.state.contribution_sum is not None
     np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
     assert all(h["uplink_bytes"] < 10 * 20 * 8 for h in strategy.history)
+
+
+def test_a_node_wiped_every_round_adds_its_weight_once() -> None:
+    """Memoryless node 2: each resync replaces its share (before: N_stale 39,500, gap 2.0e-2)."""
+    strategy, recorder, grid = run_recorded({2: {r: "wipe" for r in range(1, 81)}}, 80)
+    assert all(h["num_resynced"] == 1 for h in strategy.history[1:])
+    assert recorder.stale[1:3] == [0, 500] and max(recorder.stale[3:]) == 0  # [0]: round 0
+    assert [h["rebuilding"] for h in strategy.history[:4]] == [0, 1, 0, 0]
+    assert gaps(recorder.matrix[1:])[-1] <= 5e-3  # 1.3e-4, the legacy strategy's number
+    expected = np.zeros(20)  # S = the sum of the nodes' shares (2's: its last F_2)
+    for context in grid.contexts.values():
+        kept = load_states(context.state, [(20,)])
+        assert kept.pending is not None
+        expected += kept.pending.share[0]
+    assert strategy.state.contribution_sum is not None
+    np.testing.assert_allclose(strategy.state.contribution_sum[0], expected, rtol=0, atol=1e-9)
+
+
+def test_forged_resync_claims_cost_the_claimant_only() -> None:
+    """Node 7 claims a resync every round from round 3: N_stale stays within its n."""
+    strategy, recorder, _ = run_recorded({7: {r: "forge" for r in range(3, 41)}})
+    assert all(h["num_resynced"] == 1 for h in strategy.history[2:])
+    assert max(recorder.stale) <= 500  # its own share, once (before: 38 x 500 = 19,000)
+    assert recorder.stale[-1] == 0 and strategy.state.total_examples == NUM_CLIENTS * 500
+    assert sum(h["rebuilding"] for h in strategy.history) == 1
