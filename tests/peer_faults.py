@@ -19,8 +19,8 @@ from message_duals import FaultyGrid
 from peer_reference import Ridge, client_fn_for, common_kwargs, pooled_optimum, ridge_clients
 
 import flwr_admm.server
-from flwr_admm.client import ADMMClient
 import flwr_admm.serverapp
+from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.protocol import PARTITION_ID
 from flwr_admm.serverapp.testing import run_strategy
