@@ -112,7 +112,8 @@ class PeerState:
             record = self.context.state.array_records.get(name)
             arrays = None if record is None else list(record.to_numpy_ndarrays())
             config = self.context.state.config_records.get(meta)
-            server_round = 0 if config is None else int(config.get(META_ROUND, 0))  # type: ignore[call-overload]
+            value = 0 if config is None else config.get(META_ROUND, 0)
+            server_round = value if isinstance(value, int) else 0
         if arrays is None or [np.shape(a) for a in arrays] != shapes:
             return None
         return [np.asarray(a, dtype=np.float64) for a in arrays], server_round

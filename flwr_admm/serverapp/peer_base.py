@@ -141,10 +141,10 @@ class PeerFedAvg(FedAvg):
         if message_type != MessageType.TRAIN:
             return super()._construct_messages(record, node_ids, message_type)
         shared = {**dict(record.items()), **self._extra}
-        config = dict(record[self.configrecord_key].items())  # type: ignore[union-attr]
-        messages = []
+        config = record.config_records[self.configrecord_key]
+        messages: list[Message] = []
         for node in node_ids:
-            own = ConfigRecord({**config, **self.algorithm.instruction(str(node))})
+            own = ConfigRecord({**dict(config.items()), **self.algorithm.instruction(str(node))})
             content = RecordDict({**shared, self.configrecord_key: own})
             messages += super()._construct_messages(content, [node], message_type)
         return messages
