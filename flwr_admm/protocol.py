@@ -166,6 +166,11 @@ FEDDYN_ALPHA = "feddyn-alpha"  # fit config: FedDyn's alpha > 0
 SCAFFOLD_STATE_C = "flwr_admm.scaffold.c"  # ADMMClient: SCAFFOLD's control variate c_i
 FEDDYN_STATE_GRAD = "flwr_admm.feddyn.grad"  # ADMMClient: FedDyn's linear term grad_i
 PEER_STATE_META = "flwr_admm.peer.meta"  # ADMMClient: round of the state above (META_ROUND)
+# ADMMClient: the state before the one above, kept until the server acknowledges that
+# one (``admm-ack-round``); the reply reports the round it trained from (PREVIOUS_ROUND)
+SCAFFOLD_COMMITTED_C = "flwr_admm.scaffold.c.committed"
+FEDDYN_COMMITTED_GRAD = "flwr_admm.feddyn.grad.committed"
+PEER_COMMITTED_META = "flwr_admm.peer.committed-meta"  # its round (META_ROUND)
 SERVER_STEP = "server_step"  # round metric: SCAFFOLD's eta_g
 # Message API (flwr_admm.serverapp.SCAFFOLD): the ArrayRecord carrying c down and
 # c_i+ - c_i up, under the model's tensor names, next to x / y_i under ``arrays``.

@@ -18,6 +18,13 @@ and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
 
 `flwr_admm.serverapp.FedDyn` needs nothing extra: x under ``arrays``, alpha under
 ``feddyn-alpha``, and the reply is `build_reply` of w_i (grad_i kept by the node).
+
+Both servers send each node ``admm-ack-round``, the round of its last reply they
+folded. A handler keeping c_i / grad_i itself should train from the state that round
+names (else from zero) and report the round of the state it trained from as the
+metric ``admm-previous-round`` (`flwr_admm.rounds.peers` has the rule; the ready
+`make_client_app` does it): a reply without it is folded as in sync, and a lost or
+rejected reply then leaves the node's state ahead of the server's.
 """
 
 from __future__ import annotations

@@ -5,14 +5,16 @@ linear term (zero at first), h the server state (zero at first), S the round's c
 
     client:  w_i ~ argmin_w f_i(w) - <grad_i, w> + alpha/2 ||w - x||^2
              grad_i <- grad_i - alpha (w_i - x)
-    server:  h  = sum_{i seen} n_i grad_i / sum_{i seen} n_i
+    server:  h  = sum_{i held} n_i grad_i / sum_{i held} n_i
                   (h <- h - alpha/m sum_{i in S} (w_i - x) in the paper)
              x' = sum_{i in S} p_i w_i - h / alpha
 
 p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i and every client seen this is the paper's). At a fixed point w_i = x and
 grad_i = grad f_i(x), so h = 0 = sum_i p_i grad f_i(x): the pooled optimum, like
-ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients).
+ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients). The client
+commits grad_i only once the server acknowledges the reply (`flwr_admm.rounds.peers`),
+so h stays the mean of the clients' grad_i through lost and rejected replies.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ class FedDynRound(PeerRound):
 
     Sent: x (and ``feddyn-alpha`` in the config); a reply: w_i.
 
-    Update: sum_seen n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    `key_binding` is the `KeyBinding` policy (`PeerRound`).
     """
 
     peer = PEER_FEDDYN
 
-    def __init__(self, alpha: float) -> None:
+    def __init__(self, alpha: float, key_binding: str = "node") -> None:
         if (
             isinstance(alpha, bool)
             or not isinstance(alpha, int | float)
@@ -46,16 +49,12 @@ class FedDynRound(PeerRound):
             or alpha <= 0
         ):
             raise ValueError(f"alpha: must be a finite number > 0, got {alpha!r}")
-        super().__init__()
+        super().__init__(key_binding)
         self.alpha = float(alpha)
-        self.h_sum: NDArrays | None = None  # sum_{i seen} n_i grad_i
 
     def h(self) -> NDArrays:
-        """Return the server state h = sum_seen n_i grad_i / sum_seen n_i (0 at first)."""
-        assert self.current is not None
-        if self.h_sum is None:
-            return [np.zeros_like(t) for t in self.current]
-        return [s / self.seen_examples() for s in self.h_sum]
+        """Return the server state h = sum_held n_i grad_i / sum_held n_i (0 at first)."""
+        return self.state_mean()
 
     def _outgoing(self, x: NDArrays) -> NDArrays:
         return x
@@ -67,14 +66,14 @@ class FedDynRound(PeerRound):
         return {FEDDYN_ALPHA: self.alpha}
 
     def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
-        """Sum_seen n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha."""
+        """Sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha."""
         mean = [np.zeros_like(t) for t in x]
-        h_sum = self.h_sum or [np.zeros_like(t) for t in x]
-        for p, (key, w, _) in zip(self.weights(replies), replies, strict=True):
-            n = self.state_weight(key)
-            for k, (xk, wk) in enumerate(zip(x, w, strict=True)):
+        h_sum = self.sums()
+        for p, reply in zip(self.weights(replies), replies, strict=True):
+            n, grad_i = self.state_weight(reply.key), self.held(reply.key)
+            for k, (xk, wk) in enumerate(zip(x, reply.arrays, strict=True)):
                 mean[k] += p * wk  # sum_S p_i w_i
                 h_sum[k] -= (self.alpha * n) * (wk - xk)  # n_i grad_i's change
-        self.h_sum = h_sum
+                grad_i[k] = grad_i[k] - self.alpha * (wk - xk)  # as the client computes it
         h = self.h()
         return [m - hk / self.alpha for m, hk in zip(mean, h, strict=True)], {}

@@ -6,12 +6,14 @@ c the server's control variate, c_i client i's (zero at first), S the round's cl
     client:  y_i <- y_i - lr (grad f_i(y_i) - c_i + c)      K steps from y_i = x
              c_i+ = c_i - c + (x - y_i) / (K lr)
     server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
-             c   = sum_{i seen} n_i c_i / sum_{i seen} n_i   (c += that share of dc_i)
+             c   = sum_{i held} n_i c_i / sum_{i held} n_i   (c += that share of dc_i)
 
 p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i this is the paper's mean over S and, once every client has been seen,
 its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
-carry two model-sized blocks: twice FedAvg's bytes per round.
+carry two model-sized blocks: twice FedAvg's bytes per round. The client commits
+c_i+ only once the server acknowledges the reply (`flwr_admm.rounds.peers`), so c
+stays the mean of the clients' c_i through lost and rejected replies.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ class ScaffoldRound(PeerRound):
     participation). Sent: x followed by c; a reply: y_i followed by c_i+ - c_i (two
     blocks of the model's shapes).
 
-    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_seen n_i c_i / sum_seen n_i.
+    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
+    `key_binding` is the `KeyBinding` policy (`PeerRound`).
     """
 
     peer = PEER_SCAFFOLD
 
-    def __init__(self, server_learning_rate: float = 1.0) -> None:
+    def __init__(self, server_learning_rate: float = 1.0, key_binding: str = "node") -> None:
         if (
             isinstance(server_learning_rate, bool)
             or not isinstance(server_learning_rate, int | float)
@@ -49,16 +52,12 @@ class ScaffoldRound(PeerRound):
             raise ValueError(
                 f"server_learning_rate: must be a finite number > 0, got {server_learning_rate!r}"
             )
-        super().__init__()
+        super().__init__(key_binding)
         self.server_learning_rate = float(server_learning_rate)
-        self.control_sum: NDArrays | None = None  # sum_{i seen} n_i c_i
 
     def control(self) -> NDArrays:
-        """Return the server control variate c = sum_seen n_i c_i / sum_seen n_i (0 at first)."""
-        assert self.current is not None
-        if self.control_sum is None:
-            return [np.zeros_like(t) for t in self.current]
-        return [s / self.seen_examples() for s in self.control_sum]
+        """Return the server control variate c = sum_held n_i c_i / sum_held n_i (0 at first)."""
+        return self.state_mean()
 
     def _outgoing(self, x: NDArrays) -> NDArrays:
         return [*x, *self.control()]
@@ -67,15 +66,15 @@ class ScaffoldRound(PeerRound):
         return 2
 
     def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
-        """X' = x + eta_g sum_S p_i (y_i - x); sum_seen n_i c_i += n_i (c_i+ - c_i)."""
+        """X' = x + eta_g sum_S p_i (y_i - x); sum_held n_i c_i += n_i (c_i+ - c_i)."""
         half = len(x)
         step = [np.zeros_like(t) for t in x]
-        control_sum = self.control_sum or [np.zeros_like(t) for t in x]
-        for p, (key, arrays, _) in zip(self.weights(replies), replies, strict=True):
-            n = self.state_weight(key)
+        control_sum = self.sums()
+        for p, reply in zip(self.weights(replies), replies, strict=True):
+            n, c_i, arrays = self.state_weight(reply.key), self.held(reply.key), reply.arrays
             for k, (xk, yk, dck) in enumerate(zip(x, arrays[:half], arrays[half:], strict=True)):
                 step[k] += p * (yk - xk)  # sum_S p_i (y_i - x)
                 control_sum[k] += n * dck  # n_i (c_i+ - c_i)
-        self.control_sum = control_sum
+                c_i[k] = c_i[k] + dck  # c_i+, as the client computes it
         eta = self.server_learning_rate
         return [xk + eta * s for xk, s in zip(x, step, strict=True)], {SERVER_STEP: eta}

@@ -5,7 +5,7 @@ grad_i node i's linear term (zero at first), h the server state (zero at first):
 
     node:    w_i ~ argmin_w f_i(w) - <grad_i, w> + alpha/2 ||w - x||^2
              grad_i <- grad_i - alpha (w_i - x)
-    server:  h  = sum_{i seen} n_i grad_i / sum_{i seen} n_i
+    server:  h  = sum_{i held} n_i grad_i / sum_{i held} n_i
              x' = sum_{i in S} p_i w_i - h / alpha
 
 p_i = n_i / sum_{j in S} n_j (``num-examples``). Wire: x under ``arrays`` and
@@ -31,19 +31,22 @@ class FedDyn(PeerFedAvg):
     """FedDyn with penalty alpha and server state h.
 
     Takes every keyword of Flower's Message-API `FedAvg` plus `alpha` (> 0,
-    required) and ``health`` (the divergence watchdog, `PeerFedAvg`; None: off). Nodes
-    MUST follow the ``peer-algorithm = "feddyn"`` contract above;
+    required), ``key_binding`` (who may speak for a client key, as in `FedADMM`) and
+    ``health`` (the divergence watchdog, `PeerFedAvg`; None: off). Nodes MUST follow
+    the ``peer-algorithm = "feddyn"`` contract above and commit grad_i only once
+    acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
     `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping grad_i
     in ``context.state``. Bad replies are rejected and counted in ``num_rejected``;
     they leave x and h untouched.
 
-    Update: sum_seen n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
     """
 
-    def __init__(self, *, alpha: float, **fedavg_kwargs: Any) -> None:
-        algorithm = FedDynRound(alpha)
+    def __init__(self, *, alpha: float, key_binding: str = "node", **fedavg_kwargs: Any) -> None:
+        algorithm = FedDynRound(alpha, key_binding)
         super().__init__(algorithm, (), **fedavg_kwargs)
         self.alpha = algorithm.alpha
+        self.key_binding = algorithm.binding.policy
 
     def __repr__(self) -> str:
         return f"FedDyn(alpha={self.alpha!r})"

@@ -9,16 +9,19 @@ translates records. Per round:
 - ``configure_train``: x under ``arrays`` (the model's names and dtypes), the
   round's further blocks under their own ArrayRecords (SCAFFOLD: c under
   ``scaffold-control``), and ``peer-algorithm`` (plus FedDyn's ``feddyn-alpha``)
-  added to a copy of the given config (Flower adds ``server-round``).
-- ``aggregate_train``: every content reply is read into (client key, blocks, n_i)
-  as the legacy translator reads a FitRes (key: ``client-key``, else ``partition-id``,
-  else the node id; n_i: ``num-examples``), then folded in sorted key order by the
-  round's `fold`, so identical replies give the legacy x' and state bit for bit.
+  added to a copy of the given config (Flower adds ``server-round``), with each
+  node's own acknowledgement ``admm-ack-round`` (`PeerRound.instruction`).
+- ``aggregate_train``: every content reply is read into a `Reply` (client key,
+  blocks, n_i, node, ``admm-previous-round``) as the legacy translator reads a FitRes
+  (key: ``client-key``, else ``partition-id``, else the node id; n_i:
+  ``num-examples``), settled by the round's `admit` and folded in sorted key order by
+  its `fold`, so identical replies give the legacy x' and state bit for bit.
 
 A reply Flower's FedAvg would abort the run on, or that the legacy translator rejects
 (missing or extra ArrayRecords, other tensor names or shapes, NaN/inf, a
-non-positive ``num-examples``, a second reply for one client key in a round) is
-logged and counted in ``num_rejected``; error replies in ``num_failures``. Never raises
+non-positive ``num-examples``, a claim the key binding refuses, a state out of sync
+with its acknowledgement) is logged and counted in ``num_rejected`` (and in
+``num_key_conflicts`` / ``num_state_mismatch``); error replies in ``num_failures``. Never raises
 on a reply; the round's divergence watchdog (``health``, `PeerRound.watch`) sees
 every round and raises `RunDivergedError` when the run diverged or stalled.
 """
@@ -26,6 +29,7 @@ every round and raises `RunDivergedError` when the run diverged or stalled.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from logging import WARNING
 from typing import Any
 
@@ -39,14 +43,17 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
+    ACK_ROUND,
     MESSAGE_RESERVED_CONFIG_KEYS,
     MESSAGE_SERVER_ROUND,
     NUM_FAILURES,
+    NUM_KEY_CONFLICTS,
     NUM_REJECTED,
+    RESERVED_CONFIG_PREFIXES,
     ROUND,
     SERVER_ROUND,
 )
-from flwr_admm.rounds.peers import PeerRound, Reply
+from flwr_admm.rounds.peers import PeerRound, Reply, previous_round
 from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
@@ -104,13 +111,15 @@ class PeerFedAvg(FedAvg):
             k: v for k, v in self.algorithm.own_config(server_round).items() if k != SERVER_ROUND
         }
         given = copy_config(config)
-        reserved = {*own, *MESSAGE_RESERVED_CONFIG_KEYS} - {MESSAGE_SERVER_ROUND}
-        clash = sorted(k for k in given if k in reserved)
+        reserved = {*own, ACK_ROUND, *MESSAGE_RESERVED_CONFIG_KEYS} - {MESSAGE_SERVER_ROUND}
+        clash = sorted(k for k in given if k in reserved or k.startswith(RESERVED_CONFIG_PREFIXES))
         if clash:
             raise ValueError(
                 f"train_config: key {clash[0]!r} is set by {type(self).__name__} "
-                f"(reserved: {sorted(reserved)}); rename it"
+                f"(reserved: {sorted(reserved)} and keys starting with "
+                f"{list(RESERVED_CONFIG_PREFIXES)}); rename it"
             )
+        self.algorithm.connected(str(node) for node in grid.get_node_ids())
         sent = self.algorithm.sent()
         count = len(self.layout.names)
         blocks = [sent[i : i + count] for i in range(0, len(sent), count)]
@@ -128,10 +137,17 @@ class PeerFedAvg(FedAvg):
     def _construct_messages(
         self, record: RecordDict, node_ids: list[int], message_type: str
     ) -> Iterable[Message]:
-        """FedAvg's messages; a train message also carries the further blocks."""
-        if message_type == MessageType.TRAIN and self._extra:
-            record = RecordDict({**dict(record.items()), **self._extra})
-        return super()._construct_messages(record, node_ids, message_type)
+        """FedAvg's messages; a train message also carries the further blocks and its ack."""
+        if message_type != MessageType.TRAIN:
+            return super()._construct_messages(record, node_ids, message_type)
+        shared = {**dict(record.items()), **self._extra}
+        config = record.config_records[self.configrecord_key]
+        messages: list[Message] = []
+        for node in node_ids:
+            own = ConfigRecord({**dict(config.items()), **self.algorithm.instruction(str(node))})
+            content = RecordDict({**shared, self.configrecord_key: own})
+            messages += super()._construct_messages(content, [node], message_type)
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -144,20 +160,26 @@ class PeerFedAvg(FedAvg):
         if self.layout is None or self.algorithm.current is None:
             raise unconfigured(name, "aggregate_train", "configure_train")
         replies, sent, self.algorithm.num_sent = list(replies), self.algorithm.num_sent, 0
-        counts = {NUM_FAILURES: sum(m.has_error() for m in replies), NUM_REJECTED: 0}
-        accepted: list[Reply] = []
-        contents: list[RecordDict] = []
+        counts = {
+            NUM_FAILURES: sum(m.has_error() for m in replies),
+            NUM_REJECTED: 0,
+            NUM_KEY_CONFLICTS: 0,
+        }
+        valid: list[Reply] = []
+        read: list[RecordDict] = []
         for message in replies:
             if message.has_error():
                 continue
-            problem, reply = self._read(message, {key for key, _, _ in accepted})
+            problem, reply = self._read(message)
             if problem is not None or reply is None:
                 node = int(message.metadata.src_node_id)
-                log(WARNING, "%s: rejected reply of node %s: %s", name, node, problem)
-                counts[NUM_REJECTED] += 1
+                self._reject(counts, f"node {node}", str(problem), False)
                 continue
-            accepted.append(reply)
-            contents.append(message.content)
+            valid.append(reply)
+            read.append(message.content)
+        kept, settled = self.algorithm.admit(valid, partial(self._reject, counts))
+        counts.update(settled)
+        accepted, contents = [valid[i] for i in kept], [read[i] for i in kept]
         lost = max(0, sent - len(replies))  # late replies are simply absent
         tally = (len(accepted), counts[NUM_REJECTED], counts[NUM_FAILURES] + lost)
         if not accepted:
@@ -165,15 +187,21 @@ class PeerFedAvg(FedAvg):
             self.algorithm.watch(server_round, tally)
             return None, MetricRecord(counts)  # type: ignore[arg-type]
         before = self.algorithm.current  # fold replaces x, never writes into it
-        own = self.algorithm.fold(accepted)
+        own = self.algorithm.fold(accepted, server_round)
         ours = {**own, **counts}
         metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
         self.history.append({ROUND: server_round, **metrics})
         self.algorithm.watch(server_round, tally, before, own)
         return self.layout.record(self.algorithm.model()), metrics
 
-    def _read(self, message: Message, seen: set[str]) -> tuple[str | None, Reply | None]:
-        """Return (problem, None) or (None, (key, blocks in float64, n_i)) for one reply."""
+    def _reject(self, counts: dict[str, int], who: str, problem: str, conflict: bool) -> None:
+        """Log and count a rejected reply (and a key conflict if `conflict`)."""
+        log(WARNING, "%s: rejected reply of %s: %s", type(self).__name__, who, problem)
+        counts[NUM_REJECTED] += 1
+        counts[NUM_KEY_CONFLICTS] += int(conflict)
+
+    def _read(self, message: Message) -> tuple[str | None, Reply | None]:
+        """Return (problem, None) or (None, the `Reply`) for one reply."""
         assert self.layout is not None
         extra = self.extra_records[0] if self.extra_records else None
         reply = read_reply(message, self.layout, self.weighted_by_key, share_key=extra, finite=True)
@@ -183,9 +211,11 @@ class PeerFedAvg(FedAvg):
             return f"missing the {extra!r} ArrayRecord", None
         blocks = [*reply.arrays, *(reply.share or [])]
         problem = reply_problem(blocks, reply.num_examples, self.algorithm.reply_shapes())
-        if problem is None and reply.key in seen:
-            problem = f"a second reply for {reply.key} this round"
         if problem is not None:
             return problem, None
+        try:
+            previous = previous_round(reply.metrics)
+        except ValueError as error:
+            return str(error), None
         floats = [np.asarray(a, dtype=np.float64) for a in blocks]
-        return None, (reply.key, floats, reply.num_examples)
+        return None, Reply(reply.key, floats, reply.num_examples, str(reply.node_id), previous)

@@ -6,7 +6,7 @@ c the server's control variate, c_i node i's (zero at first), S the round's node
     node:    y_i <- y_i - lr (grad f_i(y_i) - c_i + c)      K steps from y_i = x
              c_i+ = c_i - c + (x - y_i) / (K lr)
     server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
-             c   = sum_{i seen} n_i c_i / sum_{i seen} n_i
+             c   = sum_{i held} n_i c_i / sum_{i held} n_i
 
 p_i = n_i / sum_{j in S} n_j (``num-examples``). Wire: x travels under ``arrays`` and
 c under ``scaffold-control`` (`flwr_admm.protocol.SCAFFOLD_CONTROL_RECORD`), both with
@@ -35,20 +35,25 @@ class SCAFFOLD(PeerFedAvg):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
     Takes every keyword of Flower's Message-API `FedAvg` plus `server_learning_rate`
-    (eta_g > 0, default 1) and ``health`` (the divergence watchdog, `PeerFedAvg`; None:
-    off). Nodes MUST follow the ``peer-algorithm = "scaffold"``
-    contract above; `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does,
-    keeping c_i in ``context.state`` (a user's handler: `flwr_admm.clientapp.received_control`
-    and `build_scaffold_reply`). Bad replies are rejected and counted in
-    ``num_rejected``; they leave x and c untouched.
+    (eta_g > 0, default 1), ``key_binding`` (who may speak for a client key, as in
+    `FedADMM`) and ``health`` (the divergence watchdog, `PeerFedAvg`; None: off). Nodes
+    MUST follow the ``peer-algorithm = "scaffold"`` contract above and commit c_i+ only
+    once acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
+    `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping c_i in
+    ``context.state`` (a user's handler: `flwr_admm.clientapp.received_control` and
+    `build_scaffold_reply`). Bad replies are rejected and counted in ``num_rejected``;
+    they leave x and c untouched.
 
-    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_seen n_i c_i / sum_seen n_i.
+    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
     """
 
-    def __init__(self, *, server_learning_rate: float = 1.0, **fedavg_kwargs: Any) -> None:
-        algorithm = ScaffoldRound(server_learning_rate)
+    def __init__(
+        self, *, server_learning_rate: float = 1.0, key_binding: str = "node", **fedavg_kwargs: Any
+    ) -> None:
+        algorithm = ScaffoldRound(server_learning_rate, key_binding)
         super().__init__(algorithm, (SCAFFOLD_CONTROL_RECORD,), **fedavg_kwargs)
         self.server_learning_rate = algorithm.server_learning_rate
+        self.key_binding = algorithm.binding.policy
 
     def __repr__(self) -> str:
         return f"SCAFFOLD(server_learning_rate={self.server_learning_rate!r})"

@@ -271,9 +271,15 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
     elif settings.strategy == "fednova":
         strategy = RecordingFedNova(**common)
     elif settings.strategy == "scaffold":
-        strategy = RecordingSCAFFOLD(server_learning_rate=settings.server_learning_rate, **common)
+        strategy = RecordingSCAFFOLD(
+            server_learning_rate=settings.server_learning_rate,
+            key_binding=settings.key_binding,
+            **common,
+        )
     elif settings.strategy == "feddyn":
-        strategy = RecordingFedDyn(alpha=settings.feddyn_alpha, **common)
+        strategy = RecordingFedDyn(
+            alpha=settings.feddyn_alpha, key_binding=settings.key_binding, **common
+        )
     else:
         raise ValueError(
             f"run config 'strategy': {settings.strategy!r} has no Message-API strategy"

@@ -108,7 +108,7 @@ HELP: dict[str, str] = {
     "run-tag": "'' or letters, digits, '.', '_', '-' (results go to <strategy>-<run-tag>.json)",
     "client-wait-seconds": "number > 0",
     "round-timeout": "number >= 0: seconds a round waits for replies (0 = no limit)",
-    "key-binding": f"FedADMM / FedADMMClientDuals client identity, one of {list(KEY_BINDINGS)}",
+    "key-binding": f"client identity (FedADMM*, SCAFFOLD, FedDyn), one of {list(KEY_BINDINGS)}",
     "framework": f"client framework, one of {list(FRAMEWORKS)} (torch: pip install torch)",
     "server-learning-rate": "SCAFFOLD's server step eta_g, number > 0",
     "feddyn-alpha": "FedDyn's alpha, number > 0",

@@ -178,7 +178,11 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
     if settings.strategy == "fednova":
         return FedNova(**common)
     # SCAFFOLD / FedDyn send server_round themselves, like the ADMM strategies
-    peer_common = {**common, "on_fit_config_fn": admm_common["on_fit_config_fn"]}
+    peer_common = {
+        **common,
+        "on_fit_config_fn": admm_common["on_fit_config_fn"],
+        "key_binding": settings.key_binding,
+    }
     if settings.strategy == "scaffold":
         return SCAFFOLD(server_learning_rate=settings.server_learning_rate, **peer_common)
     if settings.strategy == "feddyn":

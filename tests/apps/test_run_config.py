@@ -145,7 +145,7 @@ def test_round_timeout_reaches_flowers_server_config():
     assert server_fn(context).config.round_timeout == 15.0
 
 
-@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
+@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals", "scaffold", "feddyn"])
 @pytest.mark.parametrize("key_binding", ["node", "reported"])
 def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
     context = Context(
@@ -166,7 +166,7 @@ def test_key_binding_reaches_the_admm_strategies(strategy, key_binding):
     assert "server_round" not in inner.on_fit_config_fn(1)
 
 
-@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals"])
+@pytest.mark.parametrize("strategy", ["fedadmm", "fedadmm-client-duals", "scaffold", "feddyn"])
 @pytest.mark.parametrize("key_binding", ["node", "reported"])
 def test_key_binding_reaches_the_message_api_strategies(strategy, key_binding, tmp_path):
     settings = parse_run_config(

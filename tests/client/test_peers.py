@@ -1,4 +1,5 @@
-"""ADMMClient's SCAFFOLD / FedDyn side: one step by hand, its state, clear errors."""
+"""ADMMClient's SCAFFOLD / FedDyn side: one step by hand, its state and acknowledgement,
+clear errors."""
 
 from __future__ import annotations
 
@@ -59,6 +60,45 @@ def test_a_state_of_other_shapes_is_reset():
     np.testing.assert_allclose(arrays[0], x - 0.1 * gradient(X, Y, x), rtol=1e-14)
 
 
+def _scaffold(context, x, c, server_round, ack):
+    config = {"peer-algorithm": "scaffold", "server_round": server_round, "admm-ack-round": ack}
+    arrays, _, metrics = _client(context).fit([x, c], config)
+    return arrays, metrics["admm-previous-round"]
+
+
+def test_the_acknowledgement_names_the_state_to_train_from():
+    context = _context()
+    x, c = np.array([0.5, -1.0]), np.array([0.2, 0.1])
+    step = lambda c_i: x - 0.1 * (gradient(X, Y, x) - c_i + c)  # noqa: E731
+    first, previous = _scaffold(context, x, c, 1, 0)
+    c_1 = first[1]  # c_i was 0
+    assert previous == 0
+    second, previous = _scaffold(context, x, c, 2, 1)  # round 1 folded: commit c_1
+    np.testing.assert_allclose(second[0], step(c_1), rtol=1e-14)
+    assert previous == 1
+    third, previous = _scaffold(context, x, c, 3, 1)  # round 2's reply lost: c_1 again
+    np.testing.assert_array_equal(third[0], second[0])
+    assert previous == 1
+    fourth, previous = _scaffold(context, x, c, 4, 3)  # round 3 folded: c_1 + its change
+    np.testing.assert_allclose(fourth[0], step(c_1 + third[1]), rtol=1e-14)
+    assert previous == 3
+    for ack in (9, 0):  # a state the server never folded, or none held: start from zero
+        fresh, previous = _scaffold(context, x, c, 5, ack)
+        np.testing.assert_allclose(fresh[0], step(0.0), rtol=1e-14)
+        assert previous == 0
+
+
+def test_feddyn_drops_a_reply_the_server_never_folded():
+    client, x = _client(None), np.array([0.3, 0.2])
+    config = {"peer-algorithm": "feddyn", "feddyn-alpha": 0.5, "admm-ack-round": 0}
+    w1 = client.fit([x], {**config, "server_round": 1})[0][0]
+    client.fit([x], {**config, "server_round": 2, "admm-ack-round": 1})  # lost
+    w3, _, metrics = client.fit([x], {**config, "server_round": 3, "admm-ack-round": 1})
+    grad_i = -0.5 * (w1 - x)  # round 1's state, not round 2's
+    np.testing.assert_allclose(w3[0], x - 0.1 * (gradient(X, Y, x) - grad_i), rtol=1e-14)
+    assert metrics["admm-previous-round"] == 1
+
+
 def test_zero_local_steps_change_nothing():
     client = _client(_context(), grad_tol=1e9)
     x, c = np.array([0.5, -1.0]), np.array([0.2, 0.1])
@@ -83,6 +123,8 @@ def test_zero_local_steps_change_nothing():
             {"peer-algorithm": "feddyn", "feddyn-alpha": 1.0, "uplink": "topk"},
             "uplink",
         ),
+        ([np.zeros(2)] * 2, {"peer-algorithm": "scaffold", "admm-ack-round": -1}, "ack-round"),
+        ([np.zeros(2)] * 2, {"peer-algorithm": "scaffold", "admm-ack-round": 1.5}, "ack-round"),
     ],
 )
 def test_bad_configs_name_the_field_and_keep_the_state(parameters, config, field):

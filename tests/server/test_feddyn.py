@@ -97,7 +97,6 @@ def test_bad_replies_are_rejected_counted_and_leave_the_state():
         fit_res([np.array([np.inf, 2.0])], 2, {"partition-id": 2}),
         fit_res([np.array([0.0, 2.0])], -1, {"partition-id": 3}),
         fit_res([np.array([0.0, 2.0, 1.0])], 2, {"partition-id": 4}),
-        fit_res([np.array([7.0, 7.0])], 2, {"partition-id": 0}),  # second reply for key 0
         fit_res([np.array([0.0, 2.0])], 2, {"client-key": ""}),
     ]
     results = [(Proxy("1"), good)] + [(Proxy(str(i + 2)), r) for i, r in enumerate(bad)]
@@ -106,6 +105,14 @@ def test_bad_replies_are_rejected_counted_and_leave_the_state():
     # h = -1 * 2 * ([0, 2] - [1, 2]) / 2 = [1, 0]; x' = [0, 2] - h = [-1, 2]
     np.testing.assert_allclose(strategy.h()[0], [1.0, 0.0])
     np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [-1.0, 2.0])
+    # another node claiming partition-id 0, bound to cid 1 (connected): a key conflict
+    _configured(strategy, [np.array([-1.0, 2.0])])
+    impostor = fit_res([np.array([7.0, 7.0])], 2, {"partition-id": 0})
+    owner = fit_res([np.array([-1.0, 2.0])], 2, {"partition-id": 0})
+    params, metrics = strategy.aggregate_fit(2, [(Proxy("7"), impostor), (Proxy("1"), owner)], [])
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    np.testing.assert_allclose(strategy.h()[0], [1.0, 0.0])  # the owner's w_i = x: no change
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [-2.0, 2.0])
 
 
 @pytest.mark.parametrize("value", [0, -0.1, float("nan"), None, "0.1", False])

@@ -113,7 +113,6 @@ def test_bad_replies_are_rejected_counted_and_leave_the_state():
         fit_res([np.array([np.nan, 2.0]), np.array([1.0, 0.0])], 2, {"partition-id": 2}),
         fit_res([np.array([0.0, 2.0]), np.array([1.0, 0.0])], 0, {"partition-id": 3}),
         fit_res([np.array([0.0, 2.0]), np.array([1.0, 0.0, 3.0])], 2, {"partition-id": 4}),
-        fit_res([np.array([5.0, 5.0]), np.array([9.0, 9.0])], 2, {"partition-id": 0}),  # dup
         fit_res([np.array([0.0, 2.0]), np.array([1.0, 0.0])], 2, {"partition-id": 1.5}),
     ]
     results = [(Proxy("1"), good)] + [(Proxy(str(i + 2)), r) for i, r in enumerate(bad)]
@@ -126,6 +125,15 @@ def test_bad_replies_are_rejected_counted_and_leave_the_state():
     _configured(strategy, [np.array([0.0, 2.0])])
     params, metrics = strategy.aggregate_fit(2, [(Proxy("3"), bad[1])], [])
     assert params is None and metrics["num_rejected"] == 1
+    np.testing.assert_array_equal(strategy.control()[0], [1.0, 0.0])
+    # another node claiming partition-id 0, bound to cid 1 (connected): a key conflict
+    _configured(strategy, [np.array([0.0, 2.0])])
+    impostor = fit_res([np.array([5.0, 5.0]), np.array([9.0, 9.0])], 2, {"partition-id": 0})
+    owner = fit_res([np.array([0.0, 2.0]), np.array([0.0, 0.0])], 2, {"partition-id": 0})
+    params, metrics = strategy.aggregate_fit(3, [(Proxy("7"), impostor), (Proxy("1"), owner)], [])
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    assert metrics["num_replies"] == 1
+    np.testing.assert_array_equal(parameters_to_ndarrays(params)[0], [0.0, 2.0])
     np.testing.assert_array_equal(strategy.control()[0], [1.0, 0.0])
 
 

@@ -82,7 +82,6 @@ def test_scaffold_bad_replies_are_rejected_counted_and_leave_the_state():
         _scaffold_reply(4, y, dc, **{"num-examples": 0, "partition-id": 3}),
         _scaffold_reply(5, y, np.array([1.0, 0.0, 3.0]), **{"num-examples": 2, "partition-id": 4}),
         _scaffold_reply(6, y, np.array([np.inf, 0.0]), **{"num-examples": 2, "partition-id": 5}),
-        _scaffold_reply(7, y + 5, dc + 9, **{"num-examples": 2, "partition-id": 0}),  # dup key
         raw_reply(8, {"metrics": MetricRecord({"num-examples": 2})}),  # no arrays at all
     ]
     arrays, metrics = strategy.aggregate_train(1, [good, *bad, error_reply(9)])
@@ -93,6 +92,15 @@ def test_scaffold_bad_replies_are_rejected_counted_and_leave_the_state():
     # only bad replies: no update at all, no exception
     nothing, counts = strategy.aggregate_train(2, [bad[1], error_reply(1)])
     assert nothing is None and counts["num_rejected"] == 1 and counts["num_failures"] == 1
+    np.testing.assert_array_equal(strategy.control()[0], [1.0, 0.0])
+    # node 7 claiming partition-id 0, bound to node 1 (connected): a key conflict
+    _configured(strategy, {"w": np.array([0.0, 2.0])}, num_nodes=9)
+    impostor = _scaffold_reply(7, y + 5, dc + 9, **{"num-examples": 2, "partition-id": 0})
+    owner = _scaffold_reply(1, y, 0 * dc, **{"num-examples": 2, "partition-id": 0})
+    arrays, metrics = strategy.aggregate_train(3, [impostor, owner])
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    assert metrics["num_replies"] == 1
+    np.testing.assert_array_equal(arrays["w"].numpy(), [0.0, 2.0])
     np.testing.assert_array_equal(strategy.control()[0], [1.0, 0.0])
 
 
@@ -107,7 +115,6 @@ def test_feddyn_bad_replies_are_rejected_counted_and_leave_the_state():
         reply(3, {"w": np.array([np.inf, 2.0])}, **{"num-examples": 2, "partition-id": 2}),
         reply(4, {"w": np.array([0.0, 2.0])}, **{"num-examples": -1, "partition-id": 3}),
         reply(5, {"w": np.array([0.0, 2.0, 1.0])}, **{"num-examples": 2, "partition-id": 4}),
-        reply(6, {"w": np.array([7.0, 7.0])}, **{"num-examples": 2, "partition-id": 0}),  # dup
         reply(7, {"v": np.array([0.0, 2.0])}, **{"num-examples": 2, "partition-id": 6}),  # name
     ]
     arrays, metrics = strategy.aggregate_train(1, [good, *bad])
@@ -115,6 +122,14 @@ def test_feddyn_bad_replies_are_rejected_counted_and_leave_the_state():
     # h = -1 * 2 * ([0, 2] - [1, 2]) / 2 = [1, 0]; x' = [0, 2] - h = [-1, 2]
     np.testing.assert_allclose(strategy.h()[0], [1.0, 0.0])
     np.testing.assert_allclose(arrays["w"].numpy(), [-1.0, 2.0])
+    # node 6 claiming partition-id 0, bound to node 1 (connected): a key conflict
+    _configured(strategy, {"w": np.array([-1.0, 2.0])}, num_nodes=7)
+    impostor = reply(6, {"w": np.array([7.0, 7.0])}, **{"num-examples": 2, "partition-id": 0})
+    owner = reply(1, {"w": np.array([-1.0, 2.0])}, **{"num-examples": 2, "partition-id": 0})
+    arrays, metrics = strategy.aggregate_train(2, [impostor, owner])
+    assert metrics["num_key_conflicts"] == 1 and metrics["num_rejected"] == 1
+    np.testing.assert_allclose(strategy.h()[0], [1.0, 0.0])  # the owner's w_i = x: no change
+    np.testing.assert_allclose(arrays["w"].numpy(), [-2.0, 2.0])
 
 
 @pytest.mark.parametrize("key", ["peer-algorithm", "rho", "proximal-mu", "server_round"])
