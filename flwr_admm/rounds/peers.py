@@ -121,6 +121,7 @@ class PeerRound:
         self.health: HealthCheck | None = None
         self.health_state: RunHealth | None = None
         self.num_sent = 0  # instructions of this round (replies may never come)
+        self.departed = 0  # keys evicted at this round's configure step (their nodes left)
 
     def watch_with(self, health: HealthCheck | None, name: str) -> None:
         """Take the divergence watchdog's thresholds (None: off); `name` labels its errors."""
@@ -163,8 +164,15 @@ class PeerRound:
         return {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
 
     def connected(self, cids: Iterable[str]) -> None:
-        """Remember the nodes connected at this round's configure step (`KeyBinding`)."""
+        """Remember the nodes connected at this round's configure step (`KeyBinding`).
+
+        Keys whose nodes have left (`KeyBinding.stale`: absent for more than
+        ``ABSENT_GRACE`` samplings) are evicted, so node-id churn leaves bounded state.
+        """
         self.binding.connected(cids)
+        gone = self.binding.stale(0, None, None)  # no max_age: only departed nodes' keys
+        self.departed = self.evict(gone)
+        self.binding.forget(gone)
 
     def instruction(self, cid: str) -> dict[str, Scalar]:
         """Return node `cid`'s own config: ``admm-ack-round`` a_i of its key (0: none held)."""
@@ -186,7 +194,8 @@ class PeerRound:
         """
         keyed = [(reply.key, reply, i) for i, reply in enumerate(replies)]
         admitted, freed = self.binding.admit(keyed, reject)
-        counts = {NUM_EVICTED: self.evict(freed), NUM_STATE_MISMATCH: 0, NUM_RESYNCED: 0}
+        evicted, self.departed = self.departed + self.evict(freed), 0
+        counts = {NUM_EVICTED: evicted, NUM_STATE_MISMATCH: 0, NUM_RESYNCED: 0}
         self.binding.forget(freed)
         kept = []
         for key, reply, i in admitted:

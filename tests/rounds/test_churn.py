@@ -5,9 +5,10 @@ samples of partition 4) reconnects under a new node id and a new key every round
 a flaky device behind a NAT would. With the defaults (`max_client_age` and
 `max_clients` None) the old code kept a full-weight record for every id it had ever
 seen: 204 records after 200 rounds, z pulled towards the small node's data (relative
-gap 0.375 FedADMM, 0.312 client-held duals, both APIs). A key whose node has been
-absent from more than `ABSENT_GRACE` samplings in a row is now stale: at most 6
-records, gap 0.0056 (FedADMM) and 0.0059 (client-held duals).
+gap 0.375 FedADMM, 0.312 client-held duals, 0.590 SCAFFOLD, 0.600 FedDyn alpha 0.1,
+the same on both APIs). A key whose node has been absent from more than
+`ABSENT_GRACE` samplings in a row is now stale: at most 6 records, gap 0.0056
+(FedADMM), 0.0059 (client-held duals), 0.0085 (SCAFFOLD), 0.0054 (FedDyn).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from flwr.server.client_manager import SimpleClientManager
 
 from flwr_admm import serverapp
 from flwr_admm.client import ADMMClient
-from flwr_admm.clientapp import ADMMTrainStep
+from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.core.local_solver import penalized_local_solve
 from flwr_admm.protocol import NUM_PARTITIONS, PARTITION_ID
 from flwr_admm.rounds.identity import ABSENT_GRACE
-from flwr_admm.server import FedADMM, FedADMMClientDuals
+from flwr_admm.server import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 from flwr_admm.testing import InProcessClientProxy
 
@@ -120,9 +121,9 @@ def train(msg: Message, context: Context) -> Message:
     return step.reply(result.params, len(y), {"loss": float(result.loss)}, context)
 
 
-def message_churn(strategy: Any) -> tuple[np.ndarray, int]:
+def message_churn(strategy: Any, app: ClientApp = churn_app) -> tuple[np.ndarray, int]:
     """The same churn on the Message API: the grid's fifth node changes every round."""
-    grid = InProcessGrid(churn_app, HONEST)
+    grid = InProcessGrid(app, HONEST)
     grid.contexts[1001] = node_context(1001, 101)
     most = 0
 
@@ -153,6 +154,14 @@ RUNS: dict[str, Callable[[], tuple[np.ndarray, int]]] = {
     "message FedADMM": lambda: message_churn(serverapp.FedADMM(fraction_evaluate=0.0)),
     "message client-held duals": lambda: message_churn(
         serverapp.FedADMMClientDuals(fraction_evaluate=0.0)
+    ),
+    "legacy SCAFFOLD": lambda: legacy_churn(SCAFFOLD(initial_parameters=zeros_parameters())),
+    "legacy FedDyn": lambda: legacy_churn(FedDyn(alpha=0.1, initial_parameters=zeros_parameters())),
+    "message SCAFFOLD": lambda: message_churn(
+        serverapp.SCAFFOLD(fraction_evaluate=0.0), make_client_app(legacy_client)
+    ),
+    "message FedDyn": lambda: message_churn(
+        serverapp.FedDyn(alpha=0.1, fraction_evaluate=0.0), make_client_app(legacy_client)
     ),
 }
 
