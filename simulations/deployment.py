@@ -47,6 +47,9 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------- CLI
+RESTART_RETRY_SECONDS = 180.0  # two missed heartbeats (about 60 s) and then some
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -205,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"network: {deployment.network_note}; {security}", flush=True)
         print(f"SuperLink {deployment.host}:{deployment.port}; SuperNodes {nodes}", flush=True)
         run = deployment.submit(config, log_path)
+        restarted = True
         if args.kill_node is not None:
             sig = signal.SIGKILL if args.kill_signal == "KILL" else signal.SIGTERM
             pid = deployment.kill_during_round(
@@ -216,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.restart_after >= 0:
                 time.sleep(args.restart_after)
-                node = deployment.restart_supernode(args.kill_node)
-                print(f"restarted it: pid {node.process.pid}, node {node.node_id}", flush=True)
+                try:  # the run goes on with the other nodes meanwhile
+                    node = deployment.restart_supernode(args.kill_node, RESTART_RETRY_SECONDS)
+                    print(f"restarted it: pid {node.process.pid}, node {node.node_id}", flush=True)
+                except (RuntimeError, TimeoutError) as error:
+                    print(f"PROBLEM: SuperNode {args.kill_node} did not restart: {error}")
+                    restarted = False
         outcome = run.wait(args.timeout)
         for intruder in deployment.intruders:
             print(f"unregistered SuperNode (pid {intruder.process.pid}): {refusal(intruder)}")
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print_rounds(document)
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
-    return 0 if outcome.returncode == 0 and not problems else 1
+    return 0 if outcome.returncode == 0 and not problems and restarted else 1
 
 
 if __name__ == "__main__":

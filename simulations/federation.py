@@ -352,14 +352,31 @@ class LoopbackDeployment(ProcessGroups, StopOnExit):
         wait_for_log(node.log_path, pattern, timeout, watch=(node.process, run.process))
         return self.kill_supernode(partition_id, sig)
 
-    def restart_supernode(self, partition_id: int) -> SuperNode:
+    def restart_supernode(
+        self, partition_id: int, retry_for: float = 0.0, pause: float = 5.0
+    ) -> SuperNode:
         """Start SuperNode `partition_id` again (same partition-id and key; without auth
-        a new node id)."""
+        a new node id).
+
+        Under authentication the SuperLink refuses a SuperNode whose key is still
+        registered to a live node ("Failed to activate SuperNode", exit 305): after a
+        SIGKILL it releases the old registration only once the heartbeats stop (about
+        60 s in Flower 1.42). With `retry_for` > 0 a SuperNode that exits before it
+        registers is started again every `pause` seconds until `retry_for` seconds
+        have passed; then the last failure is raised.
+        """
         if self.supernodes[partition_id].process.poll() is None:
             raise RuntimeError(f"SuperNode {partition_id} is still running; kill it first")
-        self._launch_supernode(partition_id)
-        self._await_supernode(partition_id)
-        return self.supernodes[partition_id]
+        deadline = time.monotonic() + retry_for
+        while True:
+            self._launch_supernode(partition_id)
+            try:
+                self._await_supernode(partition_id)
+                return self.supernodes[partition_id]
+            except RuntimeError:  # exited before registering: the old registration holds
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
 
     # ------------------------------------------------------------------- stop
     def stop(self, grace: float = 15.0) -> None:
