@@ -33,8 +33,12 @@ gradient once the velocity settles: the budget is b_i = K_i lr / (1 - mu)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
+
+from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.settings import (
@@ -43,13 +47,17 @@ from flwr_admm.core.settings import (
     given_rho,
     strategy_defaults,
 )
-from flwr_admm.core.types import ClientRho, check_scale
+from flwr_admm.core.tensor_policy import TensorSplit
+from flwr_admm.core.types import Arrays, ClientRho, check_scale
 from flwr_admm.core.z_average import ZAverage
+from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [
     "FORMS",
     "Form",
+    "budget_scale",
     "check_form",
+    "dual_tensors",
     "scale_of_budget",
     "step_budget",
     "strategy_settings",
@@ -165,3 +173,28 @@ def scale_of_budget(value: object, field_name: str) -> float:
     if not math.isfinite(scale):
         raise ValueError(f"{field_name}: must be a finite number > 0, got {value!r}")
     return scale
+
+
+def dual_tensors(admm: ConsensusADMM, split: TensorSplit, key: str | None) -> Arrays:
+    """Return y_i of client `key` as the full tensor list (zeros if new or not consensus)."""
+    record = admm.records.get(key) if key is not None else None
+    y = [np.zeros_like(t) for t in admm.z] if record is None else record.y
+    full = list(split.merge(y))
+    for i in split.held:  # the tensors outside the consensus carry no dual
+        full[i] = np.zeros(np.shape(full[i]))
+    return full
+
+
+def budget_scale(metrics: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """Return (s_i = 1 / b_i, None) from a reply's ``admm-step-budget``, or (None, problem)."""
+    if STEP_BUDGET not in metrics:
+        return None, (
+            f"no {STEP_BUDGET!r} in its metrics: the handler did not run FedADMM's "
+            "linearized form (a stock FedProx/FedAvg handler, or a helper predating it); "
+            "serve it with flwr_admm.clientapp.ADMMTrainStep or make_client_app, or use "
+            "form='prox'"
+        )
+    try:
+        return scale_of_budget(metrics[STEP_BUDGET], STEP_BUDGET), None
+    except ValueError as error:
+        return None, str(error)

@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core import DEFAULT_HEALTH, ConsensusADMM, HealthCheck, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.linearized import Form, check_form, strategy_settings
+from flwr_admm.core.linearized import Form, budget_scale, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION
 from flwr_admm.core.snapshot import restore, snapshot
@@ -41,7 +41,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
-from flwr_admm.serverapp.linearized import budget_scale, linearized_records
+from flwr_admm.serverapp.linearized import linearized_records
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel

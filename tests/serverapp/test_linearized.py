@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flower_run import admm_client_fn, seed_model
+from flower_run import admm_client_fn, run_seed, seed_model
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from message_apps import ZRecorder, local_data, plain_app
 from message_replies import FakeGrid, named, reply
 from seed_task import first_round_below, gaps, optimum
 
+import flwr_admm.server
 from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
@@ -185,3 +186,16 @@ def test_step_budget_checks_its_arguments(args, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
         step_budget(*args)
     assert step_budget(10, 0.1, 0.9) == pytest.approx(10.0)  # K lr / (1 - momentum)
+
+
+# ------------------------------------------------------------------------ legacy API
+def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
+    legacy_kwargs = {"min_fit_clients": N, "min_available_clients": N, "fraction_evaluate": 0.0}
+    client = {"local_steps": STEPS, "learning_rate": LR}
+    _, linear, _ = run_seed(flwr_admm.server.FedADMM, 15, client_kwargs=client, form="linearized")
+    _, scaffold, _ = run_seed(flwr_admm.server.SCAFFOLD, 15, client_kwargs=client, **legacy_kwargs)
+    message, _ = _run(FedADMM(form="linearized", **_every_node()), 15)
+    np.testing.assert_array_equal(linear.matrix[-15:], message)  # the same replies, bit for bit
+    np.testing.assert_allclose(linear.matrix[-15:], scaffold.matrix[-15:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^rho: .*form='linearized'"):
+        flwr_admm.server.FedADMM(form="linearized", rho=1.0)
