@@ -27,6 +27,12 @@ UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
 START_TENSORS = "admm-start"  # legacy FedADMM: 1 = the parameters are v_i, then z (the start)
+# FedADMM's linearized form (flwr_admm.core.linearized): the config's "admm-form" is
+# "linearized"; the parameters are z, then y_i (legacy), or z under ``arrays`` and y_i
+# under DUAL_RECORD (Message API); the client runs its steps on grad f_i + y_i from z
+FORM = "admm-form"
+FORM_LINEARIZED = "linearized"
+DUAL_RECORD = "admm-dual"
 
 # ------------------------------------------------------------- reply metrics
 CLIENT_KEY = "client-key"  # stable key of the client's server state (preferred)
@@ -44,6 +50,9 @@ U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
 # handler, which starts at v_i and would feed its dual back into its drift: its dual is
 # held at 0, so the node runs FedProx's step around z.
 START_MARK = "admm-started-at-z"
+# FedADMM's linearized form: the reply's step budget b_i = K_i lr_i (lr_i / (1 - momentum)
+# with momentum SGD), so rho_i = 1 / b_i; a reply without it did not run the form: rejected
+STEP_BUDGET = "admm-step-budget"
 
 # ------------------------------------------------------------- round metrics
 NUM_FAILURES = "num_failures"

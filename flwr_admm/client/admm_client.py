@@ -10,6 +10,7 @@ The client reads the server's fit config:
   (and z_k under fast ADMM), update u_i, train around z - u_i, reply with the change of
   n_i (w_i + u_i), compressed with error feedback on ``uplink*`` entries (no local DP).
 - ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
+- ``admm-form = "linearized"``: FedADMM's linearized form (`flwr_admm.client.linearized`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -26,7 +27,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.client import client_duals, peers
+from flwr_admm.client import client_duals, linearized, peers
 from flwr_admm.client.evaluation import evaluate_model
 from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.client.secagg import SecureRound, secure_reply
@@ -37,6 +38,8 @@ from flwr_admm.protocol import (
     ACK_ROUND,
     BATCH_SIZE,
     CLIENT_KEY,
+    FORM,
+    FORM_LINEARIZED,
     GRAD_NORM,
     LEARNING_RATE,
     LOCAL_EPOCHS,
@@ -181,6 +184,8 @@ class ADMMClient(NumPyClient):
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
             return peers.client_fit(self, received, config, plan, server_round, uplink)
+        if config.get(FORM) == FORM_LINEARIZED:  # z, then y_i: flwr_admm.client.linearized
+            return linearized.client_fit(self, received, plan, server_round, uplink)
         received, z_k = client_duals.split_accelerated(received, config)  # fast ADMM: z_k
         self.model.check_params(received, field="parameters")
         if config.get(MODE_KEY) == MODE_CLIENT:

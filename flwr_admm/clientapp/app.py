@@ -13,7 +13,9 @@ received names, sigma_i' under ``admm-share`` when asked (`flwr_admm.clientapp.d
 Under `flwr_admm.serverapp.SCAFFOLD` / `FedDyn` (``peer-algorithm`` in the config) the
 `ADMMClient` runs `flwr_admm.client.peers` (c_i / grad_i in ``context.state``); for
 SCAFFOLD the received c (``scaffold-control``) is appended to x and the reply carries
-y_i under the received names and c_i+ - c_i under ``scaffold-control``.
+y_i under the received names and c_i+ - c_i under ``scaffold-control``. Under FedADMM's
+linearized form (``admm-form``) y_i (``admm-dual``) is appended to z, as on the legacy
+wire, and the reply carries w_i and ``admm-step-budget``.
 The local loop is `ADMMClient.fit` itself (`penalized_local_solve`; ``local_steps``,
 ``local_epochs``, ``learning_rate``, ``batch_size`` from the config, same defaults, warm start in
 ``context.state``), so both APIs compute the same numbers for the same inputs; with
@@ -32,9 +34,11 @@ from flwr.clientapp import ClientApp
 
 from flwr_admm.clientapp.duals import accel_z, client_held, duals_reply
 from flwr_admm.clientapp.peers import build_scaffold_reply, received_control
-from flwr_admm.clientapp.step import build_reply, received_arrays
+from flwr_admm.clientapp.records import build_reply, received_arrays, received_dual
 from flwr_admm.protocol import (
     CLIENT_KEY,
+    FORM,
+    FORM_LINEARIZED,
     LOSS,
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -94,6 +98,8 @@ def make_client_app(
             params += [np.asarray(a, dtype=np.float64) for a in control.values()]
         if client_held(config):  # fast ADMM: z_k follows z^_{k+1}, as on the legacy wire
             params += accel_z(message, list(received))
+        if config.get(FORM) == FORM_LINEARIZED:  # [z, y_i]: the legacy parameters
+            params += list(received_dual(message, list(received)).values())
         client = client_fn(context)
         arrays, num_examples, metrics = client.fit(params, config)
         if scaffold:  # y_i under the arrays, c_i+ - c_i under scaffold-control

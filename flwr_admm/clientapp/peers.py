@@ -36,7 +36,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from numpy.typing import NDArray
 
-from flwr_admm.clientapp.step import Named, _key_metrics, build_reply, received_arrays
+from flwr_admm.clientapp.records import Named, build_reply, key_metrics, received_arrays
 from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
 
 __all__ = ["build_scaffold_reply", "received_control"]
@@ -78,7 +78,7 @@ def build_scaffold_reply(
     `context` adds ``partition-id`` / ``client-key`` to the metrics (no warm start is
     kept: SCAFFOLD starts from x).
     """
-    reported = {**(_key_metrics(context) if context is not None else {}), **(metrics or {})}
+    reported = {**(key_metrics(context) if context is not None else {}), **(metrics or {})}
     reply = build_reply(message, y, num_examples, reported, arrayrecord_key=arrayrecord_key)
     c = received_control(message, arrayrecord_key)
     names = list(c)

@@ -33,31 +33,36 @@ z itself); "auto", the default, is "consensus" wherever z is received.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from numpy.typing import NDArray
 
 from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.clientapp.duals import DualsRound, accel_z, client_held
+from flwr_admm.clientapp.records import (
+    Named,
+    build_reply,
+    key_metrics,
+    plain,
+    received_arrays,
+    received_dual,
+)
+from flwr_admm.core.linearized import check_form, step_budget
 from flwr_admm.protocol import (
-    CLIENT_KEY,
     DP_CLIP,
     DP_NOISE,
+    FORM,
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
-    MESSAGE_STATE_META,
     MESSAGE_STATE_W,
-    META_ROUND,
-    NUM_EXAMPLES,
-    PARTITION_ID,
     RHO,
     START_MARK,
     START_RECORD,
+    STEP_BUDGET,
     UPLINK,
 )
 
@@ -70,10 +75,9 @@ __all__ = [
     "refuse_uplink",
     "start_source",
     "starts_at_z",
+    "step_budget",
     "warm_start",
 ]
-
-Named = dict[str, NDArray[Any]]
 
 
 def refuse_uplink(config: Mapping[str, Any]) -> None:
@@ -92,21 +96,6 @@ def refuse_uplink(config: Mapping[str, Any]) -> None:
                 "tensors); drop uplink / local_dp from the strategy, or serve the model "
                 "with the ready client (make_client_app, ADMMClient)"
             )
-
-
-def received_arrays(message: Message, arrayrecord_key: str = "arrays") -> Named:
-    """Return the received tensors by name, as sent (dtypes and shapes kept).
-
-    The ArrayRecord under `arrayrecord_key`, else the message's only one.
-    """
-    records = message.content.array_records
-    if arrayrecord_key in records:
-        record = records[arrayrecord_key]
-    elif len(records) == 1:
-        record = next(iter(records.values()))
-    else:
-        raise ValueError(f"{arrayrecord_key}: no such ArrayRecord in the message")
-    return {name: array.numpy() for name, array in record.items()}
 
 
 def read_rho(config: Mapping[str, Any]) -> float:
@@ -177,80 +166,6 @@ def start_source(
     return center
 
 
-def build_reply(
-    message: Message,
-    arrays: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
-    num_examples: int,
-    metrics: Mapping[str, Any] | None = None,
-    context: Context | None = None,
-    *,
-    arrayrecord_key: str = "arrays",
-    configrecord_key: str = "config",
-    weighted_by_key: str = NUM_EXAMPLES,
-) -> Message:
-    """Return the reply to `message`: w_i under the received names and dtypes, and metrics.
-
-    The MetricRecord holds `metrics` (plain ints and floats), `weighted_by_key` =
-    `num_examples` and, unless `metrics` has them, the node's ``partition-id`` and
-    ``client-key`` (integers from ``context.node_config``). With a `context`, w_i (in
-    float64) is then saved in ``context.state`` as the next warm start: last, so a
-    handler that fails before never leaves a half-written state.
-    """
-    received = received_arrays(message, arrayrecord_key)
-    names = list(received)
-    values = [arrays[n] for n in names] if isinstance(arrays, Mapping) else list(arrays)
-    if len(values) != len(names):
-        raise ValueError(f"arrays: expected {len(names)} tensors {names}, got {len(values)}")
-    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral):
-        raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
-    if num_examples <= 0:
-        raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
-    w = {n: np.asarray(v, dtype=np.float64) for n, v in zip(names, values, strict=True)}
-    record = ArrayRecord({n: Array(np.asarray(w[n], dtype=received[n].dtype)) for n in names})
-    reported = _key_metrics(context) if context is not None else {}
-    reported.update({name: _plain(value, name) for name, value in (metrics or {}).items()})
-    reported[weighted_by_key] = int(num_examples)
-    reply = Message(
-        RecordDict({arrayrecord_key: record, "metrics": MetricRecord(reported)}), reply_to=message
-    )
-    if context is not None:
-        config = message.content.config_records.get(configrecord_key, ConfigRecord())
-        _keep_warm_start(context, w, config.get(MESSAGE_SERVER_ROUND))
-    return reply
-
-
-def _keep_warm_start(context: Context, w: Named, server_round: Any) -> None:
-    """Save w_i (float64, named) and its round in ``context.state``, if w_i is finite."""
-    if not all(np.all(np.isfinite(t)) for t in w.values()):
-        return  # a NaN warm start would poison every later round
-    context.state.array_records[MESSAGE_STATE_W] = ArrayRecord({n: Array(t) for n, t in w.items()})
-    if isinstance(server_round, int) and not isinstance(server_round, bool):
-        context.state.config_records[MESSAGE_STATE_META] = ConfigRecord({META_ROUND: server_round})
-
-
-def _key_metrics(context: Context) -> dict[str, Any]:
-    """Return ``partition-id`` / ``client-key`` of the node config (integers only)."""
-    found = {}
-    for name in (PARTITION_ID, CLIENT_KEY):
-        value = context.node_config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            found[name] = value
-    return found
-
-
-def _plain(value: Any, name: str) -> Any:
-    """Return `value` as a MetricRecord accepts it (int, float or a list of them)."""
-    if isinstance(value, list):
-        return [_plain(v, name) for v in value]
-    if isinstance(value, bool | np.bool_):
-        return int(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    raise ValueError(f"metrics[{name!r}]: must be a number (MetricRecord), got {value!r}")
-
-
 @dataclass(frozen=True)
 class ADMMTrainStep:
     """What a train handler needs for one local ADMM step, read from the message.
@@ -275,6 +190,14 @@ class ADMMTrainStep:
         Under `flwr_admm.serverapp.FedADMMClientDuals` (``admm-duals = "client"``): the
         acknowledged state and the updated dual u_i; `center` is then z^k - u_i,
         `previous` the acknowledged w_i, and `reply` sends Delta_i and keeps the states.
+    form : {"prox", "linearized"}
+        ``admm-form`` of the config. Under FedADMM's linearized form
+        (`flwr_admm.core.linearized`) `center` and `consensus` are the received z, rho
+        is 0 and `correction` is y_i: run K steps w <- w - lr (grad f_i(w) + y_i) from
+        `start` (z), no prox term, and pass ``step_budget=step_budget(K, lr)`` (with
+        momentum: ``step_budget(K, lr, momentum)``) to `reply`: rho_i = 1 / b_i.
+    correction : dict or None
+        y_i by name (float64) under the linearized form, else None.
     consensus : dict or None
         The received z^k by name, float64 (the start of ``init="consensus"``): the
         ``admm-start`` record under FedADMM, the received arrays under client-held
@@ -293,6 +216,8 @@ class ADMMTrainStep:
     configrecord_key: str = "config"
     duals: DualsRound | None = None
     consensus: Named | None = None
+    form: str = "prox"
+    correction: Named | None = None
     started: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -313,8 +238,10 @@ class ADMMTrainStep:
         server_round = config.get(MESSAGE_SERVER_ROUND)
         server_round = server_round if isinstance(server_round, int) else None
         rho, duals, previous = read_rho(config), None, warm_start(context, center)
-        consensus = None
-        if client_held(config):
+        consensus, form, correction = None, check_form(config.get(FORM, "prox")), None
+        if form == "linearized":  # z under arrays, y_i under admm-dual
+            consensus, correction = center, received_dual(message, list(center))
+        elif client_held(config):
             if rho <= 0 or server_round is None:
                 raise ValueError(
                     "client-held duals need rho > 0 and an integer server-round in the "
@@ -352,6 +279,8 @@ class ADMMTrainStep:
             configrecord_key=configrecord_key,
             duals=duals,
             consensus=consensus,
+            form=form,
+            correction=correction,
         )
 
     def start(self, *, init: LocalInit | None = None) -> Named:
@@ -361,9 +290,14 @@ class ADMMTrainStep:
         under FedADMM with rho > 0; v_i in a first round), "center" (v_i), "consensus"
         (the received z; ValueError if the message has none) or "auto" (default:
         "consensus" when z is received, else "previous"). FedProx, FedAvg and
-        rho = 0 start at the received arrays.
+        rho = 0 start at the received arrays. The linearized form starts at z ("auto"
+        or "consensus"; any other `init`: ValueError).
         """
         chosen = local_init_of(init)
+        if self.form == "linearized":
+            if chosen not in ("auto", "consensus"):
+                raise ValueError(f"init: the linearized form starts at z, got {chosen!r}")
+            return {name: a.copy() for name, a in self.center.items()}
         source = start_source(
             chosen,
             admm=self.admm,
@@ -392,18 +326,21 @@ class ADMMTrainStep:
         num_examples: int,
         metrics: Mapping[str, Any] | None = None,
         context: Context | None = None,
+        *,
+        step_budget: float | None = None,
     ) -> Message:
         """Return the reply (`build_reply`); with `context`, keep w_i as the next warm start.
 
-        With client-held duals the reply carries Delta_i (and sigma_i' when asked) and
-        the protocol metrics, and both dual states are kept in ``context.state``
-        (required then).
+        Under the linearized form `step_budget` b_i (`step_budget`) is required and sent
+        as ``admm-step-budget``. With client-held duals the reply carries Delta_i (and
+        sigma_i' when asked) and the protocol metrics, and both dual states are kept in
+        ``context.state`` (required then).
         """
         if self.duals is not None:
             if context is None:
                 raise ValueError("context: required with client-held duals (states live there)")
-            reported = _key_metrics(context)
-            reported.update({name: _plain(value, name) for name, value in (metrics or {}).items()})
+            reported = key_metrics(context)
+            reported.update({name: plain(value, name) for name, value in (metrics or {}).items()})
             return self.duals.answer(
                 self.message,
                 list(self.center),
@@ -413,11 +350,19 @@ class ADMMTrainStep:
                 context.state,
                 arrayrecord_key=self.arrayrecord_key,
             )
+        marked = self.mark(metrics)
+        if self.form == "linearized":
+            if step_budget is None:
+                raise ValueError(
+                    "step_budget: the linearized form needs the local step budget "
+                    "K lr (K lr / (1 - momentum) with momentum SGD): rho_i = 1 / b_i"
+                )
+            marked[STEP_BUDGET] = float(step_budget)
         return build_reply(
             self.message,
             arrays,
             num_examples,
-            self.mark(metrics),
+            marked,
             context,
             arrayrecord_key=self.arrayrecord_key,
             configrecord_key=self.configrecord_key,

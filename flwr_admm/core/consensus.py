@@ -34,6 +34,7 @@ from flwr_admm.core.types import (
     check_dual_step,
     check_relaxation,
     check_rho,
+    check_scale,
     check_tolerances,
     natural_key,
 )
@@ -92,8 +93,9 @@ class ConsensusADMM:
         Rule for rho between rounds; `Constant()` by default.
     regularizer : Regularizer, optional
         Server regularizer g; requires rho > 0.
-    client_rho : {"uniform", "data_size"}
-        Per-client rho_i = rho * s_i with s_i = 1 or s_i = n_i / max_j n_j (seed 001).
+    client_rho : {"uniform", "data_size", "reported"}
+        Per-client rho_i = rho * s_i with s_i = 1, s_i = n_i / max_j n_j (seed 001), or
+        s_i given by each reply (`Reply.scale`; the linearized form, `core.linearized`).
     eps_abs, eps_rel : float
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
@@ -257,6 +259,8 @@ class ConsensusADMM:
             self.check_shapes(reply.w, f"reply {reply.key!r}")
             if reply.num_examples <= 0:
                 raise ValueError(f"reply {reply.key!r}: num_examples must be > 0")
+            if self.client_rho == "reported":
+                check_scale(reply.scale, f"reply {reply.key!r}: scale")
 
     def cancel(self) -> None:
         """Close a round in which nothing was absorbed (the state is unchanged)."""
@@ -280,7 +284,7 @@ class ConsensusADMM:
         if self.fast is not None:
             self.fast.forget(gone)
         if gone:
-            if self.client_rho != "uniform" and self.records:
+            if self.client_rho == "data_size" and self.records:
                 scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
             self.sums.recompute(self.records)
         return gone
@@ -334,7 +338,7 @@ class ConsensusADMM:
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
         """Run the z-step and the dual step; return z - z' and the dual sums."""
         z = self.z  # the round's center
-        if rnd.mode == "recompute":
+        if rnd.mode == "recompute" and self.client_rho == "data_size":
             scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
         self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, self._shares_needed)

@@ -54,7 +54,7 @@ def absorb_many(
 def store(
     sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply, w: Arrays, sq_norm: float
 ) -> None:
-    """Keep a folded reply's w_i and n_i (S_y += dn_i y_i) and note it in the round.
+    """Keep a folded reply's w_i, n_i (S_y += dn_i y_i) and s_i, and note it in the round.
 
     The arrays are kept, not copied (read-only views into a reply's bytes are fine:
     the state never writes into w_i).
@@ -62,10 +62,12 @@ def store(
     n = int(reply.num_examples)
     record = records.get(reply.key)
     if record is None:
-        records[reply.key] = ClientRecord(w, [np.zeros_like(t) for t in w], n)
+        records[reply.key] = record = ClientRecord(w, [np.zeros_like(t) for t in w], n)
     else:
         if n != record.num_examples:
             sums.reweight_dual(record.y, n - record.num_examples)  # S_y += dn_i y_i
         record.w, record.num_examples = w, n
+    if reply.scale is not None:  # client_rho="reported": rho_i = rho s_i from this reply
+        record.scale = reply.scale
     rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
     rnd.keys.add(reply.key)

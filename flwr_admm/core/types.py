@@ -20,8 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 Arrays = list[NDArray[np.float64]]
-ClientRho = Literal["uniform", "data_size"]
-CLIENT_RHO_MODES = ("uniform", "data_size")
+ClientRho = Literal["uniform", "data_size", "reported"]
+# "reported": s_i comes with each reply (`Reply.scale`), the linearized form's 1 / b_i
+CLIENT_RHO_MODES = ("uniform", "data_size", "reported")
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 
@@ -81,6 +82,15 @@ def check_dual_step(gamma: object) -> float:
     return float(gamma)
 
 
+def check_scale(scale: object, field_name: str) -> float:
+    """Return s_i as a float; ValueError naming `field_name` unless finite and > 0."""
+    if isinstance(scale, bool) or not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"{field_name}: must be a finite number > 0, got {scale!r}")
+    if scale <= 0:
+        raise ValueError(f"{field_name}: must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
 @dataclass
 class ClientRecord:
     """What the server remembers of client i: w_i, y_i, n_i and its rho multiplier s_i."""
@@ -100,6 +110,7 @@ class Reply:
     num_examples: int
     loss: float | None = None
     sq_norm: float | None = None  # ||w||^2 if the caller already computed it
+    scale: float | None = None  # s_i under client_rho="reported" (finite, > 0)
 
 
 @dataclass(frozen=True)

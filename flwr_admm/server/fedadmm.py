@@ -35,14 +35,15 @@ from numpy.typing import NDArray
 from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
-from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import (
-    DEFAULT_ACCELERATION,
-    DEFAULT_DUAL_STEP,
-    ConsensusSettings,
-    given_rho,
-    strategy_defaults,
+from flwr_admm.core.linearized import (
+    Form,
+    budget_scale,
+    check_form,
+    dual_tensors,
+    strategy_settings,
 )
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.settings import DEFAULT_ACCELERATION
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import (
@@ -56,6 +57,8 @@ from flwr_admm.core.types import NON_FINITE, Arrays, Reply
 from flwr_admm.core.validation import check_reply
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
+    FORM,
+    FORM_LINEARIZED,
     LOSS,
     NUM_CLIENTS_CACHED,
     NUM_RESYNCED,
@@ -89,12 +92,14 @@ class FedADMM(ConsensusStrategy):
     relaxation, acceleration, restart_eta, z_average, dual_step, \
     stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
     uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
-    tensor_policy :
+    tensor_policy, form :
         As in `flwr_admm.serverapp.FedADMM`. Clients are Flower's `ClientProxy`s (keyed
         by ``client-key`` or ``partition-id`` in the fit metrics, else the cid); the
         start point z follows the center as a second block of tensors (config
         ``admm-start = 1``) for clients whose replies say they start there
-        (`flwr_admm.core.start_marks`).
+        (`flwr_admm.core.start_marks`). Under ``form="linearized"`` the parameters
+        are z followed by y_i, the config holds ``admm-form = "linearized"`` and
+        ``proximal_mu = 0``, and a reply without ``admm-step-budget`` is rejected.
     tensor_names : sequence of str, optional
         The names the `tensor_policy` patterns match (e.g. ``list(model.state_dict())``);
         default ``"0"``, ``"1"``, ... (legacy parameters carry no names).
@@ -120,7 +125,7 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         z_average: ZAverage = "cached",
-        dual_step: float = DEFAULT_DUAL_STEP,
+        dual_step: float | None = None,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -135,8 +140,10 @@ class FedADMM(ConsensusStrategy):
         tensor_policy: Mapping[str, str] | None = None,
         tensor_names: Sequence[str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
+        form: Form = "prox",
         **fedavg_kwargs: Any,
     ) -> None:
+        self.form = check_form(form)
         self.tensor_rules = check_rules(tensor_policy)
         self.tensor_names = None if tensor_names is None else [str(n) for n in tensor_names]
         self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
@@ -152,20 +159,19 @@ class FedADMM(ConsensusStrategy):
             health=health,
             **fedavg_kwargs,
         )
-        rho = given_rho(rho, proximal_mu)
-        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
-        self.admm_settings = ConsensusSettings(
-            rho=rho,
-            rho_schedule=schedule,
+        self.admm_settings = strategy_settings(
+            self.form,
+            {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=alpha,
+            relaxation=relaxation,
             acceleration=acceleration,
             restart_eta=restart_eta,
             z_average=z_average,
             dual_step=dual_step,
+            channel={"uplink": uplink, "local_dp": local_dp},
         )
         self.admm: ConsensusADMM | None = None
         self._sent_key: dict[str, str | None] = {}  # cid -> key whose center it was sent
@@ -191,6 +197,13 @@ class FedADMM(ConsensusStrategy):
         instructions = []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
+            if self.form == "linearized":  # z, then y_i (flwr_admm.core.linearized)
+                assert self.tensors is not None
+                self._sent_key[client.cid] = key if key in admm.records else None
+                both = self._merge(admm.z) + dual_tensors(admm, self.tensors, key)
+                linear = {**config, FORM: FORM_LINEARIZED, PROXIMAL_MU: 0.0}
+                instructions.append((client, FitIns(to_parameters(both, self._dtypes * 2), linear)))
+                continue
             center = admm.center(key)
             rho_i = admm.rho_for(key)
             payload = parameters if center is admm.z else self._to_parameters(self._merge(center))
@@ -259,9 +272,15 @@ class FedADMM(ConsensusStrategy):
                 self._reject(key, why, counts)
                 return None
             sq_norm = None
-        n = int(res.num_examples)
-        self.marks.read(key, res.metrics, admm.rho)
-        return Reply(key, split.consensus(arrays), n, objective, sq_norm), arrays
+        n, scale = int(res.num_examples), None
+        if self.form == "linearized":  # rho_i = 1 / b_i, b_i the reply's step budget
+            scale, why = budget_scale(res.metrics)
+            if why is not None:
+                self._reject(key, why, counts)
+                return None
+        else:
+            self.marks.read(key, res.metrics, admm.rho)
+        return Reply(key, split.consensus(arrays), n, objective, sq_norm, scale), arrays
 
     def _checked(
         self, keyed: KeyedReply, shapes: list[tuple[int, ...]], counts: dict[str, Scalar]
@@ -363,7 +382,8 @@ class FedADMM(ConsensusStrategy):
 
         `ConsensusStrategy.settings` adds sampling, identity, uplink and local DP.
         """
-        described = {"strategy": self.label, **self.admm_settings.describe()}
+        form = {} if self.form == "prox" else {"form": self.form}  # prox: as before
+        described = {"strategy": self.label, **form, **self.admm_settings.describe()}
         if self.tensor_rules or self.tensor_names is not None:  # absent: old checkpoints load
             described["tensor_policy"] = [list(rule) for rule in self.tensor_rules]
             described["tensor_names"] = self.tensor_names

@@ -15,14 +15,9 @@ from numpy.typing import NDArray
 
 from flwr_admm.core import DEFAULT_HEALTH, ConsensusADMM, HealthCheck, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
+from flwr_admm.core.linearized import Form, budget_scale, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import (
-    DEFAULT_ACCELERATION,
-    DEFAULT_DUAL_STEP,
-    ConsensusSettings,
-    given_rho,
-    strategy_defaults,
-)
+from flwr_admm.core.settings import DEFAULT_ACCELERATION
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import (
@@ -46,6 +41,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
+from flwr_admm.serverapp.linearized import linearized_records
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
@@ -65,6 +61,13 @@ class FedADMM(ConsensusStrategy):
         w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (local solve, started at z)
         z'   = prox_{g/rho}(sum_i p_i (w_i + u_i))       (stale w_i, u_i of absent
         u_i += gamma (w_i - z')                           clients keep counting)
+
+    The linearized form (``form="linearized"``, Scaffnew; `flwr_admm.core.linearized`
+    derives it and its identity with SCAFFOLD option II) sends z and y_i instead of
+    v_i, and takes rho_i = 1 / b_i from each reply's step budget b_i = K_i lr_i:
+
+        w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from z    (no prox term)
+        z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i,   y_i += rho_i (w_i - z')
 
     The core is `flwr_admm.core.ConsensusADMM` (over-relaxation, per-client rho,
     acceleration); the legacy `flwr_admm.server.FedADMM` runs the same round.
@@ -156,6 +159,13 @@ class FedADMM(ConsensusStrategy):
         The held (non-consensus) tensors are in the checkpoints too.
     health : HealthCheck or None
         Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
+    form : {"prox", "linearized"}
+        The local step: the prox step around v_i ("prox", default, the seeds'
+        iteration) or the linearized one above; that one fixes rho, proximal_mu,
+        rho_schedule, relaxation, dual_step, regularizer, client_rho and acceleration
+        (given: ValueError) and takes no uplink or local_dp. Its wire:
+        `flwr_admm.serverapp.linearized`; a reply without ``admm-step-budget`` is
+        rejected.
 
     Attributes
     ----------
@@ -193,7 +203,7 @@ class FedADMM(ConsensusStrategy):
         acceleration: str | None = DEFAULT_ACCELERATION,
         restart_eta: float = DEFAULT_ETA,
         z_average: ZAverage = "cached",
-        dual_step: float = DEFAULT_DUAL_STEP,
+        dual_step: float | None = None,
         stop_on_convergence: bool = False,
         sampling_seed: int | None = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -207,7 +217,9 @@ class FedADMM(ConsensusStrategy):
         local_dp: LocalDP | None = None,
         tensor_policy: Mapping[str, str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
+        form: Form = "prox",
     ) -> None:
+        self.form = check_form(form)
         self.tensor_rules = check_rules(tensor_policy)
         self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
         super().__init__(
@@ -232,20 +244,19 @@ class FedADMM(ConsensusStrategy):
             max_clients=max_clients,
             health=health,
         )
-        rho = given_rho(rho, proximal_mu)
-        schedule, alpha = strategy_defaults(rho, rho_schedule, relaxation)
-        self.admm_settings = ConsensusSettings(
-            rho=rho,
-            rho_schedule=schedule,
+        self.admm_settings = strategy_settings(
+            self.form,
+            {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
             client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            relaxation=alpha,
+            relaxation=relaxation,
             acceleration=acceleration,
             restart_eta=restart_eta,
             z_average=z_average,
             dual_step=dual_step,
+            channel={"uplink": uplink, "local_dp": local_dp},
         )
         self.channel = UplinkChannel(uplink, local_dp, uplink_residual)
         self.admm: ConsensusADMM | None = None
@@ -261,6 +272,7 @@ class FedADMM(ConsensusStrategy):
         log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", s.regularizer, s.client_rho)
         log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
+        log(INFO, "\t│\t├── form: %s", self.form)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
 
@@ -275,6 +287,13 @@ class FedADMM(ConsensusStrategy):
         self.channel.sampled(len(sampled), self.population)
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
+            if self.form == "linearized":  # z, y_i (flwr_admm.serverapp.linearized)
+                assert self.layout is not None
+                self._sent_key[str(node_id)] = key if key in admm.records else None
+                keys = (self.arrayrecord_key, self.configrecord_key)
+                spec = (self._split(), self.layout, key, arrays, user, server_round, keys)
+                messages.append(self._train_message(linearized_records(admm, *spec), node_id))
+                continue
             center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
             self._sent_key[str(node_id)] = key if key in admm.records else None
             self._sent_rho[str(node_id)] = rho_i
@@ -288,15 +307,18 @@ class FedADMM(ConsensusStrategy):
             }
             if rho_i > 0:  # x = z: where our client helpers start the local solve
                 records[START_RECORD] = arrays
-            messages.append(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
-                Message(
-                    RecordDict(records),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=str(server_round),
-                )
-            )
+            messages.append(self._train_message(records, node_id))
         return messages
+
+    def _train_message(self, records: dict[str, Any], node_id: int) -> Message:
+        """Return a train message; group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy."""
+        server_round = records[self.configrecord_key][MESSAGE_SERVER_ROUND]
+        return Message(
+            RecordDict(records),
+            dst_node_id=node_id,
+            message_type=MessageType.TRAIN,
+            group_id=str(server_round),
+        )
 
     def _read(self, message: Message) -> ReadReply:
         """Read w_i (v_i + decode(payload) when compressed), n_i, f_i(w_i)."""
@@ -355,9 +377,17 @@ class FedADMM(ConsensusStrategy):
         if why is not None:
             self._reject(r.key, why, counts)
             return None
-        self.marks.read(r.key, r.metrics, self.admm.rho)
+        scale = None
+        if self.form == "linearized":  # rho_i = 1 / b_i, b_i the reply's step budget
+            scale, why = budget_scale(r.metrics)
+            if why is not None:
+                self._reject(r.key, why, counts)
+                return None
+        else:
+            self.marks.read(r.key, r.metrics, self.admm.rho)
         sq_norm = r.sq_norm if split.trivial else None
-        return Reply(r.key, split.consensus(r.arrays), r.num_examples, r.loss, sq_norm), r.arrays
+        w = split.consensus(r.arrays)
+        return Reply(r.key, w, r.num_examples, r.loss, sq_norm, scale), r.arrays
 
     def _finish_round(self, server_round: int) -> dict[str, Any]:
         """Take the z-step and the dual step; return the residuals and the next rho."""
@@ -422,6 +452,7 @@ class FedADMM(ConsensusStrategy):
         return {
             **({"tensor_policy": rules} if rules else {}),
             "strategy": self.label,
+            **({} if self.form == "prox" else {"form": self.form}),  # prox: as before
             **self.admm_settings.describe(),
             **self.channel.describe(),
         }

@@ -1,0 +1,200 @@
+"""The linearized ("Scaffnew", ProxSkip) form of consensus ADMM: settings and step budgets.
+
+Mishchenko et al. (ICML 2022) run consensus ADMM with the prox step replaced by K_i
+plain gradient steps from the server's point, and the penalty fixed by the step
+budget b_i = K_i lr_i instead of being a knob. Client i receives z and its dual y_i:
+
+    w_i  <- w_i - lr_i (grad f_i(w_i) + y_i)     K_i steps from w_i = z, no prox term
+    rho_i = 1 / b_i,  b_i = K_i lr_i             (the client reports b_i)
+    z'    = sum_i n_i (rho_i w_i + y_i) / sum_i n_i rho_i
+    y_i  += rho_i (w_i - z')                     (replying clients)
+
+y_i enters every local step as a constant added to the gradient, the linear term of
+f_i(w) + <y_i, w>. The server step is the prox form's (`flwr_admm.core.ConsensusADMM`
+with rho = 1 and rho_i = s_i = 1 / b_i, ``client_rho="reported"``); only what is sent
+(z and y_i instead of the center v_i = z - y_i / rho_i) and where rho_i comes from
+differ. The dual step keeps sum_i n_i y_i = 0 (it adds n_i rho_i (w_i - z') over the
+replies, which sum to 0 when z' is their rho_i-weighted mean), so with every client
+replying z' = sum_i n_i rho_i w_i / sum_i n_i rho_i, the plain n-weighted mean when
+the b_i are equal. The z-step over the replies only (``z_average="replies"``) is that
+mean under partial participation too.
+
+SCAFFOLD option II with server step 1 (`flwr_admm.rounds.scaffold`) is this iteration
+exactly when every client replies every round with the same b_i: with
+p_i = n_i / sum_j n_j (SCAFFOLD's weights for x and c), y_i = c - c_i. By induction:
+both start at 0; SCAFFOLD's step g - c_i + c is g + y_i, x' = sum_i p_i y_i^loc is z',
+and c_i+ - c+ = (c_i - c) - (y_i^loc - x') / (K lr), i.e. y_i' = y_i + rho (w_i - z').
+
+With momentum SGD (heavy ball, momentum mu) a step moves lr / (1 - mu) times the
+gradient once the velocity settles: the budget is b_i = K_i lr / (1 - mu)
+(`step_budget`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import Constant
+from flwr_admm.core.settings import (
+    DEFAULT_DUAL_STEP,
+    ConsensusSettings,
+    given_rho,
+    strategy_defaults,
+)
+from flwr_admm.core.tensor_policy import TensorSplit
+from flwr_admm.core.types import Arrays, ClientRho, check_scale
+from flwr_admm.core.z_average import ZAverage
+from flwr_admm.protocol import STEP_BUDGET
+
+__all__ = [
+    "FORMS",
+    "Form",
+    "budget_scale",
+    "check_form",
+    "dual_tensors",
+    "scale_of_budget",
+    "step_budget",
+    "strategy_settings",
+]
+
+Form = Literal["prox", "linearized"]
+FORMS: tuple[str, ...] = ("prox", "linearized")
+
+
+def check_form(value: object) -> Form:
+    """Return `value` if it is one of FORMS; ValueError naming ``form`` otherwise."""
+    if not isinstance(value, str) or value not in FORMS:
+        raise ValueError(f"form: must be one of {list(FORMS)}, got {value!r}")
+    return "linearized" if value == "linearized" else "prox"
+
+
+def strategy_settings(
+    form: Form,
+    given: dict[str, Any],
+    *,
+    regularizer: Regularizer | None,
+    client_rho: ClientRho,
+    eps_abs: float,
+    eps_rel: float,
+    relaxation: float | None,
+    acceleration: str | None,
+    restart_eta: float,
+    z_average: ZAverage,
+    dual_step: float | None,
+    channel: dict[str, object],
+) -> ConsensusSettings:
+    """Return the core settings a FedADMM strategy's keywords give, in either form.
+
+    `given` holds ``rho``, ``proximal_mu`` and ``rho_schedule``; `channel` the
+    ``uplink`` and ``local_dp`` objects. "prox": the strategy defaults
+    (`strategy_defaults`, DEFAULT_DUAL_STEP for a None dual step). "linearized":
+    rho = 1, rho_i = 1 / b_i reported (``client_rho="reported"``), Constant, the
+    textbook steps.
+
+    Raises
+    ------
+    ValueError
+        Naming the field: under "prox" as `ConsensusSettings`; under "linearized" the
+        first keyword it fixes that was given (not None, ``client_rho`` not "uniform").
+
+    """
+    if form == "prox":
+        if client_rho not in ("uniform", "data_size"):
+            raise ValueError(
+                f"client_rho: must be one of ['uniform', 'data_size'], got {client_rho!r}"
+            )
+        rho = given_rho(given.get("rho"), given.get("proximal_mu"))
+        schedule, alpha = strategy_defaults(rho, given.get("rho_schedule"), relaxation)
+        return ConsensusSettings(
+            rho=rho,
+            rho_schedule=schedule,
+            regularizer=regularizer,
+            client_rho=client_rho,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            relaxation=alpha,
+            acceleration=acceleration,
+            restart_eta=restart_eta,
+            z_average=z_average,
+            dual_step=DEFAULT_DUAL_STEP if dual_step is None else dual_step,
+        )
+    fixed = {**given, "relaxation": relaxation, "dual_step": dual_step}
+    fixed.update(regularizer=regularizer, acceleration=acceleration, **channel)
+    fixed["client_rho"] = None if client_rho == "uniform" else client_rho
+    for name, value in fixed.items():
+        if value is not None:
+            raise ValueError(
+                f"{name}: not used with form='linearized' (rho_i = 1 / (K_i lr_i) from "
+                "each reply, the textbook dual step; no prox term, over-relaxation, "
+                f"acceleration, regularizer, uplink or local DP yet); leave it unset, "
+                f"got {value!r}"
+            )
+    return ConsensusSettings(
+        rho=1.0,
+        rho_schedule=Constant(),
+        client_rho="reported",
+        eps_abs=eps_abs,
+        eps_rel=eps_rel,
+        z_average=z_average,
+    )
+
+
+def step_budget(steps: int, learning_rate: float, momentum: float = 0.0) -> float:
+    """Return the step budget b = K lr / (1 - momentum) a client reports (rho_i = 1 / b).
+
+    Raises
+    ------
+    ValueError
+        Naming ``steps`` (an integer >= 1), ``learning_rate`` (finite, > 0) or
+        ``momentum`` (in [0, 1)).
+
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, int | float):
+        raise ValueError(f"learning_rate: must be a finite number > 0, got {learning_rate!r}")
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate: must be a finite number > 0, got {learning_rate!r}")
+    if isinstance(momentum, bool) or not (isinstance(momentum, int | float) and 0 <= momentum < 1):
+        raise ValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
+    return steps * float(learning_rate) / (1.0 - momentum)
+
+
+def scale_of_budget(value: object, field_name: str) -> float:
+    """Return s_i = rho_i = 1 / b_i of a reported budget b_i; ValueError unless finite, > 0."""
+    budget = check_scale(value, field_name)
+    scale = 1.0 / budget
+    if not math.isfinite(scale):
+        raise ValueError(f"{field_name}: must be a finite number > 0, got {value!r}")
+    return scale
+
+
+def dual_tensors(admm: ConsensusADMM, split: TensorSplit, key: str | None) -> Arrays:
+    """Return y_i of client `key` as the full tensor list (zeros if new or not consensus)."""
+    record = admm.records.get(key) if key is not None else None
+    y = [np.zeros_like(t) for t in admm.z] if record is None else record.y
+    full = list(split.merge(y))
+    for i in split.held:  # the tensors outside the consensus carry no dual
+        full[i] = np.zeros(np.shape(full[i]))
+    return full
+
+
+def budget_scale(metrics: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """Return (s_i = 1 / b_i, None) from a reply's ``admm-step-budget``, or (None, problem)."""
+    if STEP_BUDGET not in metrics:
+        return None, (
+            f"no {STEP_BUDGET!r} in its metrics: the handler did not run FedADMM's "
+            "linearized form (a stock FedProx/FedAvg handler, or a helper predating it); "
+            "serve it with flwr_admm.clientapp.ADMMTrainStep or make_client_app, or use "
+            "form='prox'"
+        )
+    try:
+        return scale_of_budget(metrics[STEP_BUDGET], STEP_BUDGET), None
+    except ValueError as error:
+        return None, str(error)

@@ -1,0 +1,201 @@
+"""FedADMM's linearized form (Message API): SCAFFOLD option II exactly, the pooled optimum,
+its wire (z and y_i down, w_i and the step budget up), refused settings and replies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flower_run import admm_client_fn, run_seed, seed_model
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from message_apps import ZRecorder, local_data, plain_app
+from message_replies import FakeGrid, named, reply
+from seed_task import first_round_below, gaps, optimum
+
+import flwr_admm.server
+from flwr_admm.clientapp import ADMMTrainStep, make_client_app
+from flwr_admm.clientapp.step import step_budget
+from flwr_admm.core import L2
+from flwr_admm.serverapp import SCAFFOLD, FedADMM
+from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
+from flwr_admm.uplink import StochasticQuantizer
+
+N = 10
+STEPS, LR = 20, 1.0  # the seed task's local settings (flwr_admm.data.registry)
+
+
+def _run(strategy, rounds, client_app=None, num_nodes=N):
+    app = client_app or make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
+    grid = InProcessGrid(app, num_nodes)
+    recorder = ZRecorder()
+    zeros = ArrayRecord([np.zeros(20)])
+    run_strategy(strategy, grid, zeros, rounds, evaluate_fn=recorder)
+    return recorder.matrix[1:], grid  # start() records round 0 too
+
+
+def _every_node(**options):
+    return {"min_train_nodes": N, "min_available_nodes": N, "fraction_evaluate": 0.0, **options}
+
+
+def test_with_every_client_replying_it_is_scaffold_option_ii_over_15_rounds():
+    linear, _ = _run(FedADMM(form="linearized", **_every_node()), 15)
+    scaffold, _ = _run(SCAFFOLD(server_learning_rate=1.0, **_every_node()), 15)
+    assert np.linalg.norm(scaffold[-1] - scaffold[0]) > 0.1  # the models really move
+    np.testing.assert_allclose(linear, scaffold, rtol=0, atol=1e-12)
+
+
+def test_it_converges_to_the_pooled_optimum_of_seed_logreg():
+    strategy = FedADMM(form="linearized", **_every_node())
+    z, _ = _run(strategy, 40)
+    gap = gaps(z)
+    assert first_round_below(gap, 1e-6) is not None and gap[-1] < 1e-10
+    np.testing.assert_allclose(z[-1], optimum()[0], atol=1e-6)
+    # rho_i = 1 / (K lr) for every client; sum_i n_i y_i stays 0
+    assert {r.scale for r in strategy.admm.records.values()} == {1.0 / (STEPS * LR)}
+    total = sum(r.num_examples * r.y[0] for r in strategy.admm.records.values())
+    np.testing.assert_allclose(total, 0.0, atol=1e-12)
+
+
+def test_it_converges_with_3_of_10_clients_a_round():
+    strategy = FedADMM(form="linearized", fraction_train=0.3, min_available_nodes=N)
+    z, _ = _run(strategy, 150)
+    assert all(h["num_replies"] == 3 for h in strategy.history)
+    assert gaps(z)[-1] < 1e-6
+
+
+def test_the_wire_z_and_y_i_down_w_i_and_the_step_budget_up():
+    strategy = FedADMM(form="linearized", **_every_node())
+    _, grid = _run(strategy, 2)
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    first, last = train[0].content, train[-1].content
+    assert sorted(last.array_records) == ["admm-dual", "arrays"]
+    config = last["config"]
+    assert config["admm-form"] == "linearized" and config["proximal-mu"] == 0.0
+    assert "rho" not in config and config["server-round"] == 2
+    np.testing.assert_array_equal(first["admm-dual"]["0"].numpy(), np.zeros(20))  # new: y_i = 0
+    key = f"partition-id:{N - 1}" if f"partition-id:{N - 1}" in strategy.admm.records else None
+    held = strategy.admm.records[key or next(iter(strategy.admm.records))]
+    assert np.linalg.norm(held.y[0]) > 0
+    assert strategy.history[-1]["num_rejected"] == 0
+    assert strategy.configuration()["form"] == "linearized"
+    assert "form" not in FedADMM().configuration()  # the prox form's fingerprint is unchanged
+
+
+# --------------------------------------------------- a user's handler with ADMMTrainStep
+user_app = ClientApp()
+
+
+@user_app.train()
+def user_train(msg: Message, context: Context) -> Message:
+    """The linearized loop written out: K steps on grad f_i + y_i from z."""
+    X, y = local_data(context)
+    step = ADMMTrainStep.from_message(msg, context)
+    (w,) = step.start().values()
+    (y_i,) = step.correction.values()
+    model = seed_model()
+    for _ in range(STEPS):
+        _, (grad,) = model.loss_and_grad([w], X, y)
+        w = w - LR * (grad + y_i)
+    return step.reply([w], len(y), {}, context, step_budget=step_budget(STEPS, LR))
+
+
+def test_a_user_handler_with_the_helpers_runs_the_same_iteration():
+    ready, _ = _run(FedADMM(form="linearized", **_every_node()), 5)
+    own, _ = _run(FedADMM(form="linearized", **_every_node()), 5, client_app=user_app)
+    np.testing.assert_allclose(own, ready, rtol=0, atol=1e-12)
+
+
+def test_a_stock_handler_is_rejected_naming_the_missing_budget_never_folded():
+    strategy = FedADMM(form="linearized", **_every_node())
+    z, _ = _run(strategy, 2, client_app=plain_app)  # FedProx's steps, reply without budget
+    assert all(h.get("num_rejected") == N for h in strategy.history)
+    np.testing.assert_array_equal(z[-1], np.zeros(20))  # no reply was folded
+    assert strategy.admm.records == {}
+
+
+def test_a_reply_with_a_bad_budget_is_rejected():
+    strategy = FedADMM(form="linearized", min_train_nodes=2, min_available_nodes=2)
+    grid = FakeGrid([1, 2])
+    with flower_task_identity():
+        strategy.configure_train(1, named({"w": np.zeros(2)}), ConfigRecord(), grid)
+    replies = [
+        reply(1, {"w": np.ones(2)}, **{"num-examples": 4, "admm-step-budget": 0.5}),
+        reply(2, {"w": np.ones(2)}, **{"num-examples": 4, "admm-step-budget": 0.0}),
+    ]
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["num_rejected"] == 1 and metrics["num_replies"] == 1
+
+
+# ------------------------------------------------------------------- refused settings
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("rho", 1.0),
+        ("proximal_mu", 0.5),
+        ("rho_schedule", "constant"),
+        ("relaxation", 1.6),
+        ("dual_step", 0.5),
+        ("regularizer", L2(0.1)),
+        ("client_rho", "data_size"),
+        ("acceleration", "nesterov"),
+        ("uplink", StochasticQuantizer()),
+    ],
+)
+def test_what_the_form_fixes_is_refused_naming_the_field(keyword, value):
+    with pytest.raises(ValueError, match=rf"^{keyword}: .*form='linearized'"):
+        FedADMM(form="linearized", **{keyword: value})
+
+
+@pytest.mark.parametrize("form", ["linear", "Linearized", None, 1])
+def test_an_unknown_form_is_refused_naming_the_field_and_the_allowed_values(form):
+    with pytest.raises(ValueError, match=r"^form: must be one of \['prox', 'linearized'\]"):
+        FedADMM(form=form)
+
+
+def test_client_rho_reported_is_not_a_prox_form_option():
+    with pytest.raises(ValueError, match=r"^client_rho: must be one of \['uniform', 'data_size'\]"):
+        FedADMM(client_rho="reported")
+
+
+def test_the_handler_refuses_a_linearized_reply_without_budget_and_other_starts():
+    data_app = ClientApp()
+
+    @data_app.train()
+    def no_budget(msg: Message, context: Context) -> Message:
+        step = ADMMTrainStep.from_message(msg, context)
+        with pytest.raises(ValueError, match=r"^init: the linearized form starts at z"):
+            step.start(init="previous")
+        return step.reply(list(step.start().values()), 5, {}, context)  # no step_budget
+
+    strategy = FedADMM(form="linearized", min_train_nodes=2, min_available_nodes=2)
+    grid = InProcessGrid(data_app, 2)
+    with flower_task_identity():
+        messages = strategy.configure_train(1, ArrayRecord([np.zeros(20)]), ConfigRecord(), grid)
+        answers = list(grid.send_and_receive(messages))
+    assert len(answers) == 2
+    assert all(
+        a.has_error() and "step_budget: the linearized form" in a.error.reason for a in answers
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [((0, 0.1), "steps"), ((5, 0.0), "learning_rate"), ((5, 0.1, 1.0), "momentum")],
+)
+def test_step_budget_checks_its_arguments(args, field):
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        step_budget(*args)
+    assert step_budget(10, 0.1, 0.9) == pytest.approx(10.0)  # K lr / (1 - momentum)
+
+
+# ------------------------------------------------------------------------ legacy API
+def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
+    legacy_kwargs = {"min_fit_clients": N, "min_available_clients": N, "fraction_evaluate": 0.0}
+    client = {"local_steps": STEPS, "learning_rate": LR}
+    _, linear, _ = run_seed(flwr_admm.server.FedADMM, 15, client_kwargs=client, form="linearized")
+    _, scaffold, _ = run_seed(flwr_admm.server.SCAFFOLD, 15, client_kwargs=client, **legacy_kwargs)
+    message, _ = _run(FedADMM(form="linearized", **_every_node()), 15)
+    np.testing.assert_array_equal(linear.matrix[-15:], message)  # the same replies, bit for bit
+    np.testing.assert_allclose(linear.matrix[-15:], scaffold.matrix[-15:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^rho: .*form='linearized'"):
+        flwr_admm.server.FedADMM(form="linearized", rho=1.0)
