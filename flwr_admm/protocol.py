@@ -26,6 +26,11 @@ UPLINK_ERROR_FEEDBACK = "uplink-error-feedback"
 UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
+# Reply (local DP attestation): 1 = the client clipped to C and noised with sigma, the
+# two values it used following; a strategy with local_dp rejects a reply without them.
+DP_APPLIED = "admm-dp-applied"
+DP_APPLIED_CLIP = "admm-dp-applied-clip"
+DP_APPLIED_NOISE = "admm-dp-applied-noise"
 START_TENSORS = "admm-start"  # legacy FedADMM: 1 = the parameters are v_i, then z (the start)
 
 # ------------------------------------------------------------- reply metrics

@@ -86,10 +86,16 @@ def decoded_or_problem(
     """Return `decoded` `message`, or the rejected `ReadReply` of an unreadable payload.
 
     A malformed payload must not stop the server: its error becomes the reply's problem.
+    Under local DP a reply without the client's attestation is refused here too
+    (`UplinkChannel.attestation_problem`).
     """
+    node_id = int(message.metadata.src_node_id)
     try:
-        return decoded(message, layout, channel, like, arrayrecord_key, add_center=add_center)
+        records = message.content.metric_records
+        metrics = next(iter(records.values())) if len(records) == 1 else {}
+        problem = channel.attestation_problem(metrics)
+        if problem is None:
+            return decoded(message, layout, channel, like, arrayrecord_key, add_center=add_center)
     except Exception as error:
-        node_id = int(message.metadata.src_node_id)
         problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
-        return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
+    return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
