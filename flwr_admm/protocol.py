@@ -77,6 +77,8 @@ CONVERGED = "converged"  # 1 once r <= eps_pri and s <= eps_dual, else 0
 NEXT_RHO = "next_rho"
 PRIMAL_RESIDUAL = "primal_residual"
 PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of round k-1
+# client-held duals: sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i), from what the server folds
+CHECKED_PRIMAL_RESIDUAL = "checked_primal_residual"
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
 NUM_RESTARTS = "num_restarts"  # client-held duals with fast ADMM: restarts so far
 DUAL_RESIDUAL = "dual_residual"
