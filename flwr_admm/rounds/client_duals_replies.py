@@ -15,10 +15,11 @@ residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 `z_step` computes z = prox_{g/rho}(S / N) in place (N: the weight S holds).
 
 The stopping test must not rest on what one client says (issue 25, item 7). The
-norms are reports, so `RoundStats` bounds them by what the server sees: each
-reply's ||w_i'||^2 and ||u_i||^2 count at most as much as the largest report of the
-*other* replies of the round (one client cannot raise eps_pri or eps_dual beyond
-another client's value; alone, it raises neither), and the test also needs the
+norms are reports, so the decision bounds them: each reply's ||w_i'||^2 and
+||u_i||^2 count at most as much as the largest report of the *other* replies of the
+round (one client cannot raise eps_pri or eps_dual beyond another client's value;
+alone, it raises neither; the ``eps_primal`` / ``eps_dual`` metrics stay the
+reported ones, as server-held FedADMM's), and the test also needs the
 server's own primal residual ``checked_primal_residual`` = sqrt(sum n_i
 ||Delta_i / n_i||^2 / sum n_i) over the steady replies (took part before, same n_i),
 computed from the Delta_i the server folds: ||c_i' - c_i|| -> 0 exactly as the
@@ -209,8 +210,13 @@ def round_residuals(
         metrics[PREVIOUS_PRIMAL_RESIDUAL] = previous
     if checked is not None:
         metrics[CHECKED_PRIMAL_RESIDUAL] = checked
-    server_side = not stats.screened or (checked is not None and checked <= eps_primal)
-    converged = previous is not None and previous <= eps_primal and dual <= eps_dual
+    # The decision: thresholds from the screened reports (<= the reported ones), and
+    # the server's own primal residual too (module docstring).
+    w_screened, u_screened = stats.screened_norms()
+    strict_primal = root_p * eps_abs + eps_rel * max(w_screened, z_norm)
+    strict_dual = root_p * eps_abs + eps_rel * rho * u_screened
+    server_side = not stats.screened or (checked is not None and checked <= strict_primal)
+    converged = previous is not None and previous <= strict_primal and dual <= strict_dual
     converged = converged and server_side
     metrics[CONVERGED] = int(converged)
     if stats.objective is not None:
@@ -248,6 +254,8 @@ class RoundStats:
         self.n += n
         self.screened = True
         self.reports.append((n, float(metrics[W_SQ_NORM]), float(metrics[U_SQ_NORM])))
+        self.w_sq += n * self.reports[-1][1]
+        self.u_sq += n * self.reports[-1][2]
         full = metrics.get(PREVIOUS_ROUND, 0) == 0 or metrics.get(RESYNC, 0) == 1
         if not full and metrics.get(EXAMPLES_CHANGE, 0) == 0:  # Delta_i = n_i (c_i' - c_i)
             self.change_sq += float(change_sq) / n
@@ -267,19 +275,22 @@ class RoundStats:
         else:
             self.losses_finite = False
 
-    def _sums(self) -> tuple[float, float]:
-        """Sum n_i ||w_i'||^2 and sum n_i ||u_i||^2 (screened when filled by `add`)."""
-        return _screened_sums(self.reports) if self.screened else (self.w_sq, self.u_sq)
-
     @property
     def w_norm(self) -> float:
-        """Sqrt(sum p_i ||w_i'||^2)."""
-        return math.sqrt(self._sums()[0] / self.n)
+        """Sqrt(sum p_i ||w_i'||^2), as reported."""
+        return math.sqrt(self.w_sq / self.n)
 
     @property
     def u_norm(self) -> float:
-        """Sqrt(sum p_i ||u_i||^2)."""
-        return math.sqrt(self._sums()[1] / self.n)
+        """Sqrt(sum p_i ||u_i||^2), as reported."""
+        return math.sqrt(self.u_sq / self.n)
+
+    def screened_norms(self) -> tuple[float, float]:
+        """`w_norm` and `u_norm` with each report capped by the others' (`_screened_sums`)."""
+        if not self.screened:
+            return self.w_norm, self.u_norm
+        w_sq, u_sq = _screened_sums(self.reports)
+        return math.sqrt(w_sq / self.n), math.sqrt(u_sq / self.n)
 
     @property
     def checked_primal(self) -> float | None:
