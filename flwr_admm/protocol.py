@@ -26,6 +26,11 @@ UPLINK_ERROR_FEEDBACK = "uplink-error-feedback"
 UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
+# Reply (local DP attestation): 1 = the client clipped to C and noised with sigma, the
+# two values it used following; a strategy with local_dp rejects a reply without them.
+DP_APPLIED = "admm-dp-applied"
+DP_APPLIED_CLIP = "admm-dp-applied-clip"
+DP_APPLIED_NOISE = "admm-dp-applied-noise"
 START_TENSORS = "admm-start"  # legacy FedADMM: 1 = the parameters are v_i, then z (the start)
 # FedADMM's linearized form (flwr_admm.core.linearized): the config's "admm-form" is
 # "linearized"; the parameters are z, then y_i (legacy), or z under ``arrays`` and y_i
@@ -81,6 +86,8 @@ CONVERGED = "converged"  # 1 once r <= eps_pri and s <= eps_dual, else 0
 NEXT_RHO = "next_rho"
 PRIMAL_RESIDUAL = "primal_residual"
 PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of round k-1
+# client-held duals: sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i), from what the server folds
+CHECKED_PRIMAL_RESIDUAL = "checked_primal_residual"
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
 NUM_RESTARTS = "num_restarts"  # client-held duals with fast ADMM: restarts so far
 DUAL_RESIDUAL = "dual_residual"

@@ -227,7 +227,7 @@ class ADMMClient(NumPyClient):
             LOCAL_STEPS: int(result.steps),
             GRAD_NORM: float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
         }
-        metrics.update(self._key_metrics())
+        metrics.update({**self._key_metrics(), **reply.attestation})  # local DP: attested
         metrics.update({START_MARK: 0} if RHO in config else {})  # solves FedADMM's step
         return list(reply.arrays), int(self.X.shape[0]), metrics
 

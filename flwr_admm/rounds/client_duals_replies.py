@@ -13,6 +13,19 @@ sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for
 residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
 ||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
 `z_step` computes z = prox_{g/rho}(S / N) in place (N: the weight S holds).
+
+The stopping test must not rest on what one client says (issue 25, item 7). The
+norms are reports, so the decision bounds them: each reply's ||w_i'||^2 and
+||u_i||^2 count at most as much as the largest report of the *other* replies of the
+round (one client cannot raise eps_pri or eps_dual beyond another client's value;
+alone, it raises neither; the ``eps_primal`` / ``eps_dual`` metrics stay the
+reported ones, as server-held FedADMM's), and the test also needs the
+server's own primal residual ``checked_primal_residual`` = sqrt(sum n_i
+||Delta_i / n_i||^2 / sum n_i) over the steady replies (took part before, same n_i),
+computed from the Delta_i the server folds: ||c_i' - c_i|| -> 0 exactly as the
+iterates settle, and a client cannot shrink it without changing S. Under SecAgg+ the
+server sees sums only (`flwr_admm.server.client_duals_secagg`): there the test is
+the reported one.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    CHECKED_PRIMAL_RESIDUAL,
     CONVERGED,
     DELAYED_SQ_RESIDUAL,
     DUAL_RESIDUAL,
@@ -191,10 +205,19 @@ def round_residuals(
         NUM_REPLIES: stats.num_replies,
         NUM_DELAYED_RESIDUALS: stats.num_delayed,
     }
-    previous = stats.previous_primal
+    previous, checked = stats.previous_primal, stats.checked_primal
     if previous is not None:
         metrics[PREVIOUS_PRIMAL_RESIDUAL] = previous
-    converged = previous is not None and previous <= eps_primal and dual <= eps_dual
+    if checked is not None:
+        metrics[CHECKED_PRIMAL_RESIDUAL] = checked
+    # The decision: thresholds from the screened reports (<= the reported ones), and
+    # the server's own primal residual too (module docstring).
+    w_screened, u_screened = stats.screened_norms()
+    strict_primal = root_p * eps_abs + eps_rel * max(w_screened, z_norm)
+    strict_dual = root_p * eps_abs + eps_rel * rho * u_screened
+    server_side = not stats.screened or (checked is not None and checked <= strict_primal)
+    converged = previous is not None and previous <= strict_primal and dual <= strict_dual
+    converged = converged and server_side
     metrics[CONVERGED] = int(converged)
     if stats.objective is not None:
         objective = stats.objective
@@ -205,7 +228,12 @@ def round_residuals(
 
 
 class RoundStats:
-    """n-weighted sums over one round's accepted replies."""
+    """n-weighted sums over one round's accepted replies.
+
+    Filled reply by reply (`add`, both APIs), the norm reports are screened and the
+    server-side primal residual is kept (module docstring); filled from SecAgg+'s sums
+    (`flwr_admm.server.client_duals_secagg`), ``screened`` stays False.
+    """
 
     def __init__(self) -> None:
         self.num_replies = self.num_delayed = 0
@@ -215,14 +243,23 @@ class RoundStats:
         self.hat_sq = 0.0  # fast ADMM: sum n_i ||w_i' - z^_k||^2
         self.num_hat = 0
         self.steady = True  # every reply kept its n_i and took part in the last round
+        self.screened = False  # filled by `add`: reports screened, checked residual kept
+        self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
+        self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
 
-    def add(self, num_examples: int, metrics: Mapping[str, Any]) -> None:
-        """Count one accepted reply (its n_i and protocol metrics)."""
+    def add(self, num_examples: int, metrics: Mapping[str, Any], change_sq: float = 0.0) -> None:
+        """Count one accepted reply (its n_i, protocol metrics and ||Delta_i||^2)."""
         n = float(num_examples)
         self.num_replies += 1
         self.n += n
-        self.w_sq += n * float(metrics[W_SQ_NORM])  # type: ignore[arg-type]
-        self.u_sq += n * float(metrics[U_SQ_NORM])  # type: ignore[arg-type]
+        self.screened = True
+        self.reports.append((n, float(metrics[W_SQ_NORM]), float(metrics[U_SQ_NORM])))
+        self.w_sq += n * self.reports[-1][1]
+        self.u_sq += n * self.reports[-1][2]
+        full = metrics.get(PREVIOUS_ROUND, 0) == 0 or metrics.get(RESYNC, 0) == 1
+        if not full and metrics.get(EXAMPLES_CHANGE, 0) == 0:  # Delta_i = n_i (c_i' - c_i)
+            self.change_sq += float(change_sq) / n
+            self.n_steady += n
         if HAT_SQ_RESIDUAL in metrics:
             self.num_hat += 1
             self.hat_sq += n * float(metrics[HAT_SQ_RESIDUAL])  # type: ignore[arg-type]
@@ -240,13 +277,25 @@ class RoundStats:
 
     @property
     def w_norm(self) -> float:
-        """Sqrt(sum p_i ||w_i'||^2)."""
+        """Sqrt(sum p_i ||w_i'||^2), as reported."""
         return math.sqrt(self.w_sq / self.n)
 
     @property
     def u_norm(self) -> float:
-        """Sqrt(sum p_i ||u_i||^2)."""
+        """Sqrt(sum p_i ||u_i||^2), as reported."""
         return math.sqrt(self.u_sq / self.n)
+
+    def screened_norms(self) -> tuple[float, float]:
+        """`w_norm` and `u_norm` with each report capped by the others' (`_screened_sums`)."""
+        if not self.screened:
+            return self.w_norm, self.u_norm
+        w_sq, u_sq = _screened_sums(self.reports)
+        return math.sqrt(w_sq / self.n), math.sqrt(u_sq / self.n)
+
+    @property
+    def checked_primal(self) -> float | None:
+        """Sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i) over the steady replies; None if none."""
+        return math.sqrt(self.change_sq / self.n_steady) if self.n_steady > 0 else None
 
     @property
     def previous_primal(self) -> float | None:
@@ -321,6 +370,23 @@ class ZRoundState(Protocol):
     rho: float
     eps_abs: float
     eps_rel: float
+
+
+def _screened_sums(reports: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Return sum n_i ||w_i'||^2 and sum n_i ||u_i||^2, each report capped by the others'.
+
+    Reply j's value counts at most as the largest value of the other replies (0 when
+    it is alone): one forged report cannot lift eps_pri or eps_dual, and honest
+    reports, close to each other near the fixed point, are barely touched.
+    """
+    sums = []
+    for column in (1, 2):
+        values = [r[column] for r in reports]
+        order = sorted(range(len(values)), key=values.__getitem__, reverse=True)
+        top, second = order[0], (values[order[1]] if len(order) > 1 else 0.0)
+        capped = [min(v, second) if j == top else v for j, v in enumerate(values)]
+        sums.append(sum(r[0] * v for r, v in zip(reports, capped, strict=True)))
+    return sums[0], sums[1]
 
 
 def _integer(value: object) -> bool:

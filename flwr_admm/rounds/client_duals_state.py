@@ -172,7 +172,9 @@ class ClientDualsState:
         assert self.contribution_sum is not None
         resync = self.record(key, num_examples, server_round, full=full)
         self.sweep.fold(key, self.contribution_sum, change, share, full=full, resync=resync)
-        self.stats.add(num_examples, metrics)
+        flat = (np.asarray(t, dtype=np.float64).reshape(-1) for t in change)
+        change_sq = sum(float(a @ a) for a in flat)  # ||Delta_i||^2: the server's own check
+        self.stats.add(num_examples, metrics, change_sq)
         return resync
 
     def evict(self, keys: Iterable[str]) -> int:

@@ -91,11 +91,11 @@ class ConsensusStrategy(FedAvg):
     the key's state is evicted and the key starts fresh under its new node. So an
     insecure SuperNode that restarts (new node id) rejoins as a new client after the
     grace, an authenticated one (same node id) keeps its state, and nobody receives a
-    connected or briefly absent node's center or writes its state. ``"authenticated"``: as ``"node"`` but a key is never rebound
-    (for SuperNode authentication, where a node id is fixed by its registered key and
-    survives restarts): no node takes over an absent node's key; the key is freed only
-    by eviction. ``"reported"``: reported keys are trusted (a returning key
-    keeps its state under any node id): only where every client is trusted.
+    connected or briefly absent node's center or writes its state. ``"authenticated"``:
+    as ``"node"`` but a key is never rebound (for SuperNode authentication, where a
+    node id is fixed by its registered key and survives restarts): no node takes over
+    an absent node's key; the key is freed only by eviction. ``"reported"``: reported
+    keys are trusted (a returning key keeps its state under any node id): trusted only.
 
     Duplicate keys: replies of one round that share a key are all rejected, except
     that under ``"node"``/``"authenticated"`` a single reply from the key's own node

@@ -71,6 +71,7 @@ from flwr_admm.rounds.identity import client_key_of
 from flwr_admm.server.base import Results
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.sampling import keyed_replies
+from flwr_admm.uplink.wire import parameters_problem
 
 __all__ = ["FedADMMClientDualsSecAgg"]
 
@@ -252,16 +253,19 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         first = results[0][1].parameters
         if any(res.parameters.tensors != first.tensors for _, res in results[1:]):
             return None, "the replies carry different arrays: not a SecAgg+ aggregate"
-        try:
-            mean = [np.asarray(t, dtype=np.float64) for t in parameters_to_ndarrays(first)]
-        except Exception as error:  # a malformed aggregate must not stop the server
-            return None, f"unreadable aggregate ({error!r})"
         count, shapes = (
             len(self.state.contribution_sum),
             [t.shape for t in self.state.contribution_sum],
         )
         stats_shape = (NUM_STATS * self.grid.num_limbs,)
         blocks = 2 if self._sweep_sent is not None else 1
+        problem = parameters_problem(first, shapes * blocks + [stats_shape])  # before a copy
+        if problem is not None:
+            return None, f"unusable aggregate ({problem})"
+        try:
+            mean = [np.asarray(t, dtype=np.float64) for t in parameters_to_ndarrays(first)]
+        except Exception as error:  # a malformed aggregate must not stop the server
+            return None, f"unreadable aggregate ({error!r})"
         if [t.shape for t in mean] != shapes * blocks + [stats_shape]:
             return None, f"expected {blocks} block(s) of shapes {shapes} and {stats_shape}"
         bound = float(self.grid.clipping_range) * (1 + 1e-9)

@@ -294,6 +294,7 @@ class FedADMM(ConsensusStrategy):
         try:
             arrays = self.channel.decode(res.parameters, partial(self._sent, proxy.cid))
             problem, sq_norm = check_reply(arrays, res.num_examples, shapes, finite=False)
+            problem = problem or self.channel.attestation_problem(res.metrics)  # local DP
         except Exception as error:  # a malformed reply must not stop the server
             problem, sq_norm = f"unreadable reply ({error!r})", None
         if problem is not None:

@@ -32,6 +32,7 @@ from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPL
 from flwr_admm.rounds.fednova import local_steps_problem, normalized_average
 from flwr_admm.rounds.report import watch_round, without_reply_keys
 from flwr_admm.rounds.sampling import unconfigured
+from flwr_admm.uplink.wire import parameters_problem
 
 
 class FedNova(FedAvg):
@@ -125,8 +126,9 @@ class FedNova(FedAvg):
         replies = []
         for proxy, res in results:
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
-                problem = reply_problem(arrays, res.num_examples, shapes)
+                problem = parameters_problem(res.parameters, shapes)  # before any copy
+                arrays = [] if problem else parameters_to_ndarrays(res.parameters)
+                problem = problem or reply_problem(arrays, res.num_examples, shapes)
                 tau = res.metrics.get(LOCAL_STEPS)
                 if problem is None:
                     problem = local_steps_problem(tau)

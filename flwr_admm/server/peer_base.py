@@ -45,6 +45,7 @@ from flwr_admm.rounds.identity import client_key_of
 from flwr_admm.rounds.peers import PeerRound, Reply, previous_round
 from flwr_admm.rounds.report import without_reply_keys
 from flwr_admm.rounds.sampling import unconfigured
+from flwr_admm.uplink.wire import parameters_problem
 
 __all__ = ["PeerStrategy"]
 
@@ -160,8 +161,9 @@ class PeerStrategy(FedAvg):
         for proxy, res in results:
             key, previous = "", None
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
-                problem = reply_problem(arrays, res.num_examples, shapes)
+                problem = parameters_problem(res.parameters, shapes)  # before any copy
+                arrays = [] if problem else parameters_to_ndarrays(res.parameters)
+                problem = problem or reply_problem(arrays, res.num_examples, shapes)
                 if problem is None:
                     key = client_key_of(proxy.cid, res.metrics)
                     previous = previous_round(res.metrics)

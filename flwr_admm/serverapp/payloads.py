@@ -10,6 +10,7 @@ It also counts the uplink bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -18,9 +19,9 @@ from flwr.common import Parameters
 
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import PAYLOAD_RECORD
-from flwr_admm.serverapp.records import Layout, ReadReply
+from flwr_admm.serverapp.records import Layout, ReadReply, array_problem
 from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, max_payload_bytes
 
 __all__ = ["decoded", "decoded_or_problem"]
 
@@ -51,6 +52,13 @@ def decoded(
         return message
     if list(payload.keys()) != list(layout.names):
         raise ValueError(f"tensors {list(payload.keys())}, expected {list(layout.names)}")
+    for name, shape in zip(layout.names, layout.shapes, strict=True):  # before any copy
+        array, limit = payload[name], max_payload_bytes(math.prod(shape))
+        if len(array.shape) != 1 or array.shape[0] > limit:
+            raise ValueError(f"{name}: payload of shape {array.shape} (1-d, at most {limit})")
+        problem = array_problem(array, array.shape)
+        if problem is not None:
+            raise ValueError(f"{name}: {problem}")
     tensors = [payload[name].numpy() for name in layout.names]
     if any(t.dtype != np.uint8 or t.ndim != 1 for t in tensors):
         raise ValueError("payload tensors must be 1-d uint8")
@@ -78,10 +86,16 @@ def decoded_or_problem(
     """Return `decoded` `message`, or the rejected `ReadReply` of an unreadable payload.
 
     A malformed payload must not stop the server: its error becomes the reply's problem.
+    Under local DP a reply without the client's attestation is refused here too
+    (`UplinkChannel.attestation_problem`).
     """
+    node_id = int(message.metadata.src_node_id)
     try:
-        return decoded(message, layout, channel, like, arrayrecord_key, add_center=add_center)
+        records = message.content.metric_records
+        metrics = next(iter(records.values())) if len(records) == 1 else {}
+        problem = channel.attestation_problem(metrics)
+        if problem is None:
+            return decoded(message, layout, channel, like, arrayrecord_key, add_center=add_center)
     except Exception as error:
-        node_id = int(message.metadata.src_node_id)
         problem = f"unreadable {PAYLOAD_RECORD} ({error!r})"
-        return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)
+    return ReadReply(f"cid:{node_id}", node_id, [], 0, None, None, problem)

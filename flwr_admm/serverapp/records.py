@@ -31,11 +31,13 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.identity import client_key_of
 from flwr_admm.rounds.report import without_reply_keys
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, tensor_problem
 
 __all__ = [
     "Layout",
     "MetricsAggrFn",
     "ReadReply",
+    "array_problem",
     "has_weight",
     "merge_metrics",
     "plain_metrics",
@@ -169,10 +171,31 @@ def read_reply(
 
 
 def _tensors(record: ArrayRecord, layout: Layout) -> tuple[list[NDArray[Any]], str | None]:
-    """Return the tensors of `record` in layout order, or why its names differ."""
+    """Return the tensors of `record` in layout order, or why they cannot be the model's.
+
+    Every `Array` is screened (`array_problem`) before any is deserialized.
+    """
     if set(record.keys()) != set(layout.names) or len(record) != len(layout.names):
         return [], f"tensors {list(record.keys())}, expected {list(layout.names)}"
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        problem = array_problem(record[name], shape)
+        if problem is not None:
+            return [], f"{name}: {problem}"
     return [record[name].numpy() for name in layout.names], None
+
+
+def array_problem(array: Array, shape: Sequence[int]) -> str | None:
+    """Why `array` cannot be a tensor of `shape`, from its declared fields and byte length.
+
+    Its serialization type must be numpy's, its declared shape `shape`, and its
+    ``.npy`` bytes exactly what that shape needs (`tensor_problem`): nothing is
+    deserialized, so an oversized reply is refused at no cost.
+    """
+    if array.stype != NUMPY_TENSOR_TYPE:
+        return f"serialization type {array.stype!r}, expected {NUMPY_TENSOR_TYPE!r}"
+    if tuple(array.shape) != tuple(shape):
+        return f"declared shape {tuple(array.shape)}, expected {tuple(shape)}"
+    return tensor_problem(array.data, shape)
 
 
 def _unusable(key: str, node_id: int, problem: str) -> ReadReply:

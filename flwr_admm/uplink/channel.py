@@ -23,8 +23,8 @@ because it never sees w_i (see docs/compression_privacy.md for the comparison).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -58,12 +58,14 @@ class UplinkReply:
     """What a client sends, and what it keeps.
 
     `arrays` = c + d (what the server will rebuild), the encoded `parameters` (None:
-    send `arrays` as plain numpy) and the residual to keep (None: keep none).
+    send `arrays` as plain numpy), the residual to keep (None: keep none) and the
+    reply metrics attesting local DP (`LocalDP.attestation`; empty without it).
     """
 
     arrays: Arrays
     parameters: Parameters | None
     residual: Arrays | None
+    attestation: dict[str, Scalar] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,13 @@ class ClientUplink:
     ) -> UplinkReply:
         """Privatize, add the kept residual, compress; see the module docstring."""
         delta = [np.asarray(a, dtype=np.float64) - c for a, c in zip(w, received, strict=True)]
+        attestation: dict[str, Scalar] = {}
         if self.local_dp is not None:
             delta = self.local_dp.privatize(delta, rng_noise)
+            attestation = self.local_dp.attestation()
         if self.compressor is None:
-            return UplinkReply([c + d for c, d in zip(received, delta, strict=True)], None, None)
+            arrays = [c + d for c, d in zip(received, delta, strict=True)]
+            return UplinkReply(arrays, None, None, attestation)
         feedback = self.keeps_residual and residual is not None
         if feedback and self.residual_mode == "update":
             delta = [d + r for d, r in zip(delta, residual or [], strict=True)]
@@ -124,7 +129,7 @@ class ClientUplink:
             if feedback and self.residual_mode == "dual":
                 new_residual = [e + r for e, r in zip(new_residual, residual or [], strict=True)]
         arrays = [c + s for c, s in zip(received, sent, strict=True)]
-        return UplinkReply(arrays, payload, new_residual)
+        return UplinkReply(arrays, payload, new_residual, attestation)
 
 
 class UplinkChannel:
@@ -188,6 +193,15 @@ class UplinkChannel:
             if dp is None
             else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},
         }
+
+    def attestation_problem(self, metrics: Mapping[str, Any]) -> str | None:
+        """Why a reply may not be folded under the configured local DP (None: it may).
+
+        Without `local_dp`, None. With it, a reply must attest the same clip and noise
+        (`LocalDP.attestation_problem`): the ledger accounts only for such replies, so
+        an unprotected update is rejected rather than folded under a reported epsilon.
+        """
+        return None if self.local_dp is None else self.local_dp.attestation_problem(metrics)
 
     def sampled(self, sample_size: int, population: int) -> None:
         """Remember this round's sample for the ledger; reset the byte count."""

@@ -130,6 +130,10 @@ class Compressor(ABC):
             raise ValueError(
                 f"payload: expected {len(shapes)} tensors, got {len(parameters.tensors)}"
             )
+        for i, (data, shape) in enumerate(zip(parameters.tensors, shapes, strict=True)):
+            limit = 16 * math.prod(shape) + 64  # = flwr_admm.uplink.wire.max_payload_bytes
+            if len(data) > limit:  # checked before anything is copied or decoded
+                raise ValueError(f"payload: tensor {i} holds {len(data)} bytes, at most {limit}")
         return [
             self.decode_array(bytes(data), math.prod(shape)).reshape(shape)
             for data, shape in zip(parameters.tensors, shapes, strict=True)

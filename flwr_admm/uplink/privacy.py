@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,9 @@ from flwr.common import Scalar
 from numpy.typing import NDArray
 
 from flwr_admm.protocol import (
+    DP_APPLIED,
+    DP_APPLIED_CLIP,
+    DP_APPLIED_NOISE,
     DP_CLIP,
     DP_DELTA,
     DP_EPSILON,
@@ -114,6 +117,34 @@ class LocalDP:
         if not (_is_number(clip) and _is_number(noise)):
             raise ValueError(f"{DP_CLIP} / {DP_NOISE}: must be numbers, got {clip!r}, {noise!r}")
         return cls(float(clip), float(noise))  # type: ignore[arg-type]
+
+    def attestation(self) -> dict[str, Scalar]:
+        """Reply metrics of a client that applied this: ``admm-dp-applied`` = 1, C, sigma."""
+        return {
+            DP_APPLIED: 1,
+            DP_APPLIED_CLIP: float(self.clip),
+            DP_APPLIED_NOISE: float(self.noise_multiplier),
+        }
+
+    def attestation_problem(self, metrics: Mapping[str, Any]) -> str | None:
+        """Why a reply's metrics do not attest this clipping and noise (None: they do).
+
+        A reply without ``admm-dp-applied`` = 1, or with another C or sigma, is an
+        update the privacy ledger cannot account for: the server must not fold it.
+        """
+        applied = metrics.get(DP_APPLIED)
+        if not (_is_number(applied) and applied == 1):
+            return (
+                f"no local-DP attestation ({DP_APPLIED} = {applied!r}): the strategy asks "
+                "for local DP, which this client did not apply; the reply is not folded"
+            )
+        used = (metrics.get(DP_APPLIED_CLIP), metrics.get(DP_APPLIED_NOISE))
+        if used != (float(self.clip), float(self.noise_multiplier)):
+            return (
+                f"{DP_APPLIED_CLIP} / {DP_APPLIED_NOISE} = {used}, the strategy asks for "
+                f"clip {self.clip} and noise multiplier {self.noise_multiplier}"
+            )
+        return None
 
     def privatize(self, delta: Sequence[NDArray[np.generic]], rng: np.random.Generator) -> Arrays:
         """Clip `delta` to norm C, then add N(0, (sigma C)^2) to every coordinate."""

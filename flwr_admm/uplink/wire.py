@@ -21,6 +21,63 @@ from numpy.typing import NDArray
 
 NUMPY_TENSOR_TYPE = "numpy.ndarray"
 MAGIC = b"\x93NUMPY"
+# np.save writes a header of 128 bytes for any model tensor; format 1.0 caps it at 65535.
+MAX_HEADER = 1 << 16
+REAL_KINDS = "fiu"  # the dtype kinds a reply may use (core.validation.check_reply)
+
+
+def max_payload_bytes(count: int) -> int:
+    """Upper bound on a compressed tensor of `count` entries (`flwr_admm.uplink.compression`).
+
+    b-bit quantization needs 16 + 8 blocks + ceil(b count / 8) <= 16 + 10 count bytes,
+    top-k 16 + ceil(k index_bits / 8) + 4 k <= 16 + 8 count; 16 count + 64 bounds both.
+    """
+    return 16 * count + 64
+
+
+def tensor_problem(tensor: bytes | bytearray | memoryview, shape: Sequence[int]) -> str | None:
+    """Why one ``.npy`` buffer cannot be a tensor of `shape`, read from its header alone.
+
+    Checked before anything is deserialized: the header's shape must be `shape`, its
+    dtype a real number type, and the buffer exactly header + prod(shape) * itemsize
+    bytes long. A reply a thousand times the model's size is refused without a copy.
+    """
+    try:
+        buffer = memoryview(tensor).cast("B")
+        end = _header_end(buffer)
+        if end > MAX_HEADER:
+            return f".npy header of {end} bytes (at most {MAX_HEADER})"
+        declared, _, dtype, offset = _header(bytes(buffer[:end]))
+    except (TypeError, ValueError, SyntaxError) as error:
+        return f"unreadable .npy header ({error})"
+    if declared != tuple(shape):
+        return f"tensor of shape {declared}, expected {tuple(shape)}"
+    if dtype.kind not in REAL_KINDS:
+        return f"tensor of dtype {dtype}, expected a real number type"
+    need = offset + math.prod(declared) * dtype.itemsize
+    if len(buffer) != need:
+        return f"tensor of {len(buffer)} bytes, its shape {declared} and dtype {dtype} need {need}"
+    return None
+
+
+def parameters_problem(parameters: Parameters, shapes: Sequence[Sequence[int]]) -> str | None:
+    """Why a reply's `Parameters` cannot hold tensors of `shapes`, from their sizes alone.
+
+    Numpy tensors: `tensor_problem` each. Compressed ones (another ``tensor_type``):
+    at most `max_payload_bytes` each. Either way the count must match `shapes`.
+    """
+    tensors = parameters.tensors
+    if len(tensors) != len(shapes):
+        return f"expected {len(shapes)} tensors, got {len(tensors)}"
+    for i, (tensor, shape) in enumerate(zip(tensors, shapes, strict=True)):
+        if parameters.tensor_type == NUMPY_TENSOR_TYPE:
+            problem = tensor_problem(tensor, shape)
+        else:
+            limit = max_payload_bytes(math.prod(shape))
+            problem = None if len(tensor) <= limit else f"{len(tensor)} bytes (at most {limit})"
+        if problem is not None:
+            return f"tensor {i}: {problem}"
+    return None
 
 
 def ndarray_view(tensor: bytes | bytearray | memoryview) -> NDArray[np.generic]:
@@ -31,7 +88,10 @@ def ndarray_view(tensor: bytes | bytearray | memoryview) -> NDArray[np.generic]:
     match the header's shape.
     """
     buffer = memoryview(tensor).cast("B")
-    shape, fortran_order, dtype, offset = _header(bytes(buffer[: _header_end(buffer)]))
+    end = _header_end(buffer)
+    if end > MAX_HEADER:  # a forged length field must not copy the payload
+        raise ValueError(f".npy header of {end} bytes (at most {MAX_HEADER})")
+    shape, fortran_order, dtype, offset = _header(bytes(buffer[:end]))
     count = math.prod(shape)
     if len(buffer) - offset != count * dtype.itemsize:
         raise ValueError(

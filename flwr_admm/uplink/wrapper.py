@@ -117,6 +117,7 @@ class UplinkWrapper(Strategy):
                 shapes = [a.shape for a in self._received_by(proxy.cid)]
                 arrays = self.channel.decode(res.parameters, partial(self._received_by, proxy.cid))
                 problem = reply_problem(arrays, res.num_examples, shapes)
+                problem = problem or self.channel.attestation_problem(res.metrics)
             except Exception as error:  # a malformed reply must not stop the server
                 problem = f"unreadable reply ({error!r})"
             if problem is not None:
