@@ -9,7 +9,7 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
@@ -30,18 +30,15 @@ from flwr_admm.core.tensor_policy import (
 from flwr_admm.core.types import NON_FINITE, ClientRho
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import (
-    MESSAGE_PROXIMAL_MU,
-    MESSAGE_SERVER_ROUND,
     NUM_CLIENTS_CACHED,
     NUM_EXAMPLES,
     NUM_RESYNCED,
     NUM_STOCK_REPLIES,
     RHO,
-    START_RECORD,
 )
 from flwr_admm.rounds.report import report_metrics
 from flwr_admm.serverapp.base import ConsensusStrategy
-from flwr_admm.serverapp.linearized import linearized_records
+from flwr_admm.serverapp.instructions import linearized_records, prox_records, train_message
 from flwr_admm.serverapp.payloads import decoded_or_problem
 from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import Residual, UplinkChannel
@@ -164,7 +161,7 @@ class FedADMM(ConsensusStrategy):
         iteration) or the linearized one above; that one fixes rho, proximal_mu,
         rho_schedule, relaxation, dual_step, regularizer, client_rho and acceleration
         (given: ValueError) and takes no uplink or local_dp. Its wire:
-        `flwr_admm.serverapp.linearized`; a reply without ``admm-step-budget`` is
+        `flwr_admm.serverapp.instructions`; a reply without ``admm-step-budget`` is
         rejected.
 
     Attributes
@@ -285,40 +282,21 @@ class FedADMM(ConsensusStrategy):
         admm, messages = self.admm, []
         user = {**user, **self.channel.config()}
         self.channel.sampled(len(sampled), self.population)
+        keys = (self.arrayrecord_key, self.configrecord_key)
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
-            if self.form == "linearized":  # z, y_i (flwr_admm.serverapp.linearized)
-                assert self.layout is not None
-                self._sent_key[str(node_id)] = key if key in admm.records else None
-                keys = (self.arrayrecord_key, self.configrecord_key)
-                spec = (self._split(), self.layout, key, arrays, user, server_round, keys)
-                messages.append(self._train_message(linearized_records(admm, *spec), node_id))
-                continue
-            center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
             self._sent_key[str(node_id)] = key if key in admm.records else None
-            self._sent_rho[str(node_id)] = rho_i
-            payload = arrays if center is admm.z else self._record(self._merge(center))
-            node_config = ConfigRecord(
-                {**user, RHO: rho_i, MESSAGE_PROXIMAL_MU: rho_i, MESSAGE_SERVER_ROUND: server_round}
-            )
-            records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {
-                self.arrayrecord_key: payload,
-                self.configrecord_key: node_config,
-            }
-            if rho_i > 0:  # x = z: where our client helpers start the local solve
-                records[START_RECORD] = arrays
-            messages.append(self._train_message(records, node_id))
+            if self.form == "linearized":  # z, y_i
+                assert self.layout is not None
+                spec = (self._split(), self.layout, key, arrays, user, server_round, keys)
+                records = linearized_records(admm, *spec)
+            else:
+                center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
+                self._sent_rho[str(node_id)] = rho_i
+                payload = arrays if center is admm.z else self._record(self._merge(center))
+                records = prox_records(payload, arrays, rho_i, user, server_round, keys)
+            messages.append(train_message(records, node_id, server_round))
         return messages
-
-    def _train_message(self, records: dict[str, Any], node_id: int) -> Message:
-        """Return a train message; group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy."""
-        server_round = records[self.configrecord_key][MESSAGE_SERVER_ROUND]
-        return Message(
-            RecordDict(records),
-            dst_node_id=node_id,
-            message_type=MessageType.TRAIN,
-            group_id=str(server_round),
-        )
 
     def _read(self, message: Message) -> ReadReply:
         """Read w_i (v_i + decode(payload) when compressed), n_i, f_i(w_i)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 
 import pytest
@@ -101,3 +102,42 @@ def test_unregistered_supernode_is_refused(secure):
     assert {int(n["node-id"]) for n in nodes} == set(secure.registered_ids.values())
     assert {n.node_id for n in secure.supernodes.values()} == set(secure.registered_ids.values())
     assert all(n["status"] == "online" for n in nodes), nodes
+
+
+def test_a_killed_authenticated_supernode_rejoins_under_its_node_id(secure, tmp_path):
+    """Issue 25, item 6 (runs last: it kills a SuperNode of the shared deployment).
+
+    SIGKILL in round 2: the SuperLink keeps the node's registration until two
+    heartbeats are missed and refuses to activate it again meanwhile ("Failed to
+    activate SuperNode", exit 305, which ended the old runner with a traceback).
+    `restart_supernode(retry_for=...)` starts it again until the SuperLink lets it in;
+    it comes back under its registered node id, resyncs its client-held dual, and the
+    run completes every round with both nodes in the last one.
+    """
+    rounds = 4
+    config = {
+        **CONFIG,
+        "strategy": "fedadmm-client-duals",
+        "num-server-rounds": rounds,
+        "output-dir": str(tmp_path),
+    }
+    old = secure.supernodes[1]
+    run = secure.submit(config, tmp_path / "run.log")
+    try:
+        secure.kill_during_round(1, run, 2, timeout=300, sig=signal.SIGKILL)
+        new = secure.restart_supernode(1, retry_for=240)
+        outcome = run.wait(timeout=600)
+    finally:
+        run.cancel()
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    assert new.node_id == old.node_id and new.process.pid != old.process.pid
+    document, problems = check_result(
+        tmp_path / "seed-logreg", "fedadmm-client-duals", rounds, allow_failures=True
+    )
+    assert problems == [], log
+    played = document["rounds"][1:]
+    assert len(played) == rounds
+    assert (played[-1]["num_results"], played[-1]["num_failures"]) == (2, 0), log
+    assert sum(r["fit_metrics"]["num_resynced"] for r in played) >= 1, log
+    assert played[-1]["relative_gap"] < played[0]["relative_gap"]
