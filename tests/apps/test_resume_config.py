@@ -81,16 +81,25 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path, api, stra
         config["local-init"] = "consensus"
     full, part = tmp_path / "full", tmp_path / "part"
     run(
-        {**config, "num-server-rounds": rounds, "output-dir": str(full / "out"),
-         "checkpoint-dir": str(full / "ckpt"), "checkpoint-every": rounds},
-        NODES, node_ids=NODE_IDS,
-    )  # fmt: skip
+        {
+            **config,
+            "num-server-rounds": rounds,
+            "output-dir": str(full / "out"),
+            "checkpoint-dir": str(full / "ckpt"),
+            "checkpoint-every": rounds,
+        },
+        NODES,
+        node_ids=NODE_IDS,
+    )
     base = {**config, "checkpoint-dir": str(part / "ckpt"), "checkpoint-every": stop}
-    run({**base, "num-server-rounds": stop, "output-dir": str(part / "b")}, NODES, node_ids=NODE_IDS)
+    run(
+        {**base, "num-server-rounds": stop, "output-dir": str(part / "b")}, NODES, node_ids=NODE_IDS
+    )
     run(
         {**base, "num-server-rounds": rounds, "output-dir": str(part / "c"), "resume": True},
-        NODES, node_ids=NODE_IDS,
-    )  # fmt: skip
+        NODES,
+        node_ids=NODE_IDS,
+    )
     resumed = _document(part / "c", strategy)
     assert resumed["resumed_after_round"] == stop and resumed["status"] == "complete"
     records = {r["round"]: r for r in resumed["rounds"]}
