@@ -331,7 +331,6 @@ def run_message_api(
     grid: Grid, settings: RunSettings, task: Task, evaluator: Evaluator, recorder: RunRecorder
 ) -> None:
     """Run `settings.num_server_rounds` rounds with ``Strategy.start``; fail loudly."""
-    strategy = build_message_strategy(settings, task, recorder)
     model = task.make_model()
     initial = [np.asarray(a) for a in model.init_params(settings.seed)]
     names = getattr(model, "tensor_names", None)  # framework=torch: the state_dict's names
@@ -340,10 +339,11 @@ def run_message_api(
         if names is None
         else ArrayRecord({n: Array(a) for n, a in zip(names, initial, strict=True)})
     )
-    # resume: the checkpoint's rounds are done; round 0 evaluates its z (recorded as
-    # the checkpoint's round) and the run ends at num-server-rounds
-    recorder.offset = int(getattr(strategy, "last_round", 0))
     try:
+        strategy = build_message_strategy(settings, task, recorder)  # resume: loads
+        # resume: the checkpoint's rounds are done; round 0 evaluates its z (recorded
+        # as the checkpoint's round) and the run ends at num-server-rounds
+        recorder.offset = int(getattr(strategy, "last_round", 0))
         num_rounds = remaining_rounds(settings.num_server_rounds, recorder.offset)
         if recorder.offset:
             assert isinstance(strategy, FedADMM | FedADMMClientDuals)

@@ -123,3 +123,15 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path, api, stra
     assert z_full and z_full.keys() == z_resumed.keys()
     for key, value in z_full.items():
         assert np.linalg.norm(z_resumed[key] - value) <= 1e-8 * np.linalg.norm(value)
+
+
+def test_resuming_a_finished_run_names_resume(tmp_path):
+    config = {**CONFIG, "num-server-rounds": 1, "checkpoint-dir": str(tmp_path / "c")}
+    run_message({**config, "output-dir": str(tmp_path / "a")}, NODES, node_ids=NODE_IDS)
+    with pytest.raises(ValueError, match="'resume': the checkpoint is at round 1"):
+        run_message(
+            {**config, "resume": True, "output-dir": str(tmp_path / "b")},
+            NODES,
+            node_ids=NODE_IDS,
+        )
+    assert _document(tmp_path / "b")["status"] == "failed"
