@@ -4,7 +4,8 @@ The deployed run must reproduce the in-process run of the same apps round for ro
 a SuperNode killed mid-run must cost one failed reply, not the run; restarted (new
 node id, same partition-id), it is refused while its old node is within its grace
 and then rejoins as a new client (key_binding="node": its old dual and cached model
-are evicted, it is sent z).
+are evicted, it is sent z); a ServerApp stopped mid-run and resumed from its
+checkpoint by a new run with the same SuperNodes ends where the uninterrupted run does.
 Every process is stopped by PID by the fixture, also when a test fails.
 """
 
