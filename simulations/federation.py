@@ -5,7 +5,9 @@
 port, in its own session (process group), with its own working directory and
 FLWR_HOME under a private temporary home whose ``config.toml`` names the connection.
 Telemetry and runtime dependency installation are off: `flwr_admm` must be installed
-in this environment, as on a real SuperNode. Options:
+in this environment, as on a real SuperNode; when this process imports it from a
+source checkout, every process started gets that checkout on PYTHONPATH (`env`), so a
+deployment tests the code under test. Options:
 
 - ``tls=True``: a CA and a SuperLink certificate are made for the run
   (`simulations.credentials`); the SuperLink starts with ``--ssl-ca-certfile
@@ -29,6 +31,7 @@ namespaces, and raises if any process or namespace survives.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -63,6 +66,18 @@ from .launcher import (
 )
 
 NETWORKS = ("loopback", "netns", "auto")
+
+
+def checkout_of(package: str) -> Path | None:
+    """Return the source checkout `package` is imported from (its parent directory
+    holds a pyproject.toml), or None when it is installed (site-packages) or absent."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    root = Path(spec.origin).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
 HEALTH_PROBE = (
     "import ssl, sys, urllib.request as u\n"
     "ctx = ssl.create_default_context(cafile=sys.argv[2]) if sys.argv[2] else None\n"
@@ -134,7 +149,13 @@ class LoopbackDeployment(ProcessGroups, StopOnExit):
                 TOKEN_VAR: self.token,
             }
         )
-        env.pop("PYTHONPATH", None)  # nodes see the installed package, not the checkout
+        # The SuperLink, its ServerApps and the SuperNodes' ClientApps import the
+        # flwr_admm this process imports (a checkout under test, not the installed one)
+        source = checkout_of("flwr_admm")
+        if source is None:
+            env.pop("PYTHONPATH", None)
+        else:
+            env["PYTHONPATH"] = str(source)
         return env
 
     def start(self) -> None:

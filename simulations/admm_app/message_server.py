@@ -30,6 +30,7 @@ from flwr_admm.core.schedules import make_schedule
 from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 
+from .checkpoint_config import remaining_rounds
 from .evaluation import Evaluator
 from .message_sampling import (
     PartitionSampler,
@@ -255,6 +256,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
             dual_step=settings.dual_step,
             acceleration=None,  # the run config spells out rho-schedule and relaxation
             sampling_seed=settings.seed,
+            **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
             **common,
         )
     elif settings.strategy == "fedadmm-client-duals":
@@ -262,6 +264,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
             rho=settings.rho,
             sampling_seed=settings.seed,
             key_binding=settings.key_binding,
+            **settings.checkpoint.strategy_kwargs(),
             **common,
         )
     elif settings.strategy == "fedprox":
@@ -328,18 +331,28 @@ def run_message_api(
     grid: Grid, settings: RunSettings, task: Task, evaluator: Evaluator, recorder: RunRecorder
 ) -> None:
     """Run `settings.num_server_rounds` rounds with ``Strategy.start``; fail loudly."""
-    strategy = build_message_strategy(settings, task, recorder)
     model = task.make_model()
     initial = [np.asarray(a) for a in model.init_params(settings.seed)]
     names = getattr(model, "tensor_names", None)  # framework=torch: the state_dict's names
+    arrays = (
+        ArrayRecord(initial)
+        if names is None
+        else ArrayRecord({n: Array(a) for n, a in zip(names, initial, strict=True)})
+    )
     try:
+        strategy = build_message_strategy(settings, task, recorder)  # resume: loads
+        # resume: the checkpoint's rounds are done; round 0 evaluates its z (recorded
+        # as the checkpoint's round) and the run ends at num-server-rounds
+        recorder.offset = int(getattr(strategy, "last_round", 0))
+        num_rounds = remaining_rounds(settings.num_server_rounds, recorder.offset)
+        if recorder.offset:
+            assert isinstance(strategy, FedADMM | FedADMMClientDuals)
+            arrays = strategy._restored_record()  # the checkpoint's z, as it sends it
         wait_for_nodes(grid, task.data.num_clients, settings.client_wait_seconds)
         strategy.start(
             grid=grid,
-            initial_arrays=ArrayRecord(initial)
-            if names is None
-            else ArrayRecord({n: Array(a) for n, a in zip(names, initial, strict=True)}),
-            num_rounds=settings.num_server_rounds,
+            initial_arrays=arrays,
+            num_rounds=num_rounds,
             timeout=settings.round_timeout or NO_LIMIT,
             train_config=ConfigRecord(fit_config(settings)),
             evaluate_config=ConfigRecord(),

@@ -86,12 +86,16 @@ class RunRecorder:
         # Called with the final document once the last round is written (e.g. plots).
         self.on_complete: Callable[[dict[str, Any]], None] | None = None
         self.started = time.perf_counter()
+        # Rounds done before a resume: Flower counts a resumed run's rounds from 1 (its
+        # round 0 evaluates the checkpoint's z), recorded here as offset + that round.
+        self.offset = 0
         task_dir.mkdir(parents=True, exist_ok=True)
         for path in self.paths.values():
             path.unlink(missing_ok=True)
 
     def update(self, server_round: int, values: dict[str, Any]) -> None:
         """Merge `values` into the record of `server_round`."""
+        server_round += self.offset
         record = self.rounds.setdefault(server_round, {"round": server_round})
         record.update(values)
 
@@ -101,6 +105,7 @@ class RunRecorder:
 
     def end_of_round(self, server_round: int) -> None:
         """Write periodically, and for good after the last round."""
+        server_round += self.offset
         if server_round >= self.num_rounds:
             self.status = STATUS_COMPLETE
             self.write()
@@ -127,6 +132,7 @@ class RunRecorder:
             **self.header,
             "status": self.status,
             "num_rounds": self.num_rounds,
+            **({"resumed_after_round": self.offset} if self.offset else {}),
             "rounds_recorded": max(self.rounds, default=0),
             "elapsed_seconds": self.elapsed(),
             "rounds": rounds,

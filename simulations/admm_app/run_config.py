@@ -14,7 +14,7 @@ import inspect
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data import TASKS
 from flwr_admm.rounds.identity import KEY_BINDINGS
+
+from . import checkpoint_config as ckpt
 
 STRATEGIES = (
     "fedadmm",
@@ -77,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "server-learning-rate": 1.0,
     "feddyn-alpha": 0.1,
     "secure-aggregation": False,
+    **ckpt.CHECKPOINT_DEFAULTS,
 }
 
 HELP: dict[str, str] = {
@@ -113,6 +116,7 @@ HELP: dict[str, str] = {
     "server-learning-rate": "SCAFFOLD's server step eta_g, number > 0",
     "feddyn-alpha": "FedDyn's alpha, number > 0",
     "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
+    **ckpt.CHECKPOINT_HELP,
 }
 
 
@@ -152,6 +156,7 @@ class RunSettings:
     server_learning_rate: float = 1.0
     feddyn_alpha: float = 0.1
     secure_aggregation: bool = False
+    checkpoint: ckpt.CheckpointSettings = field(default_factory=ckpt.CheckpointSettings)
 
     @property
     def task_dir(self) -> Path:
@@ -368,6 +373,7 @@ def parse_run_config(
         server_learning_rate=_number(config, "server-learning-rate", 0.0, strict=True),
         feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
         secure_aggregation=secure,
+        checkpoint=ckpt.checkpoint_settings(config, strategy),
     )
 
 

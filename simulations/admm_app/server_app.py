@@ -42,6 +42,7 @@ from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fednova import FedNova
 
+from .checkpoint_config import remaining_rounds
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api
 from .recorder import RecordingStrategy, RunRecorder, result_paths
@@ -151,6 +152,7 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
         **common,
         "on_fit_config_fn": lambda server_round: dict(base_config),
         "key_binding": settings.key_binding,
+        **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
     }
     if settings.strategy == "fedadmm":
         schedule = (
@@ -274,15 +276,17 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Validate the run config, load the task, find F*, wrap the (legacy) strategy."""
     try:
         settings, task, evaluator, recorder = setup(context)
-        strategy = RecordingStrategy(build_strategy(settings, task, evaluator), recorder)
+        inner = build_strategy(settings, task, evaluator)
+        # resume: the checkpoint's rounds are done; the run ends at num-server-rounds
+        recorder.offset = int(getattr(inner, "last_round", 0))
+        num_rounds = remaining_rounds(settings.num_server_rounds, recorder.offset)
+        strategy = RecordingStrategy(inner, recorder)
     except Exception as error:
         _mark_setup_failure(context.run_config, error)
         raise
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(
-            num_rounds=settings.num_server_rounds, round_timeout=settings.round_timeout
-        ),
+        config=ServerConfig(num_rounds=num_rounds, round_timeout=settings.round_timeout),
         client_manager=PartitionClientManager(settings.client_wait_seconds, settings.seed),
     )
 

@@ -4,7 +4,8 @@ The deployed run must reproduce the in-process run of the same apps round for ro
 a SuperNode killed mid-run must cost one failed reply, not the run; restarted (new
 node id, same partition-id), it is refused while its old node is within its grace
 and then rejoins as a new client (key_binding="node": its old dual and cached model
-are evicted, it is sent z).
+are evicted, it is sent z); a ServerApp stopped mid-run and resumed from its
+checkpoint by a new run with the same SuperNodes ends where the uninterrupted run does.
 Every process is stopped by PID by the fixture, also when a test fails.
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,12 @@ import pytest
 from app_runs import run_message
 from flwr.common import Context, RecordDict
 
+from flwr_admm.rounds.checkpoint import load_checkpoint
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.testing import make_proxies
 from simulations.admm_app.client_app import client_fn
 from simulations.admm_app.server_app import PartitionClientManager, server_fn
+from simulations.deploy_process import read_log
 from simulations.deployment import LoopbackDeployment
 from simulations.launcher import process_table
 from simulations.report import check_result
@@ -262,3 +266,73 @@ def test_message_api_killed_supernode_fails_one_round_and_rejoins(deployment, tm
     _replay_with_restart({**config, "output-dir": str(tmp_path / "replay")}, rounds, kill_round)
     replayed = _rounds(tmp_path / "replay" / "seed-logreg")
     _assert_same_rounds(deployed, replayed, range(1, rounds + 1))
+
+
+def _checkpoint_round(directory):
+    """Return the round of the checkpoint in `directory` (0: none yet)."""
+    try:
+        return int(json.loads((directory / "checkpoint.json").read_text())["round"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _z(directory):
+    arrays, _ = load_checkpoint(directory)
+    return {name: value for name, value in arrays.items() if name.startswith("z")}
+
+
+def test_killed_serverapp_resumes_from_its_checkpoint(deployment, tmp_path):
+    """api=message, FedADMM (server-held duals): run B checkpoints round 2 and its
+    ServerApp is stopped (`flwr stop`) mid-run; run C (a new run, same SuperNodes and
+    node ids, resume=true) continues at round 3 from the checkpoint with 0 evictions
+    and ends where the uninterrupted run A does. local-init=center: the clients' solve
+    needs no context.state, which Flower keeps per run (C's clients start empty)."""
+    rounds, stop = 4, 2
+    config = {**CONFIG, "api": "message", "local-init": "center", "num-server-rounds": rounds}
+    # A: uninterrupted; its only checkpoint (after the last round) is where z is read
+    full = {"checkpoint-dir": str(tmp_path / "a-ckpt"), "checkpoint-every": rounds}
+    outcome = deployment.run(
+        {**config, **full, "output-dir": str(tmp_path / "a")}, tmp_path / "a.log", timeout=300
+    )
+    assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
+    # B: checkpoints every `stop` rounds; stopped once round `stop`'s checkpoint exists
+    checkpoints = tmp_path / "ckpt"
+    part = {**config, "checkpoint-dir": str(checkpoints), "checkpoint-every": stop}
+    run = deployment.submit({**part, "output-dir": str(tmp_path / "b")}, tmp_path / "b.log")
+    try:
+        deadline = time.monotonic() + 300
+        while _checkpoint_round(checkpoints) < stop:
+            assert run.process.poll() is None, read_log(tmp_path / "b.log")[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint of round 2 within 300 s"
+            time.sleep(0.2)
+    finally:
+        run.cancel()  # flwr stop: the SuperLink ends the ServerApp mid-run
+    assert run.process.returncode is not None
+    assert _checkpoint_round(checkpoints) == stop  # the next one would be round 4's
+    # C: a new run resumes from B's checkpoint with the same SuperNodes
+    outcome = deployment.run(
+        {**part, "resume": True, "output-dir": str(tmp_path / "c")},
+        tmp_path / "c.log",
+        timeout=300,
+    )
+    log = outcome.log_path.read_text()[-3000:]
+    assert outcome.returncode == 0, log
+    document = json.loads((tmp_path / "c" / "seed-logreg" / "fedadmm.json").read_text())
+    assert document["status"] == "complete" and document["resumed_after_round"] == stop, log
+    resumed = {record["round"]: record for record in document["rounds"]}
+    assert sorted(resumed) == list(range(stop, rounds + 1))  # round 2: the checkpoint's z
+    for number in range(stop + 1, rounds + 1):
+        fit = resumed[number]["fit_metrics"]
+        assert (resumed[number]["num_results"], resumed[number]["num_failures"]) == (3, 0)
+        assert (fit["num_evicted"], fit["num_key_conflicts"], fit["num_rejected"]) == (0, 0, 0)
+    uninterrupted = _rounds(tmp_path / "a" / "seed-logreg")
+    _assert_same_rounds(resumed, uninterrupted, range(stop + 1, rounds + 1))
+    for key in ("objective", "gap", "relative_gap", "test_accuracy"):  # evaluation only
+        assert resumed[stop][key] == pytest.approx(uninterrupted[stop][key], rel=1e-10), key
+    z_full, z_resumed = _z(tmp_path / "a-ckpt"), _z(checkpoints)
+    assert _checkpoint_round(checkpoints) == rounds and z_full.keys() == z_resumed.keys()
+    gap = max(
+        float(np.linalg.norm(z_resumed[k] - z) / np.linalg.norm(z)) for k, z in z_full.items()
+    )
+    print(f"resumed vs uninterrupted final z: relative difference {gap:.3e}")
+    assert gap <= 1e-8
