@@ -1,10 +1,11 @@
 """examples/quickstart-pytorch: one ``flwr run`` in Flower's engine, every handler in process.
 
 The engine test runs compare.py's main for FedADMM, 2 rounds, 10 nodes, on the session's
-private SuperLink (tests/conftest.py: own FLWR_HOME and port, stopped by PID). The other strategies and the
-FedProx-style handler under FedADMM run through `flwr_admm.serverapp.testing.InProcessGrid`, the
-app's own ``@app.main()`` included (no Ray): each must train, leave its own client
-state and give its own trajectory; SCAFFOLD's control variate must be option II's
+private SuperLink (tests/conftest.py: own FLWR_HOME and port, stopped by PID). The
+other strategies and the FedProx-style handler under FedADMM run through
+`flwr_admm.serverapp.testing.InProcessGrid`, the app's own ``@app.main()`` included
+(no Ray): each must train, leave its own client state and give its own trajectory;
+SCAFFOLD's control variate must be option II's
 under plain SGD; a crashing ClientApp or a non-finite model must fail the run.
 """
 
