@@ -5,8 +5,8 @@ private SuperLink (tests/conftest.py: own FLWR_HOME and port, stopped by PID). T
 other strategies and the FedProx-style handler under FedADMM run through
 `flwr_admm.serverapp.testing.InProcessGrid`, the app's own ``@app.main()`` included
 (no Ray): each must train, leave its own client state and give its own trajectory;
-SCAFFOLD's control variate must be option II's
-under plain SGD; a crashing ClientApp or a non-finite model must fail the run.
+SCAFFOLD's control variate must be option II's under plain SGD; a crashing ClientApp
+or a non-finite model must fail the run.
 """
 
 from __future__ import annotations
