@@ -4,18 +4,20 @@
 only (start at the received arrays, add proximal-mu/2 ||w - received||^2, 20 gradient
 steps of lr 1.0, return the trained arrays). `warm_app`: the same handler starting from
 its own last w (``context.state``) through `flwr_admm.clientapp.ADMMTrainStep`.
-`server_app` runs one or more strategies with ``strategy.start`` in one ``@app.main()``
-and records z per round through ``evaluate_fn``.
+`routed_app` runs either handler, by the ``test-handler`` key of the train config (one
+engine run for both). `server_app` runs one or more strategies with ``strategy.start``
+in one ``@app.main()`` and records z per round through ``evaluate_fn``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flower_run import D, seed_data, seed_model
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
@@ -68,6 +70,17 @@ def warm_train(msg: Message, context: Context) -> Message:
     return step.reply(w, len(y), {"loss": loss}, context)
 
 
+HANDLER_KEY = "test-handler"
+routed_app = ClientApp()
+
+
+@routed_app.train()
+def routed_train(msg: Message, context: Context) -> Message:
+    """`warm_train` when the train config says ``test-handler = "warm"``, else `plain_train`."""
+    warm = msg.content["config"].get(HANDLER_KEY) == "warm"
+    return (warm_train if warm else plain_train)(msg, context)
+
+
 def zeros() -> ArrayRecord:
     return ArrayRecord([np.zeros(D)])
 
@@ -94,6 +107,7 @@ class Run:
     strategy: Strategy
     rounds: int
     recorder: ZRecorder = field(default_factory=ZRecorder)
+    train_config: dict[str, Any] | None = None
 
 
 def server_app(runs: Sequence[Run]) -> ServerApp:
@@ -103,6 +117,9 @@ def server_app(runs: Sequence[Run]) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         for run in runs:
-            run.strategy.start(grid, zeros(), num_rounds=run.rounds, evaluate_fn=run.recorder)
+            config = None if run.train_config is None else ConfigRecord(run.train_config)
+            run.strategy.start(
+                grid, zeros(), num_rounds=run.rounds, train_config=config, evaluate_fn=run.recorder
+            )
 
     return app

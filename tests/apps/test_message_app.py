@@ -21,46 +21,47 @@ from simulations.admm_app import client_app
 from simulations.admm_app.message_sampling import PARTITION_QUERY, partition_of
 from simulations.admm_app.run_config import DEFAULTS
 from simulations.admm_app.server_app import main
-from simulations.launcher import APP_DIR, LocalFlower
+from simulations.launcher import APP_DIR
 from simulations.report import check_result
 
 ROUNDS = 4
 
 
 @pytest.mark.ray
-def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
+def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path, local_flower):
     output_dir = tmp_path / "outputs"
     documents = {}
-    with LocalFlower(home=tmp_path / "flwr-home") as flower:
-        for api in ("message", "legacy"):
-            outcome = flower.run(
-                APP_DIR,
-                {
-                    "api": api,
-                    "strategy": "fedadmm",
-                    "num-server-rounds": ROUNDS,
-                    "local-steps": 20,
-                    "learning-rate": 1.0,
-                    "batch-size": 0,
-                    # 5 of 10 nodes a round: the same seeded draw by partition-id on both
-                    # APIs (the Message path asks each node with a query message)
-                    "fraction-fit": 0.5,
-                    "output-dir": str(output_dir),
-                    "run-tag": api,
-                },
-                num_supernodes=10,
-                log_path=tmp_path / f"{api}.log",
-                timeout=180,
-            )
-            assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
-            task_dir = output_dir / "seed-logreg"
-            stem = f"fedadmm-{api}"
-            document, problems = check_result(task_dir, stem, ROUNDS)
-            assert problems == [], outcome.log_path.read_text()[-3000:]
-            assert document["settings"]["api"] == api
-            for suffix in (".csv", "-objective.png", "-accuracy.png", "-residuals.png"):
-                assert (task_dir / f"{stem}{suffix}").stat().st_size > 0, suffix
-            documents[api] = document
+    # on the session's SuperLink (tests/conftest.py)
+    for api in ("message", "legacy"):
+        outcome = local_flower.run(
+            APP_DIR,
+            {
+                # the message run leaves api at its default (DEFAULTS["api"] == "message")
+                **({"api": api} if api == "legacy" else {}),
+                "strategy": "fedadmm",
+                "num-server-rounds": ROUNDS,
+                "local-steps": 20,
+                "learning-rate": 1.0,
+                "batch-size": 0,
+                # 5 of 10 nodes a round: the same seeded draw by partition-id on both
+                # APIs (the Message path asks each node with a query message)
+                "fraction-fit": 0.5,
+                "output-dir": str(output_dir),
+                "run-tag": api,
+            },
+            num_supernodes=10,
+            log_path=tmp_path / f"{api}.log",
+            timeout=180,
+        )
+        assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
+        task_dir = output_dir / "seed-logreg"
+        stem = f"fedadmm-{api}"
+        document, problems = check_result(task_dir, stem, ROUNDS)
+        assert problems == [], outcome.log_path.read_text()[-3000:]
+        assert document["settings"]["api"] == api
+        for suffix in (".csv", "-objective.png", "-accuracy.png", "-residuals.png"):
+            assert (task_dir / f"{stem}{suffix}").stat().st_size > 0, suffix
+        documents[api] = document
     message, legacy = (documents[a]["rounds"] for a in ("message", "legacy"))
     assert [r["round"] for r in message] == [r["round"] for r in legacy] == list(range(ROUNDS + 1))
     for m, g in zip(message, legacy, strict=True):
@@ -73,7 +74,8 @@ def test_fedadmm_on_both_apis_writes_the_same_results_and_plots(tmp_path):
             # the Message API sends z (admm-start) next to every center; the legacy API
             # appends it only for clients that start there (ADMMClient does not)
             assert m["bytes_down"] == 2 * g["bytes_down"], m["round"]
-            assert m["num_sampled"] == 5
+            assert m["num_sampled"] == m["num_results"] == 5 and m["num_failures"] == 0
+            assert m["primal_residual"] > 0 and m["bytes_up"] > 0
             assert m["rho"] == g["rho"] == 0.1
     assert message[-1]["relative_gap"] < message[0]["relative_gap"]
 

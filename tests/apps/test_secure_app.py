@@ -16,7 +16,7 @@ from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from simulations.admm_app.evaluation import get_task
 from simulations.admm_app.run_config import parse_run_config
 from simulations.admm_app.server_app import build_strategy
-from simulations.launcher import APP_DIR, LocalFlower
+from simulations.launcher import APP_DIR
 from simulations.report import check_result
 
 
@@ -62,25 +62,24 @@ def test_secure_aggregation_errors_name_the_key(override, words):
 
 
 @pytest.mark.ray
-def test_flwr_run_with_secure_aggregation(tmp_path):
+def test_flwr_run_with_secure_aggregation(tmp_path, local_flower):
     output_dir = tmp_path / "outputs"
-    with LocalFlower(home=tmp_path / "flwr-home") as flower:
-        outcome = flower.run(
-            APP_DIR,
-            {
-                "strategy": "fedadmm-client-duals",
-                "secure-aggregation": True,
-                "api": "message",
-                "num-server-rounds": 17,
-                # the start of the measured runs (docs/secure_aggregation.md, whose
-                # simulations.compare presets pin it); the default "auto" starts at z
-                "local-init": "previous",
-                "output-dir": str(output_dir),
-            },
-            num_supernodes=10,
-            log_path=tmp_path / "run.log",
-            timeout=180,
-        )
+    outcome = local_flower.run(
+        APP_DIR,
+        {
+            "strategy": "fedadmm-client-duals",
+            "secure-aggregation": True,
+            "api": "message",
+            "num-server-rounds": 17,
+            # the start of the measured runs (docs/secure_aggregation.md, whose
+            # simulations.compare presets pin it); the default "auto" starts at z
+            "local-init": "previous",
+            "output-dir": str(output_dir),
+        },
+        num_supernodes=10,
+        log_path=tmp_path / "run.log",
+        timeout=180,
+    )
     log = outcome.log_path.read_text()
     assert outcome.returncode == 0, log[-3000:]
     document, problems = check_result(output_dir / "seed-logreg", "fedadmm-client-duals", 17)

@@ -159,25 +159,24 @@ def test_cnn_needs_framework_torch_and_secagg_numpy(tmp_path) -> None:  # type: 
 
 
 @pytest.mark.ray
-def test_flwr_run_message_api_cnn(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from simulations.launcher import APP_DIR, LocalFlower
+def test_flwr_run_message_api_cnn(tmp_path, local_flower) -> None:  # type: ignore[no-untyped-def]
+    from simulations.launcher import APP_DIR
 
     output_dir = tmp_path / "outputs"
-    with LocalFlower(home=tmp_path / "flwr-home") as flower:
-        outcome = flower.run(
-            APP_DIR,
-            {
-                "api": "message",
-                "framework": "torch",
-                "task": "digits",
-                "model": "cnn",
-                "num-server-rounds": 2,
-                "output-dir": str(output_dir),
-            },
-            num_supernodes=10,
-            log_path=tmp_path / "run.log",
-            timeout=300,
-        )
+    outcome = local_flower.run(
+        APP_DIR,
+        {
+            "api": "message",
+            "framework": "torch",
+            "task": "digits",
+            "model": "cnn",
+            "num-server-rounds": 2,
+            "output-dir": str(output_dir),
+        },
+        num_supernodes=10,
+        log_path=tmp_path / "run.log",
+        timeout=300,
+    )
     log = outcome.log_path.read_text()[-3000:]
     assert outcome.returncode == 0, log
     document, problems = check_result(output_dir / "digits", "fedadmm", 2)

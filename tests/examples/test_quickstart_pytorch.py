@@ -1,15 +1,18 @@
 """examples/quickstart-pytorch: one ``flwr run`` in Flower's engine, every handler in process.
 
-The engine test runs compare.py (private FLWR_HOME, ports and SuperLink, stopped by
-PID) for FedADMM, 2 rounds, 10 nodes. The other strategies and the FedProx-style
-handler under FedADMM run through `flwr_admm.serverapp.testing.InProcessGrid`, the
-app's own ``@app.main()`` included (no Ray): each must train, leave its own client
-state and give its own trajectory; SCAFFOLD's control variate must be option II's
-under plain SGD; a crashing ClientApp or a non-finite model must fail the run.
+The engine test runs compare.py's main for FedADMM, 2 rounds, 10 nodes, on the session's
+private SuperLink (tests/conftest.py: own FLWR_HOME and port, stopped by PID). The
+other strategies and the FedProx-style handler under FedADMM run through
+`flwr_admm.serverapp.testing.InProcessGrid`, the app's own ``@app.main()`` included
+(no Ray): each must train, leave its own client state and give its own trajectory;
+SCAFFOLD's control variate must be option II's under plain SGD; a crashing ClientApp
+or a non-finite model must fail the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import math
 import subprocess
@@ -33,6 +36,7 @@ from flwr_admm.protocol import (
     SCAFFOLD_CONTROL_RECORD,
 )
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
+from simulations.launcher import LocalFlower
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch"
 PYPROJECT = tomllib.loads((QUICKSTART / "pyproject.toml").read_text())
@@ -187,23 +191,41 @@ def test_a_non_finite_model_fails_the_run(tmp_path: Path) -> None:
     assert json.loads(evaluation.path.read_text())["rounds"][2]["loss"] is None
 
 
+def load_compare() -> Any:
+    """examples/quickstart-pytorch/compare.py as a module (a script, not a package)."""
+    name = "quickstart_compare"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, QUICKSTART / "compare.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 @pytest.mark.ray
-def test_flwr_run_fedadmm_two_rounds(tmp_path: Path) -> None:
-    """compare.py: one private SuperLink, one ``flwr run`` of FedADMM, 2 rounds, 10 nodes."""
+def test_flwr_run_fedadmm_two_rounds(
+    tmp_path: Path, local_flower: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """compare.py's main: one ``flwr run`` of FedADMM, 2 rounds, 10 nodes, on the
+    session's SuperLink (tests/conftest.py) instead of a private one of its own."""
+    compare = load_compare()
+    # its own runtime is a LocalFlower whose processes import flwr_admm from the checkout
+    own = compare.QuickstartFlower(home=tmp_path / "unused")
+    assert isinstance(own, LocalFlower) and own.env["PYTHONPATH"] == str(compare.ROOT)
+    monkeypatch.setattr(compare, "QuickstartFlower", lambda: contextlib.nullcontext(local_flower))
     output = tmp_path / "outputs"
-    command = [sys.executable, str(QUICKSTART / "compare.py"), "--strategies", "fedadmm"]
-    command += ["--seeds", "0", "--rounds", "2", "--output-dir", str(output)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    argv = ["--strategies", "fedadmm", "--seeds", "0", "--rounds", "2"]
+    code = compare.main([*argv, "--output-dir", str(output)])
+    done = capsys.readouterr()
     log = output / "logs" / "fedadmm-seed0.log"
-    assert done.returncode == 0, (
-        done.stdout + done.stderr + (log.read_text()[-3000:] if log.exists() else "")
-    )
+    assert code == 0, done.out + done.err + (log.read_text()[-3000:] if log.exists() else "")
     document = json.loads((output / "fedadmm-seed0.json").read_text())
     assert document["status"] == "completed"
     assert document["settings"]["strategy"] == "fedadmm"
     accuracy = [r["accuracy"] for r in document["rounds"]]
     assert len(accuracy) == 3 and all(math.isfinite(a) for a in accuracy), accuracy
-    assert "| fedadmm |" in done.stdout
+    assert "| fedadmm |" in done.out
     assert (output / "quickstart_pytorch.png").stat().st_size > 0
 
 

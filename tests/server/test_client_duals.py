@@ -26,7 +26,6 @@ from flower_run import (
     run_seed,
     zeros_parameters,
 )
-from flwr.client import ClientApp
 from flwr.common import (
     Code,
     Context,
@@ -35,7 +34,6 @@ from flwr.common import (
     Status,
     ndarrays_to_parameters,
 )
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from seed_task import first_round_below, gaps
@@ -613,36 +611,3 @@ def test_server_state_does_not_grow_with_the_number_of_clients() -> None:
     )
     run_rounds(strategy, make_proxies(client_fn, 100), 1)
     assert _model_sized(strategy, d, set()) >= 200
-
-
-# ------------------------------------------------------------------ Ray engine
-@pytest.mark.ray
-def test_run_simulation_matches_in_process_driver() -> None:
-    from flwr.simulation import run_simulation
-
-    rounds, recorder = 4, Recorder()
-    strategy = FedADMMClientDuals(
-        rho=0.1,
-        initial_parameters=zeros_parameters(),
-        evaluate_fn=recorder,
-        min_available_clients=NUM_CLIENTS,
-    )
-
-    def server_fn(context: Context) -> ServerAppComponents:
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
-
-    make_client = admm_client_fn(**CLIENT)
-    run_simulation(
-        server_app=ServerApp(server_fn=server_fn),
-        client_app=ClientApp(client_fn=lambda context: make_client(context).to_client()),
-        num_supernodes=NUM_CLIENTS,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "include_dashboard": False},
-        },
-    )
-    assert [h["num_replies"] for h in strategy.history] == [NUM_CLIENTS] * rounds
-    assert sorted(strategy.state.clients) == sorted(f"partition-id:{i}" for i in range(NUM_CLIENTS))
-    _, reference, _ = run_seed(FedADMMClientDuals, rounds, client_kwargs=CLIENT, rho=0.1)
-    z_ray = recorder.matrix[-rounds:]  # Flower also evaluates round 0
-    assert relative_errors(z_ray, reference.matrix).max() <= 1e-12

@@ -3,8 +3,8 @@ baseline wrapper, and convergence of FedADMM on seed-logreg when compressing.
 
 References: the pooled seed-logreg optimum (scipy, tests/centralized.py) for the gaps;
 an uncompressed twin client for the error-feedback residual; each client's own NumPy
-fit for the wrapper's average; and the in-process driver for Flower's Simulation
-Engine (marked ray).
+fit for the wrapper's average. A compressed run in Flower's Simulation Engine is in
+tests/apps/test_ray_engine.py (the legacy API's engine-equals-driver run).
 
 Measured (this machine, `python -m pytest tests/uplink/test_compressed_runs.py -s`
 prints them):
@@ -50,7 +50,6 @@ from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.client.admm_client import STATE_RESIDUAL
-from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import StochasticQuantizer, UplinkWrapper
 
@@ -241,45 +240,3 @@ def test_error_feedback_beats_the_dual_residual_variant_at_4_bits() -> None:
     dual = seed_gaps(60, uplink=StochasticQuantizer(bits=4), uplink_residual="dual")
     print(f"4 bits, last 20 rounds: update {update[-20:].mean():.2e}, dual {dual[-20:].mean():.2e}")
     assert update[-20:].mean() < dual[-20:].mean() / 5
-
-
-# ------------------------------------------------------ Flower's real engine
-@pytest.mark.ray
-def test_compressed_run_in_the_simulation_engine_matches_the_driver() -> None:
-    from flwr.client import ClientApp
-    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
-    from flwr.simulation import run_simulation
-
-    rounds = 3
-
-    def strategy() -> FedADMM:
-        return textbook_fedadmm(
-            rho=0.1,
-            uplink=StochasticQuantizer(bits=4),
-            initial_parameters=zeros_parameters(),
-            min_available_clients=NUM_CLIENTS,
-        )
-
-    ray_strategy = strategy()
-    make = admm_client_fn(**CLIENT)
-    run_simulation(
-        server_app=ServerApp(
-            server_fn=lambda ctx: ServerAppComponents(
-                strategy=ray_strategy, config=ServerConfig(num_rounds=rounds)
-            )
-        ),
-        client_app=ClientApp(client_fn=lambda ctx: make(ctx).to_client()),
-        num_supernodes=NUM_CLIENTS,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "include_dashboard": False},
-        },
-    )
-    local = strategy()
-    run_rounds(local, make_proxies(make, NUM_CLIENTS), rounds)
-    assert ray_strategy.admm is not None and local.admm is not None
-    assert [h["num_rejected"] for h in ray_strategy.history] == [0] * rounds
-    assert [h["uplink_bytes"] for h in ray_strategy.history] == [
-        h["uplink_bytes"] for h in local.history
-    ]
-    np.testing.assert_allclose(ray_strategy.admm.z[0], local.admm.z[0], rtol=1e-12, atol=0)
