@@ -275,6 +275,15 @@ class KeyBinding:
             cid: at for cid, at in self.connected_at.items() if cid in present or cid in self.key_of
         }
 
+    def departed(self) -> set[str]:
+        """Return the keys whose node has left: absent from > `ABSENT_GRACE` samplings.
+
+        Policies "node" and "reported" only; under "authenticated" no key is departed.
+        """
+        if self.policy == "authenticated":
+            return set()
+        return {k for k, cid in self.node_of.items() if self.absent(cid) > ABSENT_GRACE}
+
     def stale(
         self,
         server_round: int,
@@ -290,20 +299,14 @@ class KeyBinding:
         recently heard go (ties in key order). The `incoming` keys (this round's
         replies) count as heard now and are never stale.
         """
-        seen = {**self.last_seen, **dict.fromkeys(incoming, server_round)}
+        heard = set(incoming)
+        seen = {**self.last_seen, **dict.fromkeys(heard, server_round)}
         keys = sorted(seen, key=natural_key)
         old = {k for k in keys if max_age is not None and server_round - seen[k] > max_age}
-        if self.policy != "authenticated":
-            old.update(
-                k
-                for k in keys
-                if k in self.node_of
-                and k not in set(incoming)
-                and self.absent(self.node_of[k]) > ABSENT_GRACE
-            )
+        old |= self.departed() - heard
         kept = [k for k in keys if k not in old]
         if max_clients is not None and len(kept) > max_clients:
-            candidates = [k for k in kept if k not in set(incoming)]
+            candidates = [k for k in kept if k not in heard]
             by_age = sorted(candidates, key=lambda k: seen[k])  # stable: ties in key order
             old.update(by_age[: len(kept) - max_clients])
         return sorted(old, key=natural_key)

@@ -170,7 +170,7 @@ class PeerRound:
         ``ABSENT_GRACE`` samplings) are evicted, so node-id churn leaves bounded state.
         """
         self.binding.connected(cids)
-        gone = self.binding.stale(0, None, None)  # no max_age: only departed nodes' keys
+        gone = sorted(self.binding.departed(), key=natural_key)
         self.departed = self.evict(gone)
         self.binding.forget(gone)
 
