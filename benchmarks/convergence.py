@@ -1,7 +1,8 @@
 """Rounds (communication) to a target: FedAvg, FedProx, SCAFFOLD, FedDyn and FedADMM, each tuned.
 
 For every task each algorithm runs over the same grid (learning rate x local steps x
-rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty) through the in-process driver
+rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty, SCAFFOLD has its server
+step eta_g in {1, 1.6}) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
 its defaults ("FedADMM (defaults)": `ResidualBalancing` from rho0 = 0.1, dual step
@@ -9,7 +10,9 @@ its defaults ("FedADMM (defaults)": `ResidualBalancing` from rho0 = 0.1, dual st
 tuned" runs them over the local grid only, lr x steps, no server argument), plain ADMM
 at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 = 1. The
 grid rows and those two are the textbook iteration (no acceleration, alpha as the
-grid says, dual step 1).
+grid says, dual step 1). "FedADMM linearized" is ``FedADMM(form="linearized")``
+(`flwr_admm.core.linearized`: rho_i = 1 / (K_i lr), no penalty knob) over lr x steps,
+and "(untuned)" on the task's default local settings.
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -74,6 +77,9 @@ DEFAULTS_LABEL = "FedADMM (defaults)"
 # FedADMM() with its server defaults over the task's local grid only (lr x steps):
 # separates what local tuning buys from what the algorithm does.
 LOCAL_TUNED_LABEL = "FedADMM (defaults), local tuned"
+# FedADMM(form="linearized"): rho_i = 1 / (K_i lr) from each reply, no penalty knob;
+# tuned over the local grid (lr x steps) and untuned on the task's local settings
+LINEARIZED_LABEL = "FedADMM linearized"
 PEER_LABELS = (*BASELINES, *PEERS)
 SWEEP = (1.0, 1.5, 1.6, 1.7, 1.8)
 
@@ -166,6 +172,8 @@ def make_strategy(
     # sampling_seed=None: Flower's ClientManager.sample, seeded like the baselines'
     if algorithm == DEFAULTS_LABEL:
         return FedADMM(sampling_seed=None, **common)
+    if algorithm == LINEARIZED_LABEL:
+        return FedADMM(form="linearized", sampling_seed=None, **common)
     return FedADMM(
         rho=float(config["penalty"]),
         rho_schedule=schedule or Constant(),
@@ -318,6 +326,11 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
     for config in problem.grid.configs(penalized=True):
         relaxed = {**config, "relaxation": RELAXED}
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
+    for config in problem.grid.configs(penalized=False):
+        runs.append({**run_one(problem, LINEARIZED_LABEL, config), "label": LINEARIZED_LABEL})
+    linearized = {**problem.defaults, "penalty": 0.0}
+    label = f"{LINEARIZED_LABEL} (untuned)"
+    runs.append({**run_one(problem, LINEARIZED_LABEL, linearized), "label": label})
     untuned = {**problem.defaults, "penalty": 1.0}
     runs.append({**run_one(problem, DEFAULTS_LABEL, untuned), "label": DEFAULTS_LABEL})
     for config in problem.grid.configs(penalized=False):  # lr x steps; rho0 = 1 (default)

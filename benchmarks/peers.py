@@ -1,10 +1,11 @@
 """The peer baselines SCAFFOLD and FedDyn in `benchmarks.convergence`, and bytes on the wire.
 
-SCAFFOLD runs the learning rate x local steps grid with the paper's server step
-eta_g = 1 (no penalty axis, like FedAvg); FedDyn runs the full grid with alpha on
-the penalty axis (the values rho and mu take). Every run counts the bytes that cross
-the wire, both ways: the serialized tensors of each sampled client's FitIns and of its
-FitRes (`CountingProxy`), so SCAFFOLD's control variate (x and c down, y_i and
+SCAFFOLD runs the learning rate x local steps grid with the server step eta_g in
+SERVER_STEPS (the paper's 1, and 1.6: eta_g is a knob of its paper), no penalty
+axis, like FedAvg; FedDyn (no server step in its paper) runs the full grid with alpha
+on the penalty axis (the values rho and mu take). Every run counts the bytes that
+cross the wire, both ways: the serialized tensors of each sampled client's FitIns and
+of its FitRes (`CountingProxy`), so SCAFFOLD's control variate (x and c down, y_i and
 c_i+ - c_i up) costs what it costs. The peers table gives, per algorithm, the fewest
 rounds to the tightest target (with the bytes that run needed) and the fewest bytes
 to it (over the same grid, possibly another configuration).
@@ -22,6 +23,7 @@ from flwr_admm.server import SCAFFOLD, FedDyn
 from flwr_admm.testing import InProcessClientProxy
 
 PEERS = ("SCAFFOLD", "FedDyn")
+SERVER_STEPS = (1.0, 1.6)  # SCAFFOLD's eta_g grid
 
 
 @dataclass
@@ -57,14 +59,17 @@ def counting(proxies: list[InProcessClientProxy], counter: ByteCounter) -> list[
 
 
 def peer_configs(algorithm: str, grid: Any) -> list[dict[str, float]]:
-    """SCAFFOLD: lr x steps (eta_g = 1); FedDyn: lr x steps x alpha (the penalty axis)."""
-    return list(grid.configs(penalized=algorithm == "FedDyn"))
+    """SCAFFOLD: lr x steps x eta_g (SERVER_STEPS); FedDyn: lr x steps x alpha (penalty)."""
+    if algorithm == "SCAFFOLD":
+        local = grid.configs(penalized=False)
+        return [{**config, "server_step": eta} for config in local for eta in SERVER_STEPS]
+    return list(grid.configs(penalized=True))
 
 
 def make_peer(algorithm: str, config: dict[str, float], common: dict[str, Any]) -> Strategy:
-    """SCAFFOLD with eta_g = 1, or FedDyn with alpha = the configuration's penalty."""
+    """SCAFFOLD with eta_g = the configuration's server step, or FedDyn with alpha."""
     if algorithm == "SCAFFOLD":
-        return SCAFFOLD(server_learning_rate=1.0, **common)
+        return SCAFFOLD(server_learning_rate=float(config.get("server_step", 1.0)), **common)
     if algorithm == "FedDyn":
         return FedDyn(alpha=float(config["penalty"]), **common)
     raise ValueError(f"algorithm: must be one of {list(PEERS)}, got {algorithm!r}")
@@ -75,6 +80,8 @@ def penalty_name(algorithm: str, schedule: object) -> str | None:
     names = {"FedAvg": None, "SCAFFOLD": None, "FedProx": "mu", "FedDyn": "alpha"}
     if algorithm in names:
         return names[algorithm]
+    if algorithm.startswith("FedADMM linearized"):  # rho_i = 1 / (K_i lr): no knob
+        return None
     return "rho0" if schedule else "rho"
 
 
@@ -104,7 +111,7 @@ def peers_summary(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _config(run: dict[str, Any] | None) -> dict[str, Any] | None:
     if run is None:
         return None
-    keys = ("lr", "steps", "penalty", "relaxation", "schedule")
+    keys = ("lr", "steps", "penalty", "relaxation", "schedule", "server_step")
     return {key: run[key] for key in keys if key in run}
 
 
@@ -158,7 +165,9 @@ def _config_text(config: dict[str, Any] | None, label: str, steps_key: str) -> s
         return "-"
     steps = "epochs" if steps_key == "local_epochs" else "steps"
     text = f"lr={config['lr']:g} {steps}={config['steps']:g}"
-    name = penalty_name(label.split(" ")[0], config.get("schedule"))
+    name = penalty_name(label, config.get("schedule"))
     if name is not None and "penalty" in config:
         text += f" {name}={config['penalty']:g}"
+    if "server_step" in config:
+        text += f" eta_g={config['server_step']:g}"
     return text

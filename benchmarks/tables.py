@@ -24,6 +24,8 @@ def config_text(run: dict[str, Any] | None, steps_key: str) -> str:
     name = penalty_name(run["algorithm"], run["schedule"])
     if name is not None:
         text += f" {name}={run['penalty']:g}"
+    if "server_step" in run:
+        text += f" eta_g={run['server_step']:g}"
     return text
 
 

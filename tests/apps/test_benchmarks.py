@@ -65,8 +65,12 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedADMM alpha=1.6-RB (untuned)",
         "SCAFFOLD",
         "FedDyn",
+        "FedADMM linearized",
+        "FedADMM linearized (untuned)",
     }
     assert set(task["peers"]) == labels
+    scaffold = [run for run in task["runs"] if run["label"] == "SCAFFOLD"]
+    assert {run["server_step"] for run in scaffold} == {1.0, 1.6}  # eta_g is on its grid
     for entry in task["peers"].values():
         assert entry["rounds"] is None or positive(entry["bytes_of_fastest"]), entry
     relaxed = [run for run in task["runs"] if run["label"].startswith("FedADMM alpha=")]
@@ -225,6 +229,11 @@ def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
         rounds = run["rounds_to"]["0.001"]
         assert rounds is not None, run
         assert run["bytes_to"]["0.001"] == rounds * 10 * 2 * blocks * block, algorithm
+    # FedADMM's linearized form: z and y_i down, w_i up (3 copies a round)
+    run = run_one(problem, "FedADMM linearized", {**config, "penalty": 0.0})
+    rounds = run["rounds_to"]["0.001"]
+    assert rounds is not None, run
+    assert run["bytes_to"]["0.001"] == rounds * 10 * 3 * block
 
 
 def test_bandwidth_quick_reports_each_variant_against_the_byte_bound(tmp_path: Path) -> None:
