@@ -87,12 +87,13 @@ def zeros() -> ArrayRecord:
 
 @dataclass
 class ZRecorder:
-    """An ``evaluate_fn`` for ``strategy.start``: keeps z of every round (round 0 too)."""
+    """An ``evaluate_fn`` for ``strategy.start``: keeps z (its first tensor) every round."""
 
     z: list[np.ndarray] = field(default_factory=list)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        self.z.append(np.asarray(arrays["0"].numpy(), dtype=np.float64))
+        first = next(iter(arrays.values()))  # "0" for a list, the name for a state_dict
+        self.z.append(np.asarray(first.numpy(), dtype=np.float64))
         return None
 
     @property

@@ -30,6 +30,10 @@ the raw gradient, against rho (w - v), so it minimizes a preconditioned variant.
 trainable tensor, recomputed per call) for the loss, so any optimizer minimizes the
 exact objective; `after_step` does nothing.
 
+Linearized form (``FedADMM(form="linearized")``): `start` loads z, `penalty_term`
+is the linear term <y_i, w> in either mode, `after_step` counts the step budget b_i
+the reply reports (`flwr_admm.torch.linearized`).
+
 Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
 start where `start`'s ``init`` says (`ADMMClient`'s ``local_init``): the node's
 previous w_i ("previous", the warm start), v ("center") or the received z
@@ -43,14 +47,13 @@ received model: the server's ``tensor_policy`` decides what it holds
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Context, Message
 
 from flwr_admm.client import client_duals
 from flwr_admm.client.admm_client import _ack_round, _flag
@@ -63,22 +66,28 @@ from flwr_admm.clientapp.step import (
     starts_at_z,
 )
 from flwr_admm.core import client_duals as dual_math
+from flwr_admm.core.linearized import check_form
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
-    META_FITS,
-    META_ROUND,
+    FORM,
+    LOCAL_STEPS,
     MODE_CLIENT,
     MODE_KEY,
     PARTITION_ID,
-    PROXIMAL_MU,
     REBUILD,
     RHO,
     SERVER_ROUND,
     START_MARK,
-    START_TENSORS,
-    STATE_META,
-    STATE_W,
+    STEP_BUDGET,
 )
+from flwr_admm.torch.legacy import (
+    check_trainable_only,
+    keep_legacy,
+    legacy_previous,
+    legacy_rho,
+    prox_blocks,
+)
+from flwr_admm.torch.linearized import Budget, linearized_blocks
 from flwr_admm.torch.state import load_arrays, state_arrays, trainable_names
 
 __all__ = ["PENALTIES", "Penalty", "TorchADMM"]
@@ -128,6 +137,8 @@ class TorchADMM:
     train_step: ADMMTrainStep | None = None
     duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
     consensus: Named | None = None  # client-held duals: the received z
+    form: str = "prox"  # "linearized": FedADMM's linearized form (module docstring)
+    correction: Named | None = None  # the linearized form's y_i by name
     # set by `start` and the client-held-dual setup, not by the caller
     _center: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
@@ -137,6 +148,8 @@ class TorchADMM:
     _begin: dual_math.DualStart | None = field(default=None, init=False, repr=False)
     _base: dual_math.Acknowledged | None = field(default=None, init=False, repr=False)
     _at_z: bool = field(default=False, init=False, repr=False)
+    _linear: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _budget: Budget | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.penalty not in PENALTIES:
@@ -162,7 +175,7 @@ class TorchADMM:
             message, context, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key
         )
         if step.duals is not None:  # client-held duals, as `from_parameters` checks them
-            _check_trainable_only(model, step.center)
+            check_trainable_only(model, step.center)
         return cls(
             model,
             step.center,
@@ -176,6 +189,8 @@ class TorchADMM:
             message,
             step,
             consensus=step.consensus,
+            form=step.form,
+            correction=step.correction,
         )
 
     @classmethod
@@ -191,38 +206,34 @@ class TorchADMM:
         """Read a legacy ``NumPyClient.fit`` call: parameters in ``state_dict()`` order."""
         refuse_uplink(config)
         names = list(model.state_dict())
-        with_z = config.get(START_TENSORS) == 1  # v_i, then z: where the solve starts
-        if len(parameters) != len(names) * (2 if with_z else 1):
-            raise ValueError(
-                f"parameters: expected {len(names)} tensors {names}"
-                f"{' twice (v_i, then z: admm-start = 1)' if with_z else ''}, "
-                f"got {len(parameters)}"
-            )
-        v = parameters[: len(names)]
-        received = {n: np.asarray(p, dtype=np.float64) for n, p in zip(names, v, strict=True)}
-        z = parameters[len(names) :] if with_z else None
-        consensus = (
-            None
-            if z is None
-            else {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, z, strict=True)}
-        )
-        client_mode = config.get(MODE_KEY) == MODE_CLIENT
-        value = config.get(RHO, config.get(PROXIMAL_MU, 0.0))
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not (math.isfinite(value) and value >= 0)
-        ):
-            raise ValueError(f"rho: must be a finite number >= 0, got {value!r}")
         server_round = config.get(SERVER_ROUND)
+        server_round = server_round if isinstance(server_round, int) else None
+        if check_form(config.get(FORM, "prox")) == "linearized":  # z, then y_i
+            z, y = linearized_blocks(model, parameters)
+            return cls(
+                model,
+                received=z,
+                rho=0.0,
+                admm=False,
+                penalty=penalty,
+                server_round=server_round,
+                config=dict(config),
+                context=context,
+                consensus=z,
+                form="linearized",
+                correction=y,
+            )
+        received, consensus = prox_blocks(names, parameters, config)
+        client_mode = config.get(MODE_KEY) == MODE_CLIENT
+        value = legacy_rho(config)
         admm = cls(
             model,
             received,
-            float(value),
+            value,
             RHO in config,
             penalty,
-            None if client_mode else _legacy_previous(context, received),
-            server_round if isinstance(server_round, int) else None,
+            None if client_mode else legacy_previous(context, received),
+            server_round,
             dict(config),
             context,
             consensus=consensus,
@@ -235,7 +246,7 @@ class TorchADMM:
         """Client-held duals: pick the acknowledged state, u_i += gamma (w_i - z), v = z - u_i."""
         if self.rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {self.rho!r}")
-        _check_trainable_only(self.model, self.received)
+        check_trainable_only(self.model, self.received)
         if self.context is None:
             raise ValueError("context: client-held duals keep the dual in context.state")
         if ACCEL_GAMMA in self.config:
@@ -264,7 +275,11 @@ class TorchADMM:
         ("consensus": ValueError if none was received); "auto" (the default) is
         "consensus" wherever z is received, else "previous". Every other tensor, and
         every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
+        The linearized form starts at z ("auto" or "consensus"; else ValueError).
         """
+        if self.form == "linearized":
+            self._start_linearized(local_init_of(init))
+            return
         source = start_source(
             local_init_of(init),
             admm=self.admm,
@@ -288,8 +303,39 @@ class TorchADMM:
                 center = torch.as_tensor(self.received[name]).to(dtype=p.dtype, device=p.device)
                 self._center[id(p)] = center
 
+    def _start_linearized(self, chosen: LocalInit) -> None:
+        """Load z into the model; keep y_i (and w_0, for a fitted budget) by parameter."""
+        if chosen not in ("auto", "consensus"):
+            raise ValueError(f"init: the linearized form starts at z, got {chosen!r}")
+        assert self.correction is not None
+        load_arrays(self.model, self.received)
+        named = dict(self.model.named_parameters())
+        self._linear = {}
+        for name in trainable_names(self.model):
+            p = named[name]
+            y = torch.as_tensor(self.correction[name]).to(dtype=p.dtype, device=p.device)
+            self._linear[id(p)] = y
+        self._budget = Budget(start=[p.detach().clone() for p in self._trainable()])
+
+    def _trainable(self) -> list[torch.Tensor]:
+        """Return the trainable parameters, in `model.parameters` order."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def penalty_term(self) -> torch.Tensor:
-        """Return rho/2 sum_k ||w_k - v_k||^2 in "loss" mode (0 in "prox" mode or rho = 0)."""
+        """Return rho/2 sum_k ||w_k - v_k||^2 in "loss" mode (0 in "prox" mode or rho = 0).
+
+        Under the linearized form: the linear term sum_k <y_k, w_k>, in either mode.
+        """
+        if self.form == "linearized":
+            if self._budget is None:
+                raise ValueError("penalty_term: call start() first (it loads z and y_i)")
+            self._budget.linear_used = True
+            total = self._zero
+            for p in self.model.parameters():
+                y = self._linear.get(id(p))
+                if y is not None:
+                    total = total + torch.sum(y * p)
+            return total
         if self.penalty != "loss" or not self._center:
             return self._zero
         total = torch.zeros(())
@@ -300,7 +346,15 @@ class TorchADMM:
         return 0.5 * self.rho * total
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Take w <- (w + eta rho v) / (1 + eta rho) per group of lr eta ("prox" mode)."""
+        """Take w <- (w + eta rho v) / (1 + eta rho) per group of lr eta ("prox" mode).
+
+        Under the linearized form: count the step and its budget (module docstring).
+        """
+        if self.form == "linearized":
+            if self._budget is None:
+                raise ValueError("after_step: call start() first (it loads z and y_i)")
+            self._budget.step(optimizer, self._trainable())
+            return
         if self.penalty != "prox" or not self._center:
             return
         groups = self._groups.get(id(optimizer))
@@ -322,7 +376,27 @@ class TorchADMM:
         """Return the Message-API reply (w_i under the received names) and keep w_i."""
         if self.train_step is None:
             raise ValueError("reply: built by from_parameters; use fit_result (legacy API)")
-        return self.train_step.reply(state_arrays(self.model), num_examples, metrics, self.context)
+        arrays = state_arrays(self.model)
+        if self.form == "linearized":
+            assert self._budget is not None
+            reported = {LOCAL_STEPS: self._budget.steps, **(metrics or {})}
+            budget = self.step_budget()
+            return self.train_step.reply(arrays, num_examples, reported, step_budget=budget)
+        return self.train_step.reply(arrays, num_examples, metrics, self.context)
+
+    def step_budget(self) -> float:
+        """Return the linearized form's b_i (module docstring); rho_i = 1 / b_i.
+
+        Raises
+        ------
+        ValueError
+            Outside the linearized form, before any `after_step`, when the loop never
+            added `penalty_term` (y_i dropped), or when a fitted budget is not > 0.
+
+        """
+        if self.form != "linearized" or self._budget is None:
+            raise ValueError("step_budget: only under the linearized form, after start()")
+        return self._budget.value(self._trainable())
 
     def fit_result(
         self, num_examples: int, metrics: Mapping[str, Any] | None = None
@@ -335,12 +409,16 @@ class TorchADMM:
         if isinstance(node_config.get(PARTITION_ID), int):
             reported.setdefault(PARTITION_ID, int(node_config[PARTITION_ID]))
         arrays = state_arrays(self.model)
+        if self.form == "linearized":  # the server holds y_i: no state kept
+            reported[STEP_BUDGET] = self.step_budget()  # first: it checks _budget
+            reported[LOCAL_STEPS] = self._budget.steps if self._budget else 0
+            return list(arrays.values()), num_examples, reported
         if self._begin is not None:
             return self._client_duals_result(arrays, num_examples, reported)
         if self.admm:  # FedADMM: 1 = send z, this solve starts there (START_MARK)
             reported[START_MARK] = int(self._at_z and self.rho > 0)
         if self.admm and self.context is not None:
-            _keep_legacy(self.context, arrays, self.server_round)
+            keep_legacy(self.context, arrays, self.server_round)
         return list(arrays.values()), num_examples, reported
 
     def _client_duals_result(
@@ -360,41 +438,3 @@ class TorchADMM:
         reported.update(client_duals.reply_metrics(state, self._begin, w, n, self._base.resync))
         client_duals.save_states(self.context.state, client_duals.KeptDuals(state, pending))
         return list(sent.arrays), n, reported
-
-
-def _check_trainable_only(model: torch.nn.Module, names: Mapping[str, Any]) -> None:
-    """Refuse client-held duals for a model with buffers (a dual on a statistic drifts).
-
-    A dual on a BatchNorm statistic would only accumulate the clients' spread: every
-    ``state_dict`` tensor must be a trainable parameter, else ValueError (use FedADMM).
-    """
-    others = sorted(set(names) - set(trainable_names(model)))
-    if others:
-        raise ValueError(
-            f"model: client-held duals (admm-duals='client') need every state_dict tensor "
-            f"to be a trainable parameter; buffers {others} found (use FedADMM)"
-        )
-
-
-def _legacy_previous(context: Context | None, received: Named) -> Named | None:
-    """Return the w_i kept by `fit_result` under ``flwr_admm.w``, if the shapes match."""
-    if context is None or STATE_W not in context.state.array_records:
-        return None
-    kept = context.state.array_records[STATE_W].to_numpy_ndarrays()
-    if [t.shape for t in kept] != [t.shape for t in received.values()]:
-        return None
-    return {n: np.asarray(t, dtype=np.float64) for n, t in zip(received, kept, strict=True)}
-
-
-def _keep_legacy(context: Context, arrays: Named, server_round: int | None) -> None:
-    """Save w_i (float64) and its round, if finite (the numpy client's records)."""
-    w = [np.asarray(t, dtype=np.float64) for t in arrays.values()]
-    if not all(np.all(np.isfinite(t)) for t in w):
-        return  # a NaN warm start would poison every later round
-    context.state.array_records[STATE_W] = ArrayRecord(w)
-    meta = context.state.config_records.get(STATE_META, ConfigRecord({META_FITS: 0}))
-    previous = meta.get(META_FITS, 0)
-    fits = (previous if isinstance(previous, int) else 0) + 1
-    context.state.config_records[STATE_META] = ConfigRecord(
-        {META_ROUND: int(server_round or fits), META_FITS: fits}
-    )

@@ -1,0 +1,128 @@
+"""FedADMM's linearized form under PyTorch: the step budget b_i and the legacy blocks.
+
+`TorchADMM` runs the form (`flwr_admm.core.linearized`); this module counts what
+the server needs for rho_i = 1 / b_i over the user's own optimizer steps, and reads
+the legacy API's parameters (z, then y_i).
+
+The message carries z and the node's dual y_i; `start` loads z, `penalty_term` returns the
+linear term <y_i, w> (in either ``penalty`` mode, so the user's optimizer sees
+grad f_i + y_i, through its momentum or preconditioner), `after_step` counts the step
+and its budget, and the reply reports b_i (`step_budget`): sum over steps of
+lr (1 - dampening) / (1 - momentum) for `torch.optim.SGD`; for any other optimizer
+(Adam, RMSprop) the fitted budget K <w_0 - w_K, G> / ||G||^2, G the sum of the
+gradients it stepped on (exactly K lr for plain SGD). A loop that stepped but never
+added `penalty_term` is refused at the reply: its y_i would be silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Budget", "linearized_blocks"]
+
+Named = dict[str, np.ndarray[Any, Any]]
+
+
+@dataclass
+class Budget:
+    """The linearized form's step budget b_i, counted over the user's optimizer steps.
+
+    `sgd` sums lr (1 - dampening) / (1 - momentum) per `torch.optim.SGD` step (the
+    parameter-weighted mean over its groups); for any other optimizer `gradients`
+    sums the gradients it stepped on, and `value` fits K <w_0 - w_K, G> / ||G||^2.
+    """
+
+    start: list[torch.Tensor]
+    steps: int = 0
+    sgd: float = 0.0
+    gradients: list[torch.Tensor] | None = None
+    linear_used: bool = False
+
+    def step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        """Count one optimizer step over `params` (the trainable parameters)."""
+        self.steps += 1
+        if type(optimizer) is torch.optim.SGD and self.gradients is None:
+            self.sgd += _sgd_step(optimizer, {id(p) for p in params})
+            return
+        if self.gradients is None:  # a non-SGD optimizer: fit the budget instead
+            self.gradients = [torch.zeros_like(p) for p in params]
+        with torch.no_grad():
+            for total, p in zip(self.gradients, params, strict=True):
+                if p.grad is not None:
+                    total += p.grad
+
+    def value(self, params: list[torch.Tensor]) -> float:
+        """Return b_i; ValueError when it cannot be trusted (see `TorchADMM.step_budget`)."""
+        if self.steps == 0:
+            raise ValueError(
+                "step_budget: no optimizer step was counted; call admm.after_step(optimizer) "
+                "after every optimizer.step() under the linearized form"
+            )
+        if not self.linear_used:
+            raise ValueError(
+                "penalty_term: the linearized form adds <y_i, w> to the loss; add "
+                "admm.penalty_term() to every minibatch's loss (it was never called)"
+            )
+        if self.gradients is None:
+            return self.sgd
+        with torch.no_grad():
+            moved = sum(
+                float(torch.sum((w0 - p) * g))
+                for w0, p, g in zip(self.start, params, self.gradients, strict=True)
+            )
+            size = sum(float(torch.sum(g * g)) for g in self.gradients)
+        budget = self.steps * moved / size if size > 0 else math.nan
+        if not (math.isfinite(budget) and budget > 0):
+            raise ValueError(
+                f"step_budget: the fitted budget K <w_0 - w_K, G> / ||G||^2 is {budget!r}, "
+                "not > 0 (the steps did not descend along the gradients)"
+            )
+        return budget
+
+
+def _sgd_step(optimizer: torch.optim.Optimizer, ids: set[int]) -> float:
+    """Return one SGD step's budget: the size-weighted mean of lr (1 - d) / (1 - mu)."""
+    total, size = 0.0, 0
+    for group in optimizer.param_groups:
+        count = sum(p.numel() for p in group["params"] if id(p) in ids)
+        momentum = float(group.get("momentum", 0.0))
+        damped = 1.0 - float(group.get("dampening", 0.0)) if momentum > 0 else 1.0
+        total += count * float(group["lr"]) * damped / (1.0 - momentum)
+        size += count
+    return total / size if size else 0.0
+
+
+def linearized_blocks(
+    model: torch.nn.Module, parameters: Sequence[np.ndarray[Any, Any]]
+) -> tuple[Named, Named]:
+    """Return (z, y_i) by ``state_dict`` name from the legacy parameters [z, y_i] (float64).
+
+    Raises
+    ------
+    ValueError
+        Naming ``parameters`` unless they are two blocks of the model's shapes.
+
+    """
+    names = list(model.state_dict())
+    shapes = [tuple(t.shape) for t in model.state_dict().values()]
+    if len(parameters) != 2 * len(names):
+        raise ValueError(
+            f"parameters: the linearized form sends z, then y_i: expected "
+            f"{2 * len(names)} tensors ({names} twice), got {len(parameters)}"
+        )
+    z = {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, parameters, strict=False)}
+    y = parameters[len(names) :]
+    dual = {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, y, strict=True)}
+    for name, shape in zip(names, shapes, strict=True):
+        if z[name].shape != shape or dual[name].shape != shape:
+            raise ValueError(
+                f"parameters: {name!r} must have shape {shape} in both blocks, got "
+                f"{z[name].shape} (z) and {dual[name].shape} (y_i)"
+            )
+    return z, dual
