@@ -11,14 +11,17 @@ examples/quickstart-pytorch`` runs the same app in Flower's engine
 (``examples/quickstart-pytorch/compare.py``).
 
 Rows: Flower's FedAvg and FedProx(0.1); FedADMM with its defaults and `TorchADMM`, and
-with a stock FedProx handler; SCAFFOLD and FedDyn(0.1). Columns: final central
+with a stock FedProx handler; FedADMM's linearized form with `TorchADMM`; SCAFFOLD and
+FedDyn(0.1). Columns: final central
 accuracy per seed, the round it first reaches 90 % (- = never), and the mean.
 
     python -m benchmarks.cnn [--quick] [--tasks cnn-sgd,cnn-adam,cnn-bn] [--seeds 0,1,2]
+        [--rows "FedAvg;FedADMM linearized, TorchADMM"]   # row labels, ";"-separated
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import tempfile
@@ -43,6 +46,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedProx (mu 0.1)": {"strategy": "fedprox"},
     "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
     "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
+    "FedADMM linearized, TorchADMM": {"strategy": "fedadmm-linearized", "handler": "torchadmm"},
     "FedADMMClientDuals (defaults), TorchADMM": {"strategy": "fedadmm-client-duals"},
     "SCAFFOLD": {"strategy": "scaffold"},
     "FedDyn (alpha 0.1)": {"strategy": "feddyn"},
@@ -128,11 +132,15 @@ def print_table(title: str, rows: dict[str, Any], seeds: list[int]) -> None:
     print(format_table(headers, table))
 
 
-def run_task(task: str, seeds: list[int], rounds: int) -> dict[str, Any]:
-    """Run every row on `task` over `seeds`; print the table."""
+def run_task(
+    task: str, seeds: list[int], rounds: int, labels: list[str] | None = None
+) -> dict[str, Any]:
+    """Run every row (or those `labels` name) on `task` over `seeds`; print the table."""
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as out:
         for label, row in ROWS.items():
+            if labels is not None and label not in labels:
+                continue
             if TASKS[task].get("batch-norm") and row["strategy"] in REFUSE_BATCH_NORM:
                 continue  # the example refuses BatchNorm statistics as their weights
             runs: list[dict[str, Any]] = []
@@ -151,13 +159,27 @@ def run_cli(
     doc: str,
     name: str,
     default_tasks: str,
-    task_runner: Callable[[str, list[int], int], dict[str, Any]],
+    task_runner: Callable[..., dict[str, Any]],
+    rows: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Parse ``--tasks --seeds --quick --output``, run `task_runner` per task, write JSON."""
+    """Parse the options, run `task_runner` per task, write JSON.
+
+    ``--tasks --seeds --quick --output``, and ``--rows`` (passed as ``labels=``) when
+    `rows` are named.
+    """
     parser = base_parser(doc.splitlines()[0])
     parser.add_argument("--tasks", default=default_tasks)
     parser.add_argument("--seeds", default="0,1,2")
+    if rows:
+        parser.add_argument("--rows", default=None, help="row labels, ';'-separated")
     args = parser.parse_args(argv)
+    chosen = getattr(args, "rows", None)
+    if chosen is not None:
+        labels = chosen.split(";")
+        unknown_rows = [label for label in labels if label not in rows]
+        if unknown_rows:
+            raise ValueError(f"--rows: {unknown_rows} not among {list(rows)}")
+        task_runner = functools.partial(task_runner, labels=labels)
     quiet_flower()
     tasks = args.tasks.split(",")
     unknown = [t for t in tasks if t not in TASKS]
@@ -175,7 +197,7 @@ def run_cli(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the CNN tasks, print the tables, write JSON."""
-    return run_cli(argv, __doc__, "cnn", ",".join(TASKS), run_task)
+    return run_cli(argv, __doc__, "cnn", ",".join(TASKS), run_task, tuple(ROWS))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ The strategies here are Flower's Message API ones (``@app.main()`` ServerApps,
 (``ServerApp(server_fn=...)``, `NumPyClient`) are `flwr_admm.server.FedADMM` etc. and
 `flwr_admm.client.ADMMClient`, as Flower keeps `flwr.server.strategy` beside
 `flwr.serverapp.strategy`. The math lives in `ConsensusADMM` (`flwr_admm.core`); every
-strategy stops a diverging or stalled run with `RunDivergedError` (thresholds:
+`FedADMM(form=Linearized(...))` is the linearized (Scaffnew) form with its server steps;
+every strategy stops a diverging or stalled run with `RunDivergedError` (thresholds:
 `HealthCheck`, the ``health`` keyword).
 """
 
-from flwr_admm.core import ConsensusADMM, HealthCheck, RunDivergedError
+from flwr_admm.core import ConsensusADMM, HealthCheck, Linearized, RunDivergedError
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "FedDyn",
     "FedNova",
     "HealthCheck",
+    "Linearized",
     "RunDivergedError",
 ]
 __version__ = "0.1.0"

@@ -10,7 +10,8 @@ layer feeds).
 """
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
+from flwr_admm.core.health import HealthCheck
+from flwr_admm.core.linearized import Linearized
 from flwr_admm.core.regularizers import L1, L2
 from flwr_admm.core.schedules import (
     Constant,
@@ -22,13 +23,13 @@ from flwr_admm.core.schedules import (
 from flwr_admm.core.types import Reply, RunDivergedError
 
 __all__ = [
-    "DEFAULT_HEALTH",
     "L1",
     "L2",
     "ConsensusADMM",
     "Constant",
     "Geometric",
     "HealthCheck",
+    "Linearized",
     "Reply",
     "ResidualBalancing",
     "RhoSchedule",

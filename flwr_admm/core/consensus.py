@@ -20,6 +20,7 @@ from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
+from flwr_admm.core.start_momentum import StartMomentum, check_momentum
 from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm
 from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
 from flwr_admm.core.types import (
@@ -112,6 +113,9 @@ class ConsensusADMM:
         The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
         step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's
         feedback into its own dual (Glowinski's dual step, here kept <= 1).
+    start_momentum : float
+        beta in [0, 1) of the linearized form's momentum start with restart
+        (`flwr_admm.core.start_momentum`): `start_point` is where clients start.
 
     """
 
@@ -129,9 +133,11 @@ class ConsensusADMM:
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
     dual_step: float = 1.0
+    start_momentum: float = 0.0
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
+    momentum: StartMomentum | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rho = check_rho(self.rho)
@@ -149,6 +155,8 @@ class ConsensusADMM:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration is not None:
             self.fast = FastADMM(eta=float(self.restart_eta))
+        beta = check_momentum(self.start_momentum, "start_momentum")
+        self.momentum = StartMomentum(beta) if beta > 0 else None
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
@@ -188,7 +196,14 @@ class ConsensusADMM:
     def adopt_consensus(self, z: Sequence[NDArray[np.generic]]) -> None:
         """Take the broadcast z (e.g. after a DP wrapper added noise) as the current z."""
         self.check_shapes(z, "parameters")
-        self.z = [np.array(t, dtype=np.float64) for t in z]
+        adopted = [np.array(t, dtype=np.float64) for t in z]
+        if self.momentum is not None and not all(map(np.array_equal, adopted, self.z)):
+            self.momentum.forget()  # another z: its z_{k-1} no longer applies
+        self.z = adopted
+
+    def start_point(self) -> Arrays:
+        """Return where the clients start: z, or x = z + beta (z - z_prev) with momentum."""
+        return self.z if self.momentum is None else self.momentum.start(self.z)
 
     # ------------------------------------------------------------------ update
     def step(self, replies: Sequence[Reply], server_round: int) -> RoundReport:
@@ -331,6 +346,8 @@ class ConsensusADMM:
                 num_clients_cached=len(self.records),
             )
         self.rho = self._next_rho(report, server_round)
+        if self.momentum is not None:  # the restart test on z_k -> z_{k+1}
+            self.momentum.step(z_hat, self.z)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
         return RoundReport(**{**report.__dict__, "next_rho": self.rho})
@@ -408,6 +425,9 @@ class ConsensusADMM:
         if self.fast is not None:
             extra, meta["acceleration"] = self.fast.dump(sorted(self.records, key=natural_key))
             arrays.update(extra)
+        if self.momentum is not None:
+            extra, meta["start_momentum"] = self.momentum.dump()
+            arrays.update(extra)
         return arrays, meta
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
@@ -417,3 +437,5 @@ class ConsensusADMM:
         self.records, self.sums = saved.records, saved.sums
         if self.fast is not None and "acceleration" in meta:
             self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))
+        if self.momentum is not None and "start_momentum" in meta:
+            self.momentum.load(arrays, meta["start_momentum"], len(self.z))

@@ -28,12 +28,19 @@ and c_i+ - c+ = (c_i - c) - (y_i^loc - x') / (K lr), i.e. y_i' = y_i + rho (w_i 
 With momentum SGD (heavy ball, momentum mu) a step moves lr / (1 - mu) times the
 gradient once the velocity settles: the budget is b_i = K_i lr / (1 - mu)
 (`step_budget`).
+
+Server steps (`Linearized`, ``FedADMM(form=Linearized(...))``; ``form="linearized"``
+is ``Linearized()``): the clients start at x = z + beta (z - z_prev) with a restart
+test (`flwr_admm.core.start_momentum`), and the dual step is damped,
+y_i += gamma rho_i (w_i - z'); neither moves the fixed point. `SCAFFNEW` (beta 0,
+gamma 1) is the textbook iteration above, SCAFFOLD option II's twin.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -47,14 +54,18 @@ from flwr_admm.core.settings import (
     given_rho,
     strategy_defaults,
 )
+from flwr_admm.core.start_momentum import check_momentum
 from flwr_admm.core.tensor_policy import TensorSplit
-from flwr_admm.core.types import Arrays, ClientRho, check_scale
+from flwr_admm.core.types import Arrays, ClientRho, check_dual_step, check_scale
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [
     "FORMS",
+    "SCAFFNEW",
     "Form",
+    "FormSpec",
+    "Linearized",
     "budget_scale",
     "check_form",
     "dual_tensors",
@@ -67,15 +78,47 @@ Form = Literal["prox", "linearized"]
 FORMS: tuple[str, ...] = ("prox", "linearized")
 
 
+DEFAULT_MOMENTUM = 0.7
+DEFAULT_LINEARIZED_DUAL_STEP = 1.0
+
+
+@dataclass(frozen=True)
+class Linearized:
+    """The linearized form with its server steps, for ``FedADMM(form=Linearized(...))``.
+
+    Parameters
+    ----------
+    momentum : float
+        beta in [0, 1) of the momentum start with restart: the clients start at
+        x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z.
+    dual_step : float
+        gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step.
+
+    """
+
+    momentum: float = DEFAULT_MOMENTUM
+    dual_step: float = DEFAULT_LINEARIZED_DUAL_STEP
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "momentum", check_momentum(self.momentum, "momentum"))
+        object.__setattr__(self, "dual_step", check_dual_step(self.dual_step))
+
+
+SCAFFNEW = Linearized(momentum=0.0, dual_step=1.0)  # the textbook iteration
+FormSpec = Form | Linearized  # what a strategy's ``form`` takes
+
+
 def check_form(value: object) -> Form:
-    """Return `value` if it is one of FORMS; ValueError naming ``form`` otherwise."""
+    """Return the form `value` names (a `Linearized` is "linearized"); ValueError otherwise."""
+    if isinstance(value, Linearized):
+        return "linearized"
     if not isinstance(value, str) or value not in FORMS:
-        raise ValueError(f"form: must be one of {list(FORMS)}, got {value!r}")
+        raise ValueError(f"form: must be one of {list(FORMS)} or a Linearized(...), got {value!r}")
     return "linearized" if value == "linearized" else "prox"
 
 
 def strategy_settings(
-    form: Form,
+    form: FormSpec,
     given: dict[str, Any],
     *,
     regularizer: Regularizer | None,
@@ -93,9 +136,9 @@ def strategy_settings(
 
     `given` holds ``rho``, ``proximal_mu`` and ``rho_schedule``; `channel` the
     ``uplink`` and ``local_dp`` objects. "prox": the strategy defaults
-    (`strategy_defaults`, DEFAULT_DUAL_STEP for a None dual step). "linearized":
-    rho = 1, rho_i = 1 / b_i reported (``client_rho="reported"``), Constant, the
-    textbook steps.
+    (`strategy_defaults`, DEFAULT_DUAL_STEP for a None dual step). "linearized" (or a
+    `Linearized`): rho = 1, rho_i = 1 / b_i reported (``client_rho="reported"``),
+    Constant, and the `Linearized` server steps (``Linearized()`` for the string).
 
     Raises
     ------
@@ -104,7 +147,7 @@ def strategy_settings(
         first keyword it fixes that was given (not None, ``client_rho`` not "uniform").
 
     """
-    if form == "prox":
+    if check_form(form) == "prox":
         if client_rho not in ("uniform", "data_size"):
             raise ValueError(
                 f"client_rho: must be one of ['uniform', 'data_size'], got {client_rho!r}"
@@ -131,10 +174,11 @@ def strategy_settings(
         if value is not None:
             raise ValueError(
                 f"{name}: not used with form='linearized' (rho_i = 1 / (K_i lr_i) from "
-                "each reply, the textbook dual step; no prox term, over-relaxation, "
-                f"acceleration, regularizer, uplink or local DP yet); leave it unset, "
-                f"got {value!r}"
+                "each reply; the dual step and momentum are Linearized(dual_step=..., "
+                "momentum=...); no prox term, over-relaxation, acceleration, regularizer, "
+                f"uplink or local DP yet); leave it unset, got {value!r}"
             )
+    steps = form if isinstance(form, Linearized) else Linearized()
     return ConsensusSettings(
         rho=1.0,
         rho_schedule=Constant(),
@@ -142,6 +186,8 @@ def strategy_settings(
         eps_abs=eps_abs,
         eps_rel=eps_rel,
         z_average=z_average,
+        dual_step=steps.dual_step,
+        start_momentum=steps.momentum,
     )
 
 

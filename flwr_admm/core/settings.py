@@ -87,6 +87,8 @@ class ConsensusSettings:
         `flwr_admm.core.z_average`). The same with every client replying.
     dual_step : float
         The dual step gamma in (0, 1] (`ConsensusADMM`); 1 is the textbook step.
+    start_momentum : float
+        beta in [0, 1) of the linearized form's momentum start (`ConsensusADMM`).
 
     Raises
     ------
@@ -106,6 +108,7 @@ class ConsensusSettings:
     restart_eta: float = DEFAULT_ETA
     z_average: ZAverage = "cached"
     dual_step: float = 1.0
+    start_momentum: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -121,6 +124,7 @@ class ConsensusSettings:
         object.__setattr__(self, "rho", float(self.rho))
         object.__setattr__(self, "relaxation", float(self.relaxation))
         object.__setattr__(self, "dual_step", float(self.dual_step))
+        object.__setattr__(self, "start_momentum", float(self.start_momentum))
 
     def new_admm(self, z: Arrays) -> ConsensusADMM:
         """Start a fresh numpy core at consensus `z` with these settings."""
@@ -137,6 +141,7 @@ class ConsensusSettings:
             restart_eta=self.restart_eta,
             z_average=self.z_average,
             dual_step=self.dual_step,
+            start_momentum=self.start_momentum,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -154,6 +159,7 @@ class ConsensusSettings:
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
             **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
+            **({} if self.start_momentum == 0.0 else {"start_momentum": self.start_momentum}),
         }
 
 

@@ -5,6 +5,6 @@ Tasks: ``seed-logreg``, ``synthetic`` (FedProx's Synthetic(alpha, beta)), ``digi
 ``cifar10`` (Flower Datasets' `FederatedDataset`, or an in-memory stand-in).
 """
 
-from flwr_admm.data.registry import TASKS, Task, load_task
+from flwr_admm.data.registry import Task, load_task
 
-__all__ = ["TASKS", "Task", "load_task"]
+__all__ = ["Task", "load_task"]

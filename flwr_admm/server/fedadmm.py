@@ -32,11 +32,12 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from numpy.typing import NDArray
 
-from flwr_admm.core import DEFAULT_HEALTH, HealthCheck, RhoSchedule
+from flwr_admm.core import HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ClientRho, ConsensusADMM
+from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import (
-    Form,
+    FormSpec,
     budget_scale,
     check_form,
     dual_tensors,
@@ -140,7 +141,7 @@ class FedADMM(ConsensusStrategy):
         tensor_policy: Mapping[str, str] | None = None,
         tensor_names: Sequence[str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
-        form: Form = "prox",
+        form: FormSpec = "prox",
         **fedavg_kwargs: Any,
     ) -> None:
         self.form = check_form(form)
@@ -160,7 +161,7 @@ class FedADMM(ConsensusStrategy):
             **fedavg_kwargs,
         )
         self.admm_settings = strategy_settings(
-            self.form,
+            form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
             client_rho=client_rho,
@@ -194,13 +195,13 @@ class FedADMM(ConsensusStrategy):
         """Send each sampled client its center v_i = z - u_i and its rho_i."""
         admm = self.admm
         assert admm is not None
-        instructions = []
+        instructions, start = [], self._merge(admm.start_point())  # z, or the momentum start
         for client in clients:
             key = self._key_of_cid.get(client.cid)
             if self.form == "linearized":  # z, then y_i (flwr_admm.core.linearized)
                 assert self.tensors is not None
                 self._sent_key[client.cid] = key if key in admm.records else None
-                both = self._merge(admm.z) + dual_tensors(admm, self.tensors, key)
+                both = start + dual_tensors(admm, self.tensors, key)
                 linear = {**config, FORM: FORM_LINEARIZED, PROXIMAL_MU: 0.0}
                 instructions.append((client, FitIns(to_parameters(both, self._dtypes * 2), linear)))
                 continue

@@ -13,9 +13,10 @@ from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core import DEFAULT_HEALTH, ConsensusADMM, HealthCheck, Reply, RhoSchedule
+from flwr_admm.core import ConsensusADMM, HealthCheck, Reply, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.linearized import Form, budget_scale, check_form, strategy_settings
+from flwr_admm.core.health import DEFAULT_HEALTH
+from flwr_admm.core.linearized import FormSpec, budget_scale, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION
 from flwr_admm.core.snapshot import restore, snapshot
@@ -69,10 +70,8 @@ class FedADMM(ConsensusStrategy):
     The core is `flwr_admm.core.ConsensusADMM` (over-relaxation, per-client rho,
     acceleration); the legacy `flwr_admm.server.FedADMM` runs the same round.
 
-    Wire contract: each sampled node gets its center v_i under ``arrays`` (the model's
-    tensor names, dtypes and shapes), z under ``admm-start``, and in ``config`` a copy
-    of the given config plus ``rho`` and ``proximal-mu`` (both rho_i) and
-    ``server-round``. A reply carries one ArrayRecord (w_i) and one MetricRecord with
+    Wire contract: what each sampled node gets is in `flwr_admm.serverapp.instructions`
+    (prox form: v_i, z and rho_i). A reply carries one ArrayRecord (w_i) and one MetricRecord with
     ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's key (``client-key``,
     else ``partition-id``, else the node id) and ``admm-started-at-z``, which our
     helpers (`flwr_admm.torch.TorchADMM`, `flwr_admm.clientapp.ADMMTrainStep`) set.
@@ -156,13 +155,13 @@ class FedADMM(ConsensusStrategy):
         The held (non-consensus) tensors are in the checkpoints too.
     health : HealthCheck or None
         Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
-    form : {"prox", "linearized"}
-        The local step: the prox step around v_i ("prox", default, the seeds'
-        iteration) or the linearized one above; that one fixes rho, proximal_mu,
-        rho_schedule, relaxation, dual_step, regularizer, client_rho and acceleration
-        (given: ValueError) and takes no uplink or local_dp. Its wire:
-        `flwr_admm.serverapp.instructions`; a reply without ``admm-step-budget`` is
-        rejected.
+    form : {"prox", "linearized"} or Linearized
+        The prox step around v_i ("prox", default, the seeds' iteration) or the
+        linearized one above with a `Linearized`'s server steps ("linearized" is
+        ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
+        proximal_mu, rho_schedule, relaxation, dual_step, regularizer, client_rho and
+        acceleration (given: ValueError), takes no uplink or local_dp, and rejects a
+        reply without ``admm-step-budget`` (wire: `flwr_admm.serverapp.instructions`).
 
     Attributes
     ----------
@@ -214,7 +213,7 @@ class FedADMM(ConsensusStrategy):
         local_dp: LocalDP | None = None,
         tensor_policy: Mapping[str, str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
-        form: Form = "prox",
+        form: FormSpec = "prox",
     ) -> None:
         self.form = check_form(form)
         self.tensor_rules = check_rules(tensor_policy)
@@ -242,7 +241,7 @@ class FedADMM(ConsensusStrategy):
             health=health,
         )
         self.admm_settings = strategy_settings(
-            self.form,
+            form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
             client_rho=client_rho,
@@ -283,12 +282,14 @@ class FedADMM(ConsensusStrategy):
         user = {**user, **self.channel.config()}
         self.channel.sampled(len(sampled), self.population)
         keys = (self.arrayrecord_key, self.configrecord_key)
+        x = admm.start_point()  # z, or the linearized form's momentum start
+        start = arrays if x is admm.z else self._record(self._merge(x))
         for node_id in sampled:
             key = self.binding.key_of.get(str(node_id))
             self._sent_key[str(node_id)] = key if key in admm.records else None
             if self.form == "linearized":  # z, y_i
                 assert self.layout is not None
-                spec = (self._split(), self.layout, key, arrays, user, server_round, keys)
+                spec = (self._split(), self.layout, key, start, user, server_round, keys)
                 records = linearized_records(admm, *spec)
             else:
                 center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i

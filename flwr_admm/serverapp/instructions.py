@@ -5,8 +5,11 @@ Prox form (`prox_records`, the default): the center v_i = z - y_i / rho_i under
 helpers start the local solve; not sent when rho_i = 0), and in the config ``rho``,
 ``proximal-mu`` (both rho_i: what a stock FedProx handler reads) and ``server-round``.
 
-Linearized form (`linearized_records`, `flwr_admm.core.linearized`). Down: z under
-``arrays`` (the same record for every node), y_i under ``admm-dual`` (the model's
+Both forms: the model's tensor names, dtypes and shapes, the given config copied.
+
+Linearized form (`linearized_records`, `flwr_admm.core.linearized`). Down: the start
+under ``arrays``, the same record for every node (z, or the momentum start
+x = z + beta (z - z_prev) of `flwr_admm.core.start_momentum`), y_i under ``admm-dual`` (the model's
 tensor names and dtypes; zeros for a new client and for tensors outside the
 consensus), and in the config ``admm-form = "linearized"``, ``proximal-mu = 0`` (no
 prox term: a stock FedProx handler runs FedAvg's steps) and ``server-round``. Up: w_i
@@ -49,19 +52,19 @@ def linearized_records(
     split: TensorSplit,
     layout: Layout,
     key: str | None,
-    z: ArrayRecord,
+    start: ArrayRecord,
     user: Mapping[str, Any],
     server_round: int,
     keys: tuple[str, str],
 ) -> Records:
-    """Return one node's train records: z, its dual y_i (zeros if new) and the config.
+    """Return one node's train records: the start, its dual y_i (zeros if new) and the config.
 
     `keys` are the strategy's (arrayrecord_key, configrecord_key).
     """
     config = {**user, FORM: FORM_LINEARIZED, MESSAGE_PROXIMAL_MU: 0.0}
     config[MESSAGE_SERVER_ROUND] = server_round
     return {
-        keys[0]: z,
+        keys[0]: start,
         DUAL_RECORD: layout.record(dual_tensors(admm, split, key)),
         keys[1]: ConfigRecord(config),
     }

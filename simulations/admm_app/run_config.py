@@ -23,7 +23,7 @@ from flwr.common.logger import log
 
 from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
-from flwr_admm.data import TASKS
+from flwr_admm.data.registry import TASKS
 from flwr_admm.rounds.identity import KEY_BINDINGS
 
 from . import checkpoint_config as ckpt
@@ -85,7 +85,7 @@ DEFAULTS: dict[str, Any] = {
 HELP: dict[str, str] = {
     "api": f"one of {list(APIS)} (Flower's Message API or the legacy strategy API)",
     "strategy": f"one of {list(STRATEGIES)}",
-    "task": "a task name of flwr_admm.data.TASKS",
+    "task": "a task name of flwr_admm.data.registry.TASKS",
     "num-server-rounds": "integer >= 1",
     "num-clients": "integer >= 0 (0 = the task's own number of clients)",
     "rho": "FedADMM penalty, number >= 0",

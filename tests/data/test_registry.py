@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
-from flwr_admm.data import TASKS, load_task
+from flwr_admm.data import load_task
 from flwr_admm.data.base import fit_standardizer, split_client, stratified_split
 from flwr_admm.data.partition import PartitionSpec, load_partitions, partition_rows
-from flwr_admm.data.registry import task_options
+from flwr_admm.data.registry import TASKS, task_options
 
 
 def _fedavg_losses(task, rounds: int, clients: list[int] | None = None) -> list[float]:

@@ -16,6 +16,7 @@ import flwr_admm.server
 from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
+from flwr_admm.core.linearized import SCAFFNEW
 from flwr_admm.serverapp import SCAFFOLD, FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -38,7 +39,7 @@ def _every_node(**options):
 
 
 def test_with_every_client_replying_it_is_scaffold_option_ii_over_15_rounds():
-    linear, _ = _run(FedADMM(form="linearized", **_every_node()), 15)
+    linear, _ = _run(FedADMM(form=SCAFFNEW, **_every_node()), 15)  # beta 0, gamma 1
     scaffold, _ = _run(SCAFFOLD(server_learning_rate=1.0, **_every_node()), 15)
     assert np.linalg.norm(scaffold[-1] - scaffold[0]) > 0.1  # the models really move
     np.testing.assert_allclose(linear, scaffold, rtol=0, atol=1e-12)
@@ -192,9 +193,9 @@ def test_step_budget_checks_its_arguments(args, field):
 def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
     legacy_kwargs = {"min_fit_clients": N, "min_available_clients": N, "fraction_evaluate": 0.0}
     client = {"local_steps": STEPS, "learning_rate": LR}
-    _, linear, _ = run_seed(flwr_admm.server.FedADMM, 15, client_kwargs=client, form="linearized")
+    _, linear, _ = run_seed(flwr_admm.server.FedADMM, 15, client_kwargs=client, form=SCAFFNEW)
     _, scaffold, _ = run_seed(flwr_admm.server.SCAFFOLD, 15, client_kwargs=client, **legacy_kwargs)
-    message, _ = _run(FedADMM(form="linearized", **_every_node()), 15)
+    message, _ = _run(FedADMM(form=SCAFFNEW, **_every_node()), 15)
     np.testing.assert_array_equal(linear.matrix[-15:], message)  # the same replies, bit for bit
     np.testing.assert_allclose(linear.matrix[-15:], scaffold.matrix[-15:], rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"^rho: .*form='linearized'"):

@@ -19,6 +19,7 @@ from seed_task import gaps
 
 import flwr_admm.server
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.core.linearized import SCAFFNEW
 from flwr_admm.serverapp import SCAFFOLD, FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 from flwr_admm.testing import make_proxies, run_rounds
@@ -83,7 +84,7 @@ def every_node() -> dict[str, object]:
 
 def test_the_users_sgd_loop_is_scaffold_option_ii_over_15_rounds() -> None:
     budgets: list[float] = []
-    linear = run(FedADMM(form="linearized", **every_node()), torch_app(sgd(), budgets), 15)
+    linear = run(FedADMM(form=SCAFFNEW, **every_node()), torch_app(sgd(), budgets), 15)
     numpy_app = make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
     scaffold = run(SCAFFOLD(server_learning_rate=1.0, **every_node()), numpy_app, 15)
     assert np.linalg.norm(scaffold[-1] - scaffold[0]) > 0.1  # the models really move

@@ -8,6 +8,8 @@ What the message says picks the local objective (the user's optimizer in every c
   + alpha/2 ||w - x||^2, then grad_i -= alpha (w_i - x);
 - ``rho`` (`flwr_admm.serverapp.FedADMM`) with run-config handler = "torchadmm":
   `flwr_admm.torch.TorchADMM`'s w-step (warm start, proximal step after each step);
+  ``admm-form = "linearized"`` (``FedADMM(form="linearized")``): the same helper, the
+  same loop, in its linearized form (start at z, <y_i, w> in the loss, the step budget);
 - ``proximal-mu`` (Flower's FedProx, or FedADMM with handler = "fedprox"): the stock
   FedProx handler of Flower's FedProx docstring;
 - otherwise (FedAvg): plain local training.
@@ -106,7 +108,8 @@ def train(msg: Message, context: Context) -> Message:
         return feddyn_train(node)
     if peer is not None:
         raise ValueError(f"peer-algorithm: must be 'scaffold' or 'feddyn', got {peer!r}")
-    if "rho" in node.config and node.settings.handler == "torchadmm":
+    linearized = node.config.get("admm-form") == "linearized"
+    if ("rho" in node.config or linearized) and node.settings.handler == "torchadmm":
         return admm_train(node)
     if "proximal-mu" in node.config:
         return fedprox_train(node)

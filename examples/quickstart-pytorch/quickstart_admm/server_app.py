@@ -50,6 +50,8 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fedadmm":
         return FedADMM(**common)
+    if settings.strategy == "fedadmm-linearized":  # Scaffnew: rho_i = 1 / b_i per reply
+        return FedADMM(form="linearized", **common)
     if settings.strategy == "fedadmm-client-duals":
         return FedADMMClientDuals(**common)
     if settings.strategy == "scaffold":

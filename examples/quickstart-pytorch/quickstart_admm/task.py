@@ -24,7 +24,15 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-STRATEGIES = ("fedavg", "fedprox", "fedadmm", "fedadmm-client-duals", "scaffold", "feddyn")
+STRATEGIES = (
+    "fedavg",
+    "fedprox",
+    "fedadmm",
+    "fedadmm-linearized",
+    "fedadmm-client-duals",
+    "scaffold",
+    "feddyn",
+)
 HANDLERS = ("torchadmm", "fedprox")
 OPTIMIZERS = ("sgd", "adam")
 ADAM_LR = 1e-3
