@@ -382,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the tables and write JSON."""
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument(
-        "--tasks", default="seed-logreg,seed-logreg-partial,synthetic,digits,cnn-sgd"
+        "--tasks",
+        default="seed-logreg,seed-logreg-partial,synthetic,digits,digits-partial,cnn-sgd",
     )
     args = parser.parse_args(argv)
     quiet_flower()

@@ -130,9 +130,17 @@ def convex_problem(
     )
 
 
-def digits_problem(grid: Grid, max_rounds: int, targets: tuple[float, ...]) -> Problem:
-    """Digits, Dirichlet(0.1) over 10 clients, tanh MLP; accuracy on the shared test set."""
+def digits_problem(
+    grid: Grid, max_rounds: int, targets: tuple[float, ...], partial: bool = False
+) -> Problem:
+    """Digits, Dirichlet(0.1) over 10 clients, tanh MLP; accuracy on the shared test set.
+
+    `partial`: 3 of the 10 clients a round (Flower's sampling, seeded), as
+    ``seed-logreg-partial``.
+    """
     task = load_task("digits", partitioner="dirichlet", dirichlet_alpha=0.1, model="mlp")
+    if partial:
+        task = replace(task, defaults={**task.defaults, "fraction_fit": 0.3, "min_fit_clients": 3})
     model = task.make_model()
     X_test = task.data.X_global_test
     y_test = task.data.y_global_test
@@ -142,7 +150,7 @@ def digits_problem(grid: Grid, max_rounds: int, targets: tuple[float, ...]) -> P
         return float(np.mean(model.predict_proba(list(z), X_test).argmax(axis=1) == y_test))
 
     return Problem(
-        name="digits-mlp-dirichlet0.1",
+        name="digits-mlp-dirichlet0.1" + ("-3of10" if partial else ""),
         task=task,
         grid=grid,
         max_rounds=max_rounds,
@@ -192,9 +200,15 @@ def build_problems(names: list[str], quick: bool) -> list[Problem]:
             if quick:
                 grid = Grid((0.2,), (1,), (0.1,))
             problems.append(digits_problem(grid, 20 if quick else 100, (0.90, 0.93)))
+        elif name == "digits-partial":
+            grid = Grid((0.2, 0.5), (1, 3), (0.1, 1.0))
+            if quick:
+                grid = Grid((0.2,), (1,), (0.1,))
+            problem = digits_problem(grid, 20 if quick else 200, (0.90, 0.93), partial=True)
+            problems.append(problem)
         else:
             raise ValueError(
                 f"tasks: unknown task {name!r}; known: seed-logreg, seed-logreg-partial, "
-                "synthetic, digits"
+                "synthetic, digits, digits-partial"
             )
     return problems

@@ -196,10 +196,9 @@ class ConsensusADMM:
     def adopt_consensus(self, z: Sequence[NDArray[np.generic]]) -> None:
         """Take the broadcast z (e.g. after a DP wrapper added noise) as the current z."""
         self.check_shapes(z, "parameters")
-        adopted = [np.array(t, dtype=np.float64) for t in z]
-        if self.momentum is not None and not all(map(np.array_equal, adopted, self.z)):
-            self.momentum.forget()  # another z: its z_{k-1} no longer applies
-        self.z = adopted
+        # the momentum start keeps z_prev: the broadcast comes back rounded to the
+        # model's dtype (float32), which must not drop the momentum every round
+        self.z = [np.array(t, dtype=np.float64) for t in z]
 
     def start_point(self) -> Arrays:
         """Return where the clients start: z, or x = z + beta (z - z_prev) with momentum."""

@@ -77,10 +77,6 @@ class StartMomentum:
         self.restarts += int(restart)
         return restart
 
-    def forget(self) -> None:
-        """Drop z_{k-1}: z was replaced from outside (the next round starts at z)."""
-        self.previous = None
-
     def dump(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return the checkpoint arrays (momentum.previous.j) and metadata."""
         arrays = (

@@ -16,7 +16,7 @@ import flwr_admm.server
 from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
-from flwr_admm.core.linearized import SCAFFNEW
+from flwr_admm.core.linearized import SCAFFNEW, Linearized
 from flwr_admm.serverapp import SCAFFOLD, FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -200,3 +200,35 @@ def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
     np.testing.assert_allclose(linear.matrix[-15:], scaffold.matrix[-15:], rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"^rho: .*form='linearized'"):
         flwr_admm.server.FedADMM(form="linearized", rho=1.0)
+
+
+# ------------------------------------------------------------- the momentum start
+def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum():
+    strategy = FedADMM(form=Linearized(momentum=0.7), **_every_node())
+    app = make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
+    grid = InProcessGrid(app, N)
+    recorder = ZRecorder()
+    zeros = ArrayRecord([np.zeros(20, dtype=np.float32)])  # the broadcast comes back rounded
+    run_strategy(strategy, grid, zeros, 30, evaluate_fn=recorder)
+    z = recorder.matrix  # z^0 .. z^30
+    sent = {
+        int(m.metadata.group_id): m.content["arrays"]["0"].numpy()
+        for m in grid.sent
+        if m.metadata.message_type == "train"
+    }
+    moved = 0
+    for k in range(3, 31):  # round k starts at x = z^(k-1) + 0.7 (z^(k-1) - z^(k-2)), or z^(k-1)
+        x = z[k - 1] + 0.7 * (z[k - 1] - z[k - 2])
+        at_z = np.allclose(sent[k], z[k - 1], rtol=0, atol=1e-6)
+        assert at_z or np.allclose(sent[k], x, rtol=0, atol=1e-5)
+        moved += not at_z
+    assert moved >= 10  # the momentum reaches the clients (it was dropped every round once)
+    assert 0 < strategy.admm.momentum.restarts < 28
+    assert gaps(z[1:].astype(np.float64))[-1] < 1e-6  # float32 z: near the pooled optimum
+
+
+def test_both_apis_run_the_default_linearized_form_bit_for_bit():
+    client = {"local_steps": STEPS, "learning_rate": LR}
+    _, legacy, _ = run_seed(flwr_admm.server.FedADMM, 12, client_kwargs=client, form="linearized")
+    message, _ = _run(FedADMM(form="linearized", **_every_node()), 12)
+    np.testing.assert_array_equal(legacy.matrix[-12:], message)
