@@ -11,9 +11,10 @@ examples/quickstart-pytorch`` runs the same app in Flower's engine
 (``examples/quickstart-pytorch/compare.py``).
 
 Rows: Flower's FedAvg and FedProx(0.1); FedADMM with its defaults and `TorchADMM`, and
-with a stock FedProx handler; FedADMM's linearized form with `TorchADMM`; SCAFFOLD and
-FedDyn(0.1). Columns: final central
-accuracy per seed, the round it first reaches 90 % (- = never), and the mean.
+with a stock FedProx handler; FedADMM's linearized form with `TorchADMM`
+(``Linearized()``, and the convex recipe `LINEARIZED_CONVEX`); SCAFFOLD and FedDyn(0.1).
+Columns: final central accuracy per seed, the round it first reaches 90 % (- = never),
+and the mean.
 
     python -m benchmarks.cnn [--quick] [--tasks cnn-sgd,cnn-adam,cnn-bn] [--seeds 0,1,2]
         [--rows "FedAvg;FedADMM linearized, TorchADMM"]   # row labels, ";"-separated
@@ -47,6 +48,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
     "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
     "FedADMM linearized, TorchADMM": {"strategy": "fedadmm-linearized", "handler": "torchadmm"},
+    "FedADMM linearized (convex recipe), TorchADMM": {"strategy": "fedadmm-linearized-convex"},
     "FedADMMClientDuals (defaults), TorchADMM": {"strategy": "fedadmm-client-duals"},
     "SCAFFOLD": {"strategy": "scaffold"},
     "FedDyn (alpha 0.1)": {"strategy": "feddyn"},

@@ -11,8 +11,10 @@ tuned" runs them over the local grid only, lr x steps, no server argument), plai
 at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 = 1. The
 grid rows and those two are the textbook iteration (no acceleration, alpha as the
 grid says, dual step 1). "FedADMM linearized" is ``FedADMM(form="linearized")``
-(`flwr_admm.core.linearized`: rho_i = 1 / (K_i lr), no penalty knob) over lr x steps,
-and "(untuned)" on the task's default local settings.
+(`flwr_admm.core.linearized`: rho_i = 1 / (K_i lr), no penalty knob; ``Linearized()``,
+dual step 0.2, no momentum) over lr x steps, and "(untuned)" on the task's default
+local settings; "FedADMM linearized, convex recipe" the same with `LINEARIZED_CONVEX`
+(momentum start 0.7 with restart, dual step 1).
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -25,9 +27,9 @@ peers table gives rounds and bytes to the tightest target per algorithm.
     python -m benchmarks.convergence [--quick] [--tasks TASK,...]
 
 TASK: seed-logreg, seed-logreg-partial (3 of its 10 clients a round), synthetic, digits,
-and the CNN tasks of `benchmarks.cnn` (cnn-sgd: Flower's PyTorch quickstart with
-momentum SGD and minibatches; cnn-adam, cnn-bn), 3 seeds each: final accuracy and the
-round of 90 %, untuned.
+digits-partial (3 of 10), and the CNN tasks of `benchmarks.cnn` (cnn-sgd: Flower's
+PyTorch quickstart with momentum SGD and minibatches; cnn-adam, cnn-bn), 3 seeds each:
+final accuracy and the round of 90 %, untuned.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from benchmarks.tables import ratio_text, report_table
 from flwr_admm import RunDivergedError
 from flwr_admm.client import ADMMClient
 from flwr_admm.core import Constant, ResidualBalancing
+from flwr_admm.core.linearized import LINEARIZED_CONVEX
 from flwr_admm.models import Model
 from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
@@ -78,8 +81,10 @@ DEFAULTS_LABEL = "FedADMM (defaults)"
 # separates what local tuning buys from what the algorithm does.
 LOCAL_TUNED_LABEL = "FedADMM (defaults), local tuned"
 # FedADMM(form="linearized"): rho_i = 1 / (K_i lr) from each reply, no penalty knob;
-# tuned over the local grid (lr x steps) and untuned on the task's local settings
+# tuned over the local grid (lr x steps) and untuned on the task's local settings;
+# Linearized() (dual step 0.2, no momentum) and the convex recipe (momentum 0.7, gamma 1)
 LINEARIZED_LABEL = "FedADMM linearized"
+LINEARIZED_CONVEX_LABEL = "FedADMM linearized, convex recipe"
 PEER_LABELS = (*BASELINES, *PEERS)
 SWEEP = (1.0, 1.5, 1.6, 1.7, 1.8)
 
@@ -174,6 +179,8 @@ def make_strategy(
         return FedADMM(sampling_seed=None, **common)
     if algorithm == LINEARIZED_LABEL:
         return FedADMM(form="linearized", sampling_seed=None, **common)
+    if algorithm == LINEARIZED_CONVEX_LABEL:
+        return FedADMM(form=LINEARIZED_CONVEX, sampling_seed=None, **common)
     return FedADMM(
         rho=float(config["penalty"]),
         rho_schedule=schedule or Constant(),
@@ -326,11 +333,11 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
     for config in problem.grid.configs(penalized=True):
         relaxed = {**config, "relaxation": RELAXED}
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
-    for config in problem.grid.configs(penalized=False):
-        runs.append({**run_one(problem, LINEARIZED_LABEL, config), "label": LINEARIZED_LABEL})
-    linearized = {**problem.defaults, "penalty": 0.0}
-    label = f"{LINEARIZED_LABEL} (untuned)"
-    runs.append({**run_one(problem, LINEARIZED_LABEL, linearized), "label": label})
+    for name in (LINEARIZED_LABEL, LINEARIZED_CONVEX_LABEL):
+        for config in problem.grid.configs(penalized=False):
+            runs.append({**run_one(problem, name, config), "label": name})
+        linearized = {**problem.defaults, "penalty": 0.0}
+        runs.append({**run_one(problem, name, linearized), "label": f"{name} (untuned)"})
     untuned = {**problem.defaults, "penalty": 1.0}
     runs.append({**run_one(problem, DEFAULTS_LABEL, untuned), "label": DEFAULTS_LABEL})
     for config in problem.grid.configs(penalized=False):  # lr x steps; rho0 = 1 (default)

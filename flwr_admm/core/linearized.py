@@ -32,8 +32,10 @@ gradient once the velocity settles: the budget is b_i = K_i lr / (1 - mu)
 Server steps (`Linearized`, ``FedADMM(form=Linearized(...))``; ``form="linearized"``
 is ``Linearized()``): the clients start at x = z + beta (z - z_prev) with a restart
 test (`flwr_admm.core.start_momentum`), and the dual step is damped,
-y_i += gamma rho_i (w_i - z'); neither moves the fixed point. `SCAFFNEW` (beta 0,
-gamma 1) is the textbook iteration above, SCAFFOLD option II's twin.
+y_i += gamma rho_i (w_i - z'); neither moves the fixed point. ``Linearized()`` is
+beta 0, gamma 0.2, chosen on the CNN task; `LINEARIZED_CONVEX` (beta 0.7, gamma 1)
+the fastest on full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) the textbook
+iteration above, SCAFFOLD option II's twin.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [
     "FORMS",
+    "LINEARIZED_CONVEX",
     "SCAFFNEW",
     "Form",
     "FormSpec",
@@ -78,8 +81,10 @@ Form = Literal["prox", "linearized"]
 FORMS: tuple[str, ...] = ("prox", "linearized")
 
 
-DEFAULT_MOMENTUM = 0.7
-DEFAULT_LINEARIZED_DUAL_STEP = 1.0
+# Chosen on the CNN task (momentum SGD, minibatches; docs/benchmarks.md), where the
+# textbook dual step and the momentum start both diverge or end far behind
+DEFAULT_MOMENTUM = 0.0
+DEFAULT_LINEARIZED_DUAL_STEP = 0.2
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ class Linearized:
 
 
 SCAFFNEW = Linearized(momentum=0.0, dual_step=1.0)  # the textbook iteration
+# for full-batch convex clients: the fastest on the convex tasks, diverges on the CNN
+LINEARIZED_CONVEX = Linearized(momentum=0.7, dual_step=1.0)
 FormSpec = Form | Linearized  # what a strategy's ``form`` takes
 
 

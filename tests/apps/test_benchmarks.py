@@ -67,6 +67,8 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedDyn",
         "FedADMM linearized",
         "FedADMM linearized (untuned)",
+        "FedADMM linearized, convex recipe",
+        "FedADMM linearized, convex recipe (untuned)",
     }
     assert set(task["peers"]) == labels
     scaffold = [run for run in task["runs"] if run["label"] == "SCAFFOLD"]

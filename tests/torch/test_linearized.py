@@ -94,7 +94,7 @@ def test_the_users_sgd_loop_is_scaffold_option_ii_over_15_rounds() -> None:
 
 def test_momentum_sgd_reports_k_lr_over_one_minus_momentum_and_converges() -> None:
     budgets: list[float] = []
-    strategy = FedADMM(form="linearized", **every_node())
+    strategy = FedADMM(form=SCAFFNEW, **every_node())  # the textbook dual step
     z = run(strategy, torch_app(sgd(lr=0.1, momentum=0.9), budgets), 40)
     assert budgets[0] == pytest.approx(STEPS * 0.1 / (1 - 0.9), rel=1e-12)
     assert {r.scale for r in strategy.admm.records.values()} == {1 / budgets[0]}

@@ -26,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from flwr.supercore.run import Run
 
+from flwr_admm.core.linearized import LINEARIZED_CONVEX
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
 
@@ -52,6 +53,8 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedADMM(**common)
     if settings.strategy == "fedadmm-linearized":  # Scaffnew: rho_i = 1 / b_i per reply
         return FedADMM(form="linearized", **common)
+    if settings.strategy == "fedadmm-linearized-convex":  # momentum start, gamma 1
+        return FedADMM(form=LINEARIZED_CONVEX, **common)
     if settings.strategy == "fedadmm-client-duals":
         return FedADMMClientDuals(**common)
     if settings.strategy == "scaffold":

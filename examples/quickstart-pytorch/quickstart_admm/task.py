@@ -29,6 +29,7 @@ STRATEGIES = (
     "fedprox",
     "fedadmm",
     "fedadmm-linearized",
+    "fedadmm-linearized-convex",
     "fedadmm-client-duals",
     "scaffold",
     "feddyn",
