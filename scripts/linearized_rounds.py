@@ -1,4 +1,4 @@
-"""Rounds to a 1e-6 relative gap on seed-logreg: FedADMM's two forms and SCAFFOLD.
+"""Rounds to a 1e-6 relative gap on seed-logreg: FedADMM's forms and recipes, and SCAFFOLD.
 
 Message API on the in-process grid, the task's local settings (20 full-batch steps of
 lr 1), all 10 clients and 3 of 10 a round; Python's `random` (SCAFFOLD's sampler)
@@ -22,6 +22,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW
 from flwr_admm.serverapp import SCAFFOLD, FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
@@ -55,9 +56,15 @@ def sampling(fraction: float) -> dict[str, Any]:
 
 METHODS: dict[str, Callable[[float], Strategy]] = {
     "`FedADMM()` (defaults, prox form)": lambda f: FedADMM(**sampling(f)),
-    '`FedADMM(form="linearized")`': lambda f: FedADMM(form="linearized", **sampling(f)),
-    '`FedADMM(form="linearized", z_average="replies")`': lambda f: FedADMM(
-        form="linearized", z_average="replies", **sampling(f)
+    '`FedADMM(form="linearized")` (`Linearized()`: gamma 0.2)': lambda f: FedADMM(
+        form="linearized", **sampling(f)
+    ),
+    "`FedADMM(form=SCAFFNEW)` (gamma 1)": lambda f: FedADMM(form=SCAFFNEW, **sampling(f)),
+    '`FedADMM(form=SCAFFNEW, z_average="replies")`': lambda f: FedADMM(
+        form=SCAFFNEW, z_average="replies", **sampling(f)
+    ),
+    "`FedADMM(form=LINEARIZED_CONVEX)` (momentum 0.7, gamma 1)": lambda f: FedADMM(
+        form=LINEARIZED_CONVEX, **sampling(f)
     ),
     "`SCAFFOLD()` (server step 1)": lambda f: SCAFFOLD(**sampling(f)),
 }
@@ -70,7 +77,7 @@ def main() -> None:
     print("| method | all 10 clients | 3 of 10 (`fraction_train=0.3`) |")
     print("|---|---|---|")
     for name, make in METHODS.items():
-        print(f"| {name} | {rounds(make, 1.0, 60)} | {rounds(make, 0.3, 200)} |", flush=True)
+        print(f"| {name} | {rounds(make, 1.0, 100)} | {rounds(make, 0.3, 300)} |", flush=True)
 
 
 if __name__ == "__main__":
