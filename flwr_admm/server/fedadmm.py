@@ -195,10 +195,11 @@ class FedADMM(ConsensusStrategy):
         """Send each sampled client its center v_i = z - u_i and its rho_i."""
         admm = self.admm
         assert admm is not None
-        instructions, start = [], self._merge(admm.start_point())  # z, or the momentum start
+        instructions: list[tuple[ClientProxy, FitIns]] = []
+        start = self._merge(admm.start_point()) if self.form == "linearized" else []
         for client in clients:
             key = self._key_of_cid.get(client.cid)
-            if self.form == "linearized":  # z, then y_i (flwr_admm.core.linearized)
+            if self.form == "linearized":  # the start (z or x), then y_i (core.linearized)
                 assert self.tensors is not None
                 self._sent_key[client.cid] = key if key in admm.records else None
                 both = start + dual_tensors(admm, self.tensors, key)
