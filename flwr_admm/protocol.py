@@ -109,6 +109,7 @@ DP_ROUNDS = "dp_rounds"
 META_ROUND = "round"  # STATE_META, DUALS_STATE_META: server round of the last fit
 META_FITS = "fits"  # STATE_META: fits so far (the round when the config has none)
 META_NUM_EXAMPLES = "num_examples"  # DUALS_STATE_META: n_i
+META_BUDGET = "step_budget"  # DUALS_STATE_META: b_i under the linearized form
 
 # ------------------------- client-held duals: acknowledgement and rebuild sweep
 ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)

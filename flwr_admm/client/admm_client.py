@@ -60,6 +60,7 @@ from flwr_admm.protocol import (
     STATE_META,
     STATE_RESIDUAL,
     STATE_W,
+    STEP_BUDGET,
 )
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
 
@@ -184,7 +185,8 @@ class ADMMClient(NumPyClient):
         server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
         if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
             return peers.client_fit(self, received, config, plan, server_round, uplink)
-        if config.get(FORM) == FORM_LINEARIZED:  # z, then y_i: flwr_admm.client.linearized
+        server_held = config.get(MODE_KEY) != MODE_CLIENT
+        if config.get(FORM) == FORM_LINEARIZED and server_held:  # z, y_i: client.linearized
             return linearized.client_fit(self, received, plan, server_round, uplink)
         received, z_k = client_duals.split_accelerated(received, config)  # fast ADMM: z_k
         self.model.check_params(received, field="parameters")
@@ -253,15 +255,23 @@ class ADMMClient(NumPyClient):
         state = base.state
         gamma = dual_math.dual_step_of(config)
         begin = dual_math.start_round(state, z, fast, gamma)  # fast ADMM: extrapolates u_i too
-        init = resolved_init(self.local_init, z_received=True)
-        previous = state.w if state is not None and init == "previous" else None
-        origin = z if init == "consensus" else begin.center  # z: FedDyn's start
-        start = [t.copy() for t in previous] if previous is not None else origin
         stream = [self.seed, int(self.partition_id or 0), server_round]
         rng = np.random.default_rng(stream)
-        result = penalized_local_solve(
-            self.model, start, self.X, self.y, plan, center=begin.center, rho=rho, rng=rng
-        )
+        budget = None
+        if config.get(FORM) == FORM_LINEARIZED:  # from z^k on f_i + <u_i / b_i, w>
+            linear = dual_math.linear_term(state, begin)
+            result = penalized_local_solve(
+                self.model, z, self.X, self.y, plan, rng=rng, linear=linear
+            )
+            budget = linearized.budget_of(result.steps, plan)
+        else:
+            init = resolved_init(self.local_init, z_received=True)
+            previous = state.w if state is not None and init == "previous" else None
+            origin = z if init == "consensus" else begin.center  # z: FedDyn's start
+            start = [t.copy() for t in previous] if previous is not None else origin
+            result = penalized_local_solve(
+                self.model, start, self.X, self.y, plan, center=begin.center, rho=rho, rng=rng
+            )
         w = [np.asarray(t, dtype=np.float64) for t in result.params]
         n = int(self.X.shape[0])
         change = dual_math.contribution_change(state, w, begin.dual, n)
@@ -279,12 +289,13 @@ class ADMMClient(NumPyClient):
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])
         sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
-        pending = begin.kept(w, n, server_round, sent.residual)
+        pending = begin.kept(w, n, server_round, sent.residual, budget)
         if _flag(config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()
         metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync))
         metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
+        metrics.update({} if budget is None else {STEP_BUDGET: budget})
         self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
         self.uplink_payload = sent.payload
         return list(sent.arrays), n, metrics

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.common import ArrayRecord, ConfigRecord, Parameters, RecordDict, Scalar, ndarray_to_bytes
@@ -56,6 +56,7 @@ from flwr_admm.protocol import (
     DUALS_STATE_W,
     EXAMPLES_CHANGE,
     HAT_SQ_RESIDUAL,
+    META_BUDGET,
     META_NUM_EXAMPLES,
     META_ROUND,
     MODE_CLIENT,
@@ -228,7 +229,9 @@ def _load(records: RecordDict, shapes: list[tuple[int, ...]], slot: Slot) -> Dua
     if any([t.shape for t in a] != shapes for a in (w, u, residual or w, u_prev or w)):
         return None
     n, k = int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND])  # type: ignore[arg-type]
-    return DualState(w, u, n, k, residual, u_prev)
+    budget = meta.get(META_BUDGET)  # the linearized form's b_i
+    budget = float(budget) if isinstance(budget, int | float) else None
+    return DualState(w, u, n, k, residual, u_prev, budget)
 
 
 def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
@@ -250,6 +253,10 @@ def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
         arrays[slot.u_prev] = ArrayRecord([np.array(t) for t in state.dual_prev])
     else:
         arrays.pop(slot.u_prev, None)
-    records.config_records[slot.meta] = ConfigRecord(
-        {META_NUM_EXAMPLES: int(state.num_examples), META_ROUND: int(state.server_round)}
-    )
+    meta: dict[str, Any] = {
+        META_NUM_EXAMPLES: int(state.num_examples),
+        META_ROUND: int(state.server_round),
+    }
+    if state.budget is not None:
+        meta[META_BUDGET] = float(state.budget)
+    records.config_records[slot.meta] = ConfigRecord(meta)

@@ -22,7 +22,17 @@ from flwr_admm.models.base import Params
 from flwr_admm.protocol import FORM, LOCAL_STEPS, LOSS, STEP_BUDGET
 from flwr_admm.uplink.channel import ClientUplink
 
-__all__ = ["client_fit"]
+__all__ = ["budget_of", "client_fit"]
+
+
+def budget_of(steps: int, plan: LocalPlan) -> float:
+    """Return b_i = K lr of a local loop that took `steps` steps; ValueError if none."""
+    if steps == 0:
+        raise ValueError(
+            "grad_tol: the local loop took no step from z, so there is no step budget "
+            "K lr for rho_i = 1 / (K lr); lower grad_tol or drop it under the linearized form"
+        )
+    return step_budget(steps, plan.learning_rate)
 
 
 def client_fit(
@@ -56,15 +66,10 @@ def client_fit(
     rng = np.random.default_rng(stream)
     # w <- w - lr (grad f_i(w) + y_i), K steps from z
     result = penalized_local_solve(client.model, z, client.X, client.y, plan, rng=rng, linear=y)
-    if result.steps == 0:
-        raise ValueError(
-            "grad_tol: the local loop took no step from z, so there is no step budget "
-            "K lr for rho_i = 1 / (K lr); lower grad_tol or drop it under the linearized form"
-        )
     metrics: dict[str, Scalar] = {
         LOSS: float(result.loss),
         LOCAL_STEPS: int(result.steps),
-        STEP_BUDGET: step_budget(result.steps, plan.learning_rate),
+        STEP_BUDGET: budget_of(result.steps, plan),
         **client._key_metrics(),
     }
     w = [np.asarray(t, dtype=np.float64) for t in result.params]

@@ -98,7 +98,7 @@ def make_client_app(
             params += [np.asarray(a, dtype=np.float64) for a in control.values()]
         if client_held(config):  # fast ADMM: z_k follows z^_{k+1}, as on the legacy wire
             params += accel_z(message, list(received))
-        if config.get(FORM) == FORM_LINEARIZED:  # [z, y_i]: the legacy parameters
+        if config.get(FORM) == FORM_LINEARIZED and not client_held(config):  # [z, y_i]
             params += list(received_dual(message, list(received)).values())
         client = client_fn(context)
         arrays, num_examples, metrics = client.fit(params, config)

@@ -169,17 +169,23 @@ class DualsRound:
         """Return v_i = z^k - u_i, the center of the local solve."""
         return self.start.center
 
+    @property
+    def correction(self) -> Arrays:
+        """Return the linearized form's y_i = u_i / b_i (`dual_math.linear_term`)."""
+        return dual_math.linear_term(self.state, self.start)
+
     def reply(
-        self, w: Arrays, num_examples: int
+        self, w: Arrays, num_examples: int, budget: float | None = None
     ) -> tuple[Arrays, Arrays | None, dict[str, Any], KeptDuals]:
-        """Return Delta_i, sigma_i' (if asked), the protocol metrics and the states to keep."""
+        """Return Delta_i, sigma_i' (if asked), the protocol metrics and the states to keep.
+
+        `budget` is the linearized form's b_i, kept with the pending state.
+        """
         w = [np.asarray(t, dtype=np.float64) for t in w]
         change = dual_math.contribution_change(self.state, w, self.start.dual, num_examples)
         if self.state is not None and self.state.residual is not None:  # flush a kept e_i
             change = [d + e for d, e in zip(change, self.state.residual, strict=True)]
-        pending = dual_math.DualState(
-            w, self.start.dual, num_examples, self.server_round, None, self.start.dual_prev
-        )
+        pending = self.start.kept(w, num_examples, self.server_round, None, budget)
         share = pending.share if self.rebuild else None
         metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync)
         return change, share, dict(metrics), KeptDuals(self.state, pending)
@@ -195,12 +201,13 @@ class DualsRound:
         *,
         arrayrecord_key: str = "arrays",
         weighted_by_key: str = NUM_EXAMPLES,
+        budget: float | None = None,
     ) -> Message:
         """Return the reply to `message` and keep both states in `records`, last."""
         values = [w[n] for n in names] if isinstance(w, Mapping) else list(w)
         if len(values) != len(names):
             raise ValueError(f"arrays: expected {len(names)} tensors {list(names)}")
-        change, share, protocol, kept = self.reply(values, int(num_examples))
+        change, share, protocol, kept = self.reply(values, int(num_examples), budget)
         reported = {**metrics, **protocol, weighted_by_key: int(num_examples)}
         key = arrayrecord_key
         reply = duals_reply(message, names, change, share, reported, arrayrecord_key=key)

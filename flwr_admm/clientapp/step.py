@@ -51,7 +51,7 @@ from flwr_admm.clientapp.records import (
     received_arrays,
     received_dual,
 )
-from flwr_admm.core.linearized import check_form, step_budget
+from flwr_admm.core.linearized import check_form, scale_of_budget, step_budget
 from flwr_admm.protocol import (
     DP_CLIP,
     DP_NOISE,
@@ -239,7 +239,7 @@ class ADMMTrainStep:
         server_round = server_round if isinstance(server_round, int) else None
         rho, duals, previous = read_rho(config), None, warm_start(context, center)
         consensus, form, correction = None, check_form(config.get(FORM, "prox")), None
-        if form == "linearized":  # z under arrays, y_i under admm-dual
+        if form == "linearized" and not client_held(config):  # z, y_i under admm-dual
             consensus, correction = center, received_dual(message, list(center))
         elif client_held(config):
             if rho <= 0 or server_round is None:
@@ -253,7 +253,10 @@ class ADMMTrainStep:
             state = duals.state
             previous = None if state is None else dict(zip(names, state.w, strict=True))
             consensus = center  # z^k (z^_(k+1) under fast ADMM): init="consensus"
-            center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i
+            if form == "linearized":  # from z^k, y_i = u_i / b_i kept by the node
+                correction = dict(zip(names, duals.correction, strict=True))
+            else:
+                center = dict(zip(names, duals.center, strict=True))  # v_i = z^k - u_i
         elif START_RECORD in message.content.array_records:  # server-held: z next to v_i
             start = message.content.array_records[START_RECORD]
             if list(start.keys()) != list(center):
@@ -341,6 +344,8 @@ class ADMMTrainStep:
                 raise ValueError("context: required with client-held duals (states live there)")
             reported = key_metrics(context)
             reported.update({name: plain(value, name) for name, value in (metrics or {}).items()})
+            if self.form == "linearized":
+                reported[STEP_BUDGET] = _budget_given(step_budget)
             return self.duals.answer(
                 self.message,
                 list(self.center),
@@ -349,15 +354,11 @@ class ADMMTrainStep:
                 reported,
                 context.state,
                 arrayrecord_key=self.arrayrecord_key,
+                budget=step_budget if self.form == "linearized" else None,
             )
         marked = self.mark(metrics)
         if self.form == "linearized":
-            if step_budget is None:
-                raise ValueError(
-                    "step_budget: the linearized form needs the local step budget "
-                    "K lr (K lr / (1 - momentum) with momentum SGD): rho_i = 1 / b_i"
-                )
-            marked[STEP_BUDGET] = float(step_budget)
+            marked[STEP_BUDGET] = _budget_given(step_budget)
         return build_reply(
             self.message,
             arrays,
@@ -367,3 +368,14 @@ class ADMMTrainStep:
             arrayrecord_key=self.arrayrecord_key,
             configrecord_key=self.configrecord_key,
         )
+
+
+def _budget_given(step_budget: float | None) -> float:
+    """Return the linearized form's b_i; ValueError naming ``step_budget`` unless > 0."""
+    if step_budget is None:
+        raise ValueError(
+            "step_budget: the linearized form needs the local step budget "
+            "K lr (K lr / (1 - momentum) with momentum SGD): rho_i = 1 / b_i"
+        )
+    scale_of_budget(step_budget, "step_budget")  # ValueError unless finite and > 0
+    return float(step_budget)

@@ -61,6 +61,7 @@ class DualState:
     server_round: int
     residual: Arrays | None = None
     dual_prev: Arrays | None = None  # fast ADMM: u_i,prev (None: zero)
+    budget: float | None = None  # the linearized form: b_i of the round that gave w_i
 
     @property
     def contribution(self) -> Arrays:
@@ -114,10 +115,15 @@ class DualStart:
     z_hat: Arrays | None = None  # fast ADMM: the received z^_{k+1} (for ||w_i' - z^||^2)
 
     def kept(
-        self, w: Arrays, num_examples: int, server_round: int, residual: Arrays | None = None
+        self,
+        w: Arrays,
+        num_examples: int,
+        server_round: int,
+        residual: Arrays | None = None,
+        budget: float | None = None,
     ) -> DualState:
         """Return the state to keep after training w_i' from this start (u^_i, u_i,prev)."""
-        return DualState(w, self.dual, num_examples, server_round, residual, self.dual_prev)
+        return DualState(w, self.dual, num_examples, server_round, residual, self.dual_prev, budget)
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,24 @@ def start_round(
     d2 = float(sum(np.vdot(d, d) for d in diff))
     dual = _dual_update(state.u, diff, dual_step)
     return DualStart(dual, [t - u for t, u in zip(z, dual, strict=True)], d2)
+
+
+def linear_term(state: DualState | None, start: DualStart) -> Arrays:
+    """Return the linearized form's y_i = u_i / b_i (b_i: the kept state's step budget).
+
+    With client-held duals the node keeps the scaled dual u_i = b_i y_i, so that
+    u_i += gamma (w_i - z^k) is the linearized form's y_i += gamma rho_i (w_i - z') with
+    rho_i = 1 / b_i, and S / N is its z-step when the budgets are equal
+    (`flwr_admm.core.linearized`). A first round (u_i = 0) needs no budget.
+    """
+    if state is None or state.budget is None:
+        if any(np.any(u != 0) for u in start.dual):
+            raise ValueError(
+                "budget: the kept state has a dual but no step budget (written under "
+                "form='prox'?): resync the node or keep the form for the whole run"
+            )
+        return [np.zeros_like(u) for u in start.dual]
+    return [u / state.budget for u in start.dual]
 
 
 def dual_step_of(config: Mapping[str, object]) -> float:

@@ -71,6 +71,7 @@ __all__ = [
     "Linearized",
     "budget_scale",
     "check_form",
+    "client_held_steps",
     "dual_tensors",
     "scale_of_budget",
     "step_budget",
@@ -196,6 +197,34 @@ def strategy_settings(
         dual_step=steps.dual_step,
         start_momentum=steps.momentum,
     )
+
+
+def client_held_steps(
+    form: FormSpec, dual_step: float, uplink: object, acceleration: object
+) -> float:
+    """Return the dual step of client-held duals in the linearized form; ValueError otherwise.
+
+    The momentum start needs z_prev on the server and each node's start, which
+    client-held duals do not send; ``dual_step``, ``uplink`` and ``acceleration`` must
+    stay at their defaults (1, None, None): the `Linearized` gives the dual step.
+    """
+    steps = form if isinstance(form, Linearized) else Linearized()
+    if steps.momentum != 0.0:
+        raise ValueError(
+            f"momentum: the momentum start needs server-held duals (FedADMM); use "
+            f"Linearized(momentum=0.0) with FedADMMClientDuals, got {steps.momentum!r}"
+        )
+    for name, value, default in (
+        ("dual_step", dual_step, 1.0),
+        ("uplink", uplink, None),
+        ("acceleration", acceleration, None),
+    ):
+        if value != default:
+            raise ValueError(
+                f"{name}: not used with form='linearized' under client-held duals (the "
+                f"dual step is Linearized(dual_step=...)); leave it unset, got {value!r}"
+            )
+    return steps.dual_step
 
 
 def step_budget(steps: int, learning_rate: float, momentum: float = 0.0) -> float:

@@ -20,11 +20,14 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.kernels import single_thread_blas
+from flwr_admm.core.linearized import FormSpec, budget_scale, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
+    FORM,
+    FORM_LINEARIZED,
     MESSAGE_SERVER_ROUND,
     MODE_CLIENT,
     MODE_KEY,
@@ -161,7 +164,11 @@ class FedADMMClientDuals(ConsensusStrategy):
         max_client_age: int | None = None,
         max_clients: int | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
+        form: FormSpec = "prox",
     ) -> None:
+        self.form = check_form(form)
+        if self.form == "linearized":
+            dual_step = client_held_steps(form, dual_step, uplink, acceleration)
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,
@@ -226,6 +233,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             RHO: self.state.rho,
             MODE_KEY: MODE_CLIENT,
             MESSAGE_SERVER_ROUND: server_round,
+            **({FORM: FORM_LINEARIZED} if self.form == "linearized" else {}),
         }
         extra: dict[str, ArrayRecord] = {}
         momentum = self.state.momentum
@@ -276,6 +284,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         share goes stale and the sweep takes it out of S.
         """
         key, metrics, n = reply.key, reply.metrics, reply.num_examples
+        if self.form == "linearized" and (why := budget_scale(metrics)[1]) is not None:
+            self._reject(key, why, counts)
+            return False
         report = self.state.problem(key, metrics, n)
         if report is not None:
             problem, mismatch = report
@@ -322,6 +333,7 @@ class FedADMMClientDuals(ConsensusStrategy):
         compressor = self.channel.compressor
         return {
             **self.state.configuration(STRATEGY),
+            **({} if self.form == "prox" else {"form": self.form}),
             "uplink": None if compressor is None else compressor.config(),
         }
 

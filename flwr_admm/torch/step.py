@@ -209,6 +209,11 @@ class TorchADMM:
         server_round = config.get(SERVER_ROUND)
         server_round = server_round if isinstance(server_round, int) else None
         if check_form(config.get(FORM, "prox")) == "linearized":  # z, then y_i
+            if config.get(MODE_KEY) == MODE_CLIENT:
+                raise ValueError(
+                    f"{FORM}: the linearized form with client-held duals runs on the Message "
+                    "API (TorchADMM.from_message); the legacy builder supports it server-held"
+                )
             z, y = linearized_blocks(model, parameters)
             return cls(
                 model,
@@ -381,7 +386,8 @@ class TorchADMM:
             assert self._budget is not None
             reported = {LOCAL_STEPS: self._budget.steps, **(metrics or {})}
             budget = self.step_budget()
-            return self.train_step.reply(arrays, num_examples, reported, step_budget=budget)
+            held = self.context if self.train_step.duals is not None else None  # its states
+            return self.train_step.reply(arrays, num_examples, reported, held, step_budget=budget)
         return self.train_step.reply(arrays, num_examples, metrics, self.context)
 
     def step_budget(self) -> float:

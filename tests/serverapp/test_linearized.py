@@ -17,7 +17,7 @@ from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
-from flwr_admm.serverapp import SCAFFOLD, FedADMM
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
 
@@ -237,3 +237,50 @@ def test_both_apis_run_the_default_linearized_form_bit_for_bit():
     _, legacy, _ = run_seed(flwr_admm.server.FedADMM, 12, client_kwargs=client, form="linearized")
     message, _ = _run(FedADMM(form="linearized", **_every_node()), 12)
     np.testing.assert_array_equal(legacy.matrix[-12:], message)
+
+
+# ------------------------------------------------------------ client-held duals
+user_duals_app = ClientApp()
+
+
+@user_duals_app.train()
+def user_duals_train(msg: Message, context: Context) -> Message:
+    """The linearized loop under client-held duals: from z^k, y_i = u_i / b_i from the node."""
+    X, y = local_data(context)
+    step = ADMMTrainStep.from_message(msg, context)
+    (w,) = step.start().values()
+    (y_i,) = step.correction.values()
+    model = seed_model()
+    for _ in range(STEPS):
+        _, (grad,) = model.loss_and_grad([w], X, y)
+        w = w - LR * (grad + y_i)
+    return step.reply([w], len(y), {}, context, step_budget=step_budget(STEPS, LR))
+
+
+@pytest.mark.parametrize("app", ["numpy client", "user handler"])
+def test_client_held_duals_run_the_linearized_form_at_two_copies(app):
+    client_app = user_duals_app if app == "user handler" else None
+    held, grid = _run(FedADMMClientDuals(form=SCAFFNEW, **_every_node()), 15, client_app)
+    scaffold, _ = _run(SCAFFOLD(server_learning_rate=1.0, **_every_node()), 15)
+    np.testing.assert_allclose(held, scaffold, rtol=0, atol=1e-12)  # SCAFFOLD option II
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert sorted(train[-1].content.array_records) == ["arrays"]  # z only: 2 copies a round
+    assert train[-1].content["config"]["admm-form"] == "linearized"
+
+
+def test_client_held_duals_default_linearized_equals_the_server_held_one():
+    held, _ = _run(FedADMMClientDuals(form="linearized", **_every_node()), 40)
+    server, _ = _run(FedADMM(form=Linearized(momentum=0.0), **_every_node()), 40)
+    np.testing.assert_allclose(held, server, rtol=0, atol=1e-12)
+    assert gaps(held)[-1] < gaps(held)[0] * 1e-3
+
+
+def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
+    with pytest.raises(ValueError, match=r"^momentum: the momentum start needs server-held"):
+        FedADMMClientDuals(form=Linearized(momentum=0.7))
+    with pytest.raises(ValueError, match=r"^dual_step: not used with form='linearized'"):
+        FedADMMClientDuals(form="linearized", dual_step=0.5)
+    strategy = FedADMMClientDuals(form="linearized", **_every_node())
+    _run(strategy, 2, client_app=plain_app)  # replies without admm-step-budget
+    assert all(h.get("num_rejected") == N for h in strategy.history)
+    assert strategy.configuration()["form"] == "linearized"

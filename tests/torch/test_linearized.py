@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from flower_run import admm_client_fn, seed_data, seed_model
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -20,7 +20,7 @@ from seed_task import gaps
 import flwr_admm.server
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.core.linearized import SCAFFNEW
-from flwr_admm.serverapp import SCAFFOLD, FedADMM
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.torch import TorchADMM
@@ -246,3 +246,23 @@ def test_a_loop_that_would_drop_the_dual_fails_loudly_and_nothing_is_folded(loop
     strategy = one_round(app_raising(loop, seen))
     assert seen and all(re.match(message, s) for s in seen)
     assert strategy.admm.records == {}  # no reply was folded
+
+
+def test_client_held_duals_run_the_users_loop_as_scaffold_option_ii() -> None:
+    budgets: list[float] = []
+    held = run(FedADMMClientDuals(form=SCAFFNEW, **every_node()), torch_app(sgd(), budgets), 15)
+    numpy_app = make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
+    scaffold = run(SCAFFOLD(server_learning_rate=1.0, **every_node()), numpy_app, 15)
+    np.testing.assert_allclose(held, scaffold, rtol=0, atol=1e-10)
+    assert set(budgets) == {STEPS * LR}
+
+
+def test_the_legacy_builder_refuses_client_held_duals_in_the_linearized_form() -> None:
+    config = {"admm-form": "linearized", "admm-duals": "client", "rho": 1.0}
+    with pytest.raises(ValueError, match=r"^admm-form: the linearized form with client-held"):
+        TorchADMM.from_parameters(
+            seed_torch_model(),
+            [np.zeros(D)],
+            config,
+            Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}),
+        )
