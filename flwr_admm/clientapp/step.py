@@ -197,7 +197,8 @@ class ADMMTrainStep:
         `start` (z), no prox term, and pass ``step_budget=step_budget(K, lr)`` (with
         momentum: ``step_budget(K, lr, momentum)``) to `reply`: rho_i = 1 / b_i.
     correction : dict or None
-        y_i by name (float64) under the linearized form, else None.
+        y_i by name (float64) under the linearized form (the ``admm-dual`` record, or
+        u_i / b_i from the node's kept state under client-held duals), else None.
     consensus : dict or None
         The received z^k by name, float64 (the start of ``init="consensus"``): the
         ``admm-start`` record under FedADMM, the received arrays under client-held
