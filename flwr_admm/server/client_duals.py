@@ -102,11 +102,14 @@ from numpy.typing import NDArray
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
+from flwr_admm.core.linearized import FormSpec, budget_scale, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
 from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
+    FORM,
+    FORM_LINEARIZED,
     MODE_CLIENT,
     MODE_KEY,
     NUM_RESYNCED,
@@ -177,6 +180,10 @@ class FedADMMClientDuals(ConsensusStrategy):
         leaves S through the rebuild sweep.
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
+    form : {"prox", "linearized"} or Linearized
+        The linearized form with client-held duals, as in
+        `flwr_admm.serverapp.FedADMMClientDuals` (config ``admm-form``; a reply without
+        ``admm-step-budget`` is rejected). Not under SecAgg+ yet.
 
     """
 
@@ -204,8 +211,12 @@ class FedADMMClientDuals(ConsensusStrategy):
         resume: bool = True,
         uplink: Compressor | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
+        form: FormSpec = "prox",
         **fedavg_kwargs: Any,
     ) -> None:
+        self.form = check_form(form)
+        if self.form == "linearized":
+            dual_step = client_held_steps(form, dual_step, uplink, acceleration)
         super().__init__(
             channel=UplinkChannel(checked_uplink(uplink)),
             stop_on_convergence=stop_on_convergence,
@@ -250,6 +261,8 @@ class FedADMMClientDuals(ConsensusStrategy):
         """
         state = self.state
         common: dict[str, Scalar] = {**config, RHO: state.rho, MODE_KEY: MODE_CLIENT}
+        if self.form == "linearized":  # nodes start at z^k, y_i = u_i / b_i
+            common[FORM] = FORM_LINEARIZED
         if state.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
             common.update(fast_config(state.momentum))
             last = state.momentum.last  # none yet: z_k = z^ (g = 0)
@@ -279,6 +292,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         key, proxy, res = keyed
         state = self.state
         assert state.contribution_sum is not None
+        if self.form == "linearized" and (why := budget_scale(res.metrics)[1]) is not None:
+            self._reject(key, why, counts)
+            return False
         report = state.problem(key, res.metrics, res.num_examples)
         if report is not None:
             problem, mismatch = report
@@ -335,7 +351,8 @@ class FedADMMClientDuals(ConsensusStrategy):
     # ------------------------------------------------------------- checkpoints
     def configuration(self) -> dict[str, Any]:
         """Return the configuration a checkpoint must agree with (JSON)."""
-        return self.state.configuration(STRATEGY)
+        form = {} if self.form == "prox" else {"form": self.form}
+        return {**self.state.configuration(STRATEGY), **form}
 
     def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
         """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""

@@ -117,6 +117,11 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             )
         if client_duals_kwargs.get("uplink") is not None:
             raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
+        if client_duals_kwargs.get("form", "prox") != "prox":
+            raise ValueError(
+                "form: only 'prox' under SecAgg+ (the linearized form's step budget is not "
+                f"carried by the masked reply yet), got {client_duals_kwargs['form']!r}"
+            )
         if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
             raise ValueError(f"max_weight: must be an integer >= 1, got {max_weight!r}")
         if secagg_scale is None and isinstance(clipping_range, int | float) and clipping_range > 0:

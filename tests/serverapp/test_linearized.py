@@ -284,3 +284,21 @@ def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
     _run(strategy, 2, client_app=plain_app)  # replies without admm-step-budget
     assert all(h.get("num_rejected") == N for h in strategy.history)
     assert strategy.configuration()["form"] == "linearized"
+
+
+def test_the_legacy_client_held_strategy_runs_the_same_linearized_iteration():
+    client = {"local_steps": STEPS, "learning_rate": LR}
+    legacy_kwargs = {"min_fit_clients": N, "min_available_clients": N, "fraction_evaluate": 0.0}
+    _, legacy, _ = run_seed(
+        flwr_admm.server.FedADMMClientDuals,
+        15,
+        client_kwargs=client,
+        form=SCAFFNEW,
+        **legacy_kwargs,
+    )
+    message, _ = _run(FedADMMClientDuals(form=SCAFFNEW, **_every_node()), 15)
+    np.testing.assert_allclose(legacy.matrix[-15:], message, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^form: only 'prox' under SecAgg\+"):
+        flwr_admm.server.FedADMMClientDualsSecAgg(form="linearized")
+    with pytest.raises(ValueError, match=r"^momentum: the momentum start needs server-held"):
+        flwr_admm.server.FedADMMClientDuals(form=Linearized(momentum=0.5))
