@@ -93,7 +93,11 @@ user_app = ClientApp()
 
 @user_app.train()
 def user_train(msg: Message, context: Context) -> Message:
-    """The linearized loop written out: K steps on grad f_i + y_i from z."""
+    """The linearized loop written out: K steps on grad f_i + y_i from z.
+
+    The same handler serves client-held duals: `ADMMTrainStep` gives y_i = u_i / b_i
+    from the node's kept state there.
+    """
     X, y = local_data(context)
     step = ADMMTrainStep.from_message(msg, context)
     (w,) = step.start().values()
@@ -240,26 +244,9 @@ def test_both_apis_run_the_default_linearized_form_bit_for_bit():
 
 
 # ------------------------------------------------------------ client-held duals
-user_duals_app = ClientApp()
-
-
-@user_duals_app.train()
-def user_duals_train(msg: Message, context: Context) -> Message:
-    """The linearized loop under client-held duals: from z^k, y_i = u_i / b_i from the node."""
-    X, y = local_data(context)
-    step = ADMMTrainStep.from_message(msg, context)
-    (w,) = step.start().values()
-    (y_i,) = step.correction.values()
-    model = seed_model()
-    for _ in range(STEPS):
-        _, (grad,) = model.loss_and_grad([w], X, y)
-        w = w - LR * (grad + y_i)
-    return step.reply([w], len(y), {}, context, step_budget=step_budget(STEPS, LR))
-
-
 @pytest.mark.parametrize("app", ["numpy client", "user handler"])
 def test_client_held_duals_run_the_linearized_form_at_two_copies(app):
-    client_app = user_duals_app if app == "user handler" else None
+    client_app = user_app if app == "user handler" else None  # the same handler as above
     held, grid = _run(FedADMMClientDuals(form=SCAFFNEW, **_every_node()), 15, client_app)
     scaffold, _ = _run(SCAFFOLD(server_learning_rate=1.0, **_every_node()), 15)
     np.testing.assert_allclose(held, scaffold, rtol=0, atol=1e-12)  # SCAFFOLD option II
