@@ -38,26 +38,33 @@ class Budget:
     sums the gradients it stepped on, and `value` fits K <w_0 - w_K, G> / ||G||^2.
     """
 
-    start: list[torch.Tensor]
+    params: list[torch.Tensor]  # the penalized (trainable) parameters, found once
+    start: list[torch.Tensor]  # w_0, for the fitted budget
+    ids: frozenset[int]  # id() of each of `params`, to find them in param groups
     steps: int = 0
     sgd: float = 0.0
     gradients: list[torch.Tensor] | None = None
     linear_used: bool = False
 
-    def step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
-        """Count one optimizer step over `params` (the trainable parameters)."""
+    @classmethod
+    def of(cls, params: Sequence[torch.Tensor]) -> Budget:
+        """Start counting over `params`, from their current values (w_0)."""
+        return cls(list(params), [p.detach().clone() for p in params], frozenset(map(id, params)))
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count one optimizer step."""
         self.steps += 1
         if type(optimizer) is torch.optim.SGD and self.gradients is None:
-            self.sgd += _sgd_step(optimizer, {id(p) for p in params})
+            self.sgd += _sgd_step(optimizer, self.ids)
             return
         if self.gradients is None:  # a non-SGD optimizer: fit the budget instead
-            self.gradients = [torch.zeros_like(p) for p in params]
+            self.gradients = [torch.zeros_like(p) for p in self.params]
         with torch.no_grad():
-            for total, p in zip(self.gradients, params, strict=True):
+            for total, p in zip(self.gradients, self.params, strict=True):
                 if p.grad is not None:
                     total += p.grad
 
-    def value(self, params: list[torch.Tensor]) -> float:
+    def value(self) -> float:
         """Return b_i; ValueError when it cannot be trusted (see `TorchADMM.step_budget`)."""
         if self.steps == 0:
             raise ValueError(
@@ -74,7 +81,7 @@ class Budget:
         with torch.no_grad():
             moved = sum(
                 float(torch.sum((w0 - p) * g))
-                for w0, p, g in zip(self.start, params, self.gradients, strict=True)
+                for w0, p, g in zip(self.start, self.params, self.gradients, strict=True)
             )
             size = sum(float(torch.sum(g * g)) for g in self.gradients)
         budget = self.steps * moved / size if size > 0 else math.nan
@@ -86,7 +93,7 @@ class Budget:
         return budget
 
 
-def _sgd_step(optimizer: torch.optim.Optimizer, ids: set[int]) -> float:
+def _sgd_step(optimizer: torch.optim.Optimizer, ids: frozenset[int]) -> float:
     """Return one SGD step's budget: the size-weighted mean of lr (1 - d) / (1 - mu)."""
     total, size = 0.0, 0
     for group in optimizer.param_groups:

@@ -315,16 +315,13 @@ class TorchADMM:
         assert self.correction is not None
         load_arrays(self.model, self.received)
         named = dict(self.model.named_parameters())
-        self._linear = {}
-        for name in trainable_names(self.model):
-            p = named[name]
-            y = torch.as_tensor(self.correction[name]).to(dtype=p.dtype, device=p.device)
-            self._linear[id(p)] = y
-        self._budget = Budget(start=[p.detach().clone() for p in self._trainable()])
-
-    def _trainable(self) -> list[torch.Tensor]:
-        """Return the trainable parameters, in `model.parameters` order."""
-        return [p for p in self.model.parameters() if p.requires_grad]
+        names = trainable_names(self.model)
+        params = [named[name] for name in names]
+        self._linear = {
+            id(p): torch.as_tensor(self.correction[name]).to(dtype=p.dtype, device=p.device)
+            for name, p in zip(names, params, strict=True)
+        }
+        self._budget = Budget.of(params)
 
     def penalty_term(self) -> torch.Tensor:
         """Return rho/2 sum_k ||w_k - v_k||^2 in "loss" mode (0 in "prox" mode or rho = 0).
@@ -358,7 +355,7 @@ class TorchADMM:
         if self.form == "linearized":
             if self._budget is None:
                 raise ValueError("after_step: call start() first (it loads z and y_i)")
-            self._budget.step(optimizer, self._trainable())
+            self._budget.step(optimizer)
             return
         if self.penalty != "prox" or not self._center:
             return
@@ -402,7 +399,7 @@ class TorchADMM:
         """
         if self.form != "linearized" or self._budget is None:
             raise ValueError("step_budget: only under the linearized form, after start()")
-        return self._budget.value(self._trainable())
+        return self._budget.value()
 
     def fit_result(
         self, num_examples: int, metrics: Mapping[str, Any] | None = None
