@@ -120,6 +120,12 @@ ACCEL_GAMMA = "admm-accel-gamma"  # fit config: g, u^_i = u_i + g (u_i - u_i,pre
 ACCEL_Z_RECORD = "admm-accel-z"  # Message API: the ArrayRecord of z_k
 DUAL_STEP = "admm-dual-step"  # fit config: gamma, u_i += gamma (w_i - z) (absent: 1)
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
+# A key whose share the server kept (a resync's, K in rounds.client_duals_sweep) is
+# offered it back: c_i = sigma_i / n_i of the acknowledged round, so a node that lost
+# its state trains from it instead of from scratch (prox form, gamma 1, no fast ADMM).
+RESTORE = "admm-restore"  # fit config: c_i as .npy bytes (float64, flat)
+RESTORE_EXAMPLES = "admm-restore-examples"  # fit config: the n_i of that share
+RESTORED = "admm-restored"  # reply: 1 = trained from the offered c_i (no d2_i)
 REBUILDING = "rebuilding"  # round metric: 1 while S still holds a stale share
 DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not yet acked)
 DUALS_PENDING_U = "flwr_admm.duals.pending.u"  # u_i of the pending reply

@@ -22,6 +22,8 @@ from flwr_admm.protocol import (
     EXAMPLES_CHANGE,
     NUM_EXAMPLES,
     PREVIOUS_ROUND,
+    RESTORE,
+    RESTORE_EXAMPLES,
     RESYNC,
 )
 from flwr_admm.serverapp.testing import InProcessGrid
@@ -53,7 +55,9 @@ class FaultyGrid(InProcessGrid):
     before this round (a SuperNode restart without its state); "nan": the reply
     arrives with a NaN; "replay": the node's previous reply arrives instead of this one;
     "forge": the node keeps its state but claims a resync (its Delta_i sent as a full
-    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1).
+    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1); "amnesia": "wipe",
+    and the server's offer of its kept share (``admm-restore``) does not reach the node
+    (a client that does not take it), so it resyncs every time: a memoryless client.
     """
 
     def __init__(self, app: ClientApp, num_nodes: int, faults: dict[int, dict[int, str]]) -> None:
@@ -65,8 +69,12 @@ class FaultyGrid(InProcessGrid):
         node_id = message.metadata.dst_node_id
         server_round = int(message.content["config"]["server-round"])
         fault = self.faults.get(node_id - 1, {}).get(server_round)
-        if fault == "wipe":
+        if fault in ("wipe", "amnesia"):
             self.contexts[node_id].state = RecordDict()
+        if fault == "amnesia":
+            config = message.content["config"]
+            config.pop(RESTORE, None)
+            config.pop(RESTORE_EXAMPLES, None)
         reply = super()._deliver(message)
         previous = self.last.get(node_id)
         if reply is not None:

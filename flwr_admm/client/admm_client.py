@@ -251,7 +251,9 @@ class ADMMClient(NumPyClient):
         if rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
         kept = self._kept_duals([t.shape for t in z])
-        base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(config))
+        ack = _ack_round(config)
+        restore = dual_math.restored_state(config, z, ack)  # the server's offer, if any
+        base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
         state = base.state
         gamma = dual_math.dual_step_of(config)
         begin = dual_math.start_round(state, z, fast, gamma)  # fast ADMM: extrapolates u_i too
@@ -266,7 +268,8 @@ class ADMMClient(NumPyClient):
             budget = linearized.budget_of(result.steps, plan)
         else:
             init = resolved_init(self.local_init, z_received=True)
-            previous = state.w if state is not None and init == "previous" else None
+            own = None if base.restored else state  # a restored state has no w_i
+            previous = own.w if own is not None and init == "previous" else None
             origin = z if init == "consensus" else begin.center  # z: FedDyn's start
             start = [t.copy() for t in previous] if previous is not None else origin
             result = penalized_local_solve(
@@ -293,10 +296,11 @@ class ADMMClient(NumPyClient):
         if _flag(config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
         metrics = self._key_metrics()
-        metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync))
+        metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync, base.restored))
         metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
         metrics.update({} if budget is None else {STEP_BUDGET: budget})
-        self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
+        committed = None if base.restored else state  # an offer is made again, not kept
+        self._keep_duals(client_duals.KeptDuals(committed, pending))  # last: after all can fail
         self.uplink_payload = sent.payload
         return list(sent.arrays), n, metrics
 

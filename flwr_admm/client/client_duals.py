@@ -62,6 +62,7 @@ from flwr_admm.protocol import (
     MODE_CLIENT,
     MODE_KEY,
     PREVIOUS_ROUND,
+    RESTORED,
     RESYNC,
     U_SQ_NORM,
     W_SQ_NORM,
@@ -182,9 +183,17 @@ def with_share(sent: UplinkChange, share: Arrays) -> UplinkChange:
 
 
 def reply_metrics(
-    state: DualState | None, start: DualStart, w: Arrays, num_examples: int, resync: bool
+    state: DualState | None,
+    start: DualStart,
+    w: Arrays,
+    num_examples: int,
+    resync: bool,
+    restored: bool = False,
 ) -> dict[str, Scalar]:
-    """Return the protocol metrics of a reply (see `FedADMMClientDuals`)."""
+    """Return the protocol metrics of a reply (see `FedADMMClientDuals`).
+
+    `restored`: `state` is the server's offer (``admm-restored`` = 1, no d2_i).
+    """
     metrics: dict[str, Scalar] = {
         PREVIOUS_ROUND: 0 if state is None else int(state.server_round),
         EXAMPLES_CHANGE: int(num_examples) - (0 if state is None else int(state.num_examples)),
@@ -192,7 +201,9 @@ def reply_metrics(
         U_SQ_NORM: float(sum(np.vdot(u, u) for u in start.dual)),
         RESYNC: int(resync),
     }
-    if start.delayed_sq_residual is not None:
+    if restored:
+        metrics[RESTORED] = 1
+    elif start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
     if start.z_hat is not None:  # fast ADMM: ||w_i' - z^||^2 for the restart test
         diff = [a - b for a, b in zip(w, start.z_hat, strict=True)]

@@ -133,6 +133,8 @@ class DualsRound:
         The round of this message (``server-round``).
     rebuild : bool
         ``admm-rebuild = 1``: also send the full share sigma_i'.
+    restored : bool
+        `state` is the server's offer (``admm-restore``): w = c_i, u = 0; no w_i of its own.
 
     """
 
@@ -141,6 +143,7 @@ class DualsRound:
     start: dual_math.DualStart
     server_round: int
     rebuild: bool
+    restored: bool = False
 
     @classmethod
     def open(
@@ -156,13 +159,15 @@ class DualsRound:
         With fast ADMM `z` is z^_{k+1} and `z_k` the z-step's output (``admm-accel-z``).
         """
         kept = load_states(records, [t.shape for t in z])
-        base = dual_math.acknowledged(kept.committed, kept.pending, ack_round(config))
+        ack = ack_round(config)
+        restore = dual_math.restored_state(config, z, ack)  # the server's offer, if any
+        base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
         flag = config.get(REBUILD, 0)
         if isinstance(flag, bool) or flag not in (0, 1):
             raise ValueError(f"{REBUILD}: must be 0 or 1, got {flag!r}")
         fast = extrapolation(config, z, z_k)
         start = dual_math.start_round(base.state, z, fast, dual_math.dual_step_of(config))
-        return cls(base.state, base.resync, start, server_round, flag == 1)
+        return cls(base.state, base.resync, start, server_round, flag == 1, base.restored)
 
     @property
     def center(self) -> Arrays:
@@ -187,8 +192,9 @@ class DualsRound:
             change = [d + e for d, e in zip(change, self.state.residual, strict=True)]
         pending = self.start.kept(w, num_examples, self.server_round, None, budget)
         share = pending.share if self.rebuild else None
-        metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync)
-        return change, share, dict(metrics), KeptDuals(self.state, pending)
+        metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync, self.restored)
+        committed = None if self.restored else self.state  # an offer is made again, not kept
+        return change, share, dict(metrics), KeptDuals(committed, pending)
 
     def answer(
         self,

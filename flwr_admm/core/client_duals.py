@@ -20,8 +20,16 @@ from the one S holds (`acknowledged`):
     p == a     the reply was used: commit, C = P
     a_c == a   the reply was not used (lost, rejected, its round dropped): train from C
     a == 0     S holds nothing of it: start fresh
-    otherwise  its state is gone (a SuperNode restart): resynchronize, i.e. start
-               fresh and say so; the server replaces its stale share
+    otherwise  its state is gone (a SuperNode restart): train from the share the
+               server offers back (``admm-restore``, `restored_state`), else
+               resynchronize, i.e. start fresh and say so; the server replaces its
+               stale share
+
+Restore. The server sees a resync's full contribution sigma_i = n_i c_i and keeps it
+(not under SecAgg+); it offers c_i back with the next acknowledgements. With the
+textbook dual step gamma = 1 the client needs nothing else: u_i + (w_i - z^k) =
+c_i - z^k, so the stand-in state (w = c_i, u = 0) gives the same dual, center and
+Delta_i as the lost one; only d2_i is unknown, and the reply says so (``admm-restored``).
 
 Fast ADMM with restart (`flwr_admm.core.dual_momentum`, the server half). The fit
 config then also carries z_k (the z-step's output, z^k above is its extrapolation
@@ -39,13 +47,21 @@ rest of the state (a retry from C extrapolates from C's u_i,prev).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import io
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from flwr_admm.core.types import Arrays, check_dual_step
-from flwr_admm.protocol import DUAL_STEP
+from flwr_admm.protocol import (
+    ACCEL_GAMMA,
+    DUAL_STEP,
+    FORM,
+    RESTORE,
+    RESTORE_EXAMPLES,
+    SECAGG_SCALE,
+)
 
 
 @dataclass
@@ -81,19 +97,24 @@ class DualState:
 
 @dataclass(frozen=True)
 class Acknowledged:
-    """The state to train from, and whether the client resynchronizes."""
+    """The state to train from, and whether the client resynchronizes or was restored."""
 
     state: DualState | None  # None: start as a new client
     resync: bool  # S holds a share of this client that it no longer has
+    restored: bool = False  # `state` is the server's offer (w = c_i, u = 0): no w_i, d2_i
 
 
 def acknowledged(
-    committed: DualState | None, pending: DualState | None, ack: int | None
+    committed: DualState | None,
+    pending: DualState | None,
+    ack: int | None,
+    restore: DualState | None = None,
 ) -> Acknowledged:
     """Return the state S holds for ack round a: P if p == a, C if a_c == a, else none.
 
     ``ack=None`` (a server that sends no acknowledgement): the newest state, as if the
-    last reply had been used. a > 0 matching neither state: resynchronize.
+    last reply had been used. a > 0 matching neither state: the server's offer
+    `restore` (`restored_state`) if there is one, else resynchronize.
     """
     newest = pending if pending is not None else committed
     if ack is None:
@@ -101,7 +122,51 @@ def acknowledged(
     for state in (pending, committed):
         if state is not None and state.server_round == ack:
             return Acknowledged(state, resync=False)
+    if ack != 0 and restore is not None:
+        return Acknowledged(restore, resync=False, restored=True)
     return Acknowledged(None, resync=ack != 0)
+
+
+def restore_payload(share: Sequence[np.ndarray], num_examples: int) -> bytes:
+    """Return c_i = sigma_i / n_i, flat float64 ``.npy`` bytes (the ``admm-restore`` value)."""
+    flat = np.concatenate([np.asarray(t, dtype=np.float64).reshape(-1) for t in share])
+    buffer = io.BytesIO()
+    np.save(buffer, flat / float(num_examples), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def restored_state(config: Mapping[str, object], z: Arrays, ack: int | None) -> DualState | None:
+    """Return the stand-in state (w = c_i, u = 0, n_i, round a) the server offers, or None.
+
+    ValueError naming the field if the offer is malformed, or comes with a dual step
+    other than 1, fast ADMM, the linearized form (where c_i alone is not the state) or
+    SecAgg+ (where the server never sees a share).
+    """
+    if RESTORE not in config:
+        return None
+    for field, bad in (
+        (DUAL_STEP, DUAL_STEP in config and config[DUAL_STEP] != 1),
+        (ACCEL_GAMMA, ACCEL_GAMMA in config),
+        (FORM, config.get(FORM, "prox") != "prox"),
+        (SECAGG_SCALE, SECAGG_SCALE in config),
+    ):
+        if bad:
+            raise ValueError(f"{RESTORE}: not offered with {field} = {config[field]!r}")
+    n, payload = config.get(RESTORE_EXAMPLES), config[RESTORE]
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"{RESTORE_EXAMPLES}: must be an integer > 0, got {n!r}")
+    size = sum(t.size for t in z)
+    try:
+        flat = np.load(io.BytesIO(payload), allow_pickle=False)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OSError, EOFError):
+        raise ValueError(f"{RESTORE}: must be .npy bytes of {size} float64 numbers") from None
+    if flat.dtype != np.float64 or flat.shape != (size,) or not np.all(np.isfinite(flat)):
+        raise ValueError(f"{RESTORE}: must be .npy bytes of {size} finite float64 numbers")
+    if ack is None or ack <= 0:
+        raise ValueError(f"{RESTORE}: needs an acknowledged round > 0, got {ack!r}")
+    parts = np.split(flat, np.cumsum([t.size for t in z])[:-1])
+    c = [p.reshape(t.shape).copy() for p, t in zip(parts, z, strict=True)]
+    return DualState(c, [np.zeros_like(t) for t in c], n, ack)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from flwr_admm.protocol import (
     OBJECTIVE,
     PREVIOUS_PRIMAL_RESIDUAL,
     PREVIOUS_ROUND,
+    RESTORED,
     RESYNC,
     RHO,
     SECAGG_EXAMPLES,
@@ -101,8 +102,12 @@ def protocol_problem(
     num_examples: object,
     *,
     secure: bool = False,
+    offered: bool = False,
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
+
+    `offered`: the server offered this key its share back (``admm-restore``); only then
+    may a reply say it trained from it (``admm-restored`` = 1, no d2_i).
 
     Framework-neutral: `metrics` and `num_examples` (n_i') of a legacy `FitRes` or of
     a Message-API reply. A reply with previous round 0 is a full contribution: a new
@@ -134,6 +139,11 @@ def protocol_problem(
         return f"{RESYNC} must be 0 or 1", 0
     if resync == 1 and previous != 0:
         return f"{RESYNC} = 1 needs {PREVIOUS_ROUND} = 0 (a full contribution)", 0
+    restored = metrics.get(RESTORED, 0)
+    if not (_integer(restored) and restored in (0, 1)):
+        return f"{RESTORED} must be 0 or 1", 0
+    if restored == 1 and (previous == 0 or not offered):
+        return f"{RESTORED} = 1 without a share offered for its previous round", 0
     held = entry if previous != 0 else None  # a full contribution replaces what S holds
     known_round = held.last_round if held is not None else 0
     known_n = held.num_examples if held is not None else 0
@@ -145,8 +155,12 @@ def protocol_problem(
             "brings it back",
             1,
         )
-    if not secure and (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0):
-        return f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before", 0
+    if not secure and (DELAYED_SQ_RESIDUAL in metrics) != (known_round > 0 and not restored):
+        return (
+            f"{DELAYED_SQ_RESIDUAL} must be sent exactly when it took part before "
+            f"(and did not train from a restored share, {RESTORED} = 1)",
+            0,
+        )
     return None
 
 

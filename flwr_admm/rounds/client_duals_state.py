@@ -22,6 +22,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays, check_dual_step
@@ -32,6 +33,9 @@ from flwr_admm.protocol import (
     NUM_CLIENTS_CACHED,
     REBUILD,
     REBUILDING,
+    RESTORE,
+    RESTORE_EXAMPLES,
+    RESTORED,
     RHO,
 )
 from flwr_admm.rounds.client_duals_replies import (
@@ -89,6 +93,7 @@ class ClientDualsState:
         client_rho: str = "uniform",
         relaxation: float = 1.0,
         dual_step: float = 1.0,
+        restores: bool = True,
     ) -> None:
         check_client_duals_settings(
             rho=rho,
@@ -113,6 +118,9 @@ class ClientDualsState:
         self.clients: dict[str, ClientEntry] = {}
         self.sweep = RebuildSweep()
         self.stats = RoundStats()
+        # offer K's shares back (admm-restore): c_i is the whole state only when
+        # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
+        self.restores = restores and self.dual_step == 1.0 and self.momentum is None
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -121,22 +129,44 @@ class ClientDualsState:
             self.contribution_sum = [np.zeros_like(t) for t in z]
         self.z = z
 
-    def instructions(self, key: str | None) -> dict[str, int | float]:
+    def instructions(self, key: str | None) -> dict[str, int | float | bytes]:
         """Return `key`'s ack round a (0: S holds none of it), rebuild flag and gamma.
 
-        gamma (``admm-dual-step``) is sent only when it is not the textbook 1.
+        gamma (``admm-dual-step``) is sent only when it is not the textbook 1. A key
+        whose share sigma_i the server kept (K) is offered c_i = sigma_i / n_i
+        (``admm-restore``, ``admm-restore-examples``), in case its node lost its state.
         """
         entry = None if key is None else self.clients.get(key)
         step: dict[str, int | float] = {} if self.dual_step == 1.0 else {DUAL_STEP: self.dual_step}
         if key is None or entry is None:
             return {ACK_ROUND: 0, REBUILD: 0, **step}
-        return {ACK_ROUND: entry.last_round, REBUILD: int(self.sweep.wants_share(key)), **step}
+        sent: dict[str, int | float | bytes] = {
+            ACK_ROUND: entry.last_round,
+            REBUILD: int(self.sweep.wants_share(key)),
+            **step,
+        }
+        if self.offers(key):
+            share = self.sweep.known[key]
+            sent[RESTORE] = restore_payload(share, entry.num_examples)
+            sent[RESTORE_EXAMPLES] = entry.num_examples
+        return sent
+
+    def offers(self, key: str) -> bool:
+        """Return whether `key` is offered its kept share back (``admm-restore``)."""
+        entry = self.clients.get(key)
+        return (
+            self.restores
+            and entry is not None
+            and entry.num_examples > 0
+            and (key in self.sweep.known)
+        )
 
     def problem(
         self, key: str, metrics: Mapping[str, Any], num_examples: object, *, secure: bool = False
     ) -> tuple[str, int] | None:
         """Return (why, 1 if a state mismatch) if the reply breaks the protocol, else None."""
-        return protocol_problem(self.clients.get(key), metrics, num_examples, secure=secure)
+        entry, offered = self.clients.get(key), not secure and self.offers(key)
+        return protocol_problem(entry, metrics, num_examples, secure=secure, offered=offered)
 
     def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
         """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.
@@ -170,8 +200,11 @@ class ClientDualsState:
         A resync's full contribution is kept as the key's known share (`RebuildSweep`).
         """
         assert self.contribution_sum is not None
+        restored = metrics.get(RESTORED, 0) == 1  # checked by `problem`: it was offered
         resync = self.record(key, num_examples, server_round, full=full)
-        self.sweep.fold(key, self.contribution_sum, change, share, full=full, resync=resync)
+        self.sweep.fold(
+            key, self.contribution_sum, change, share, full=full, resync=resync, restored=restored
+        )
         flat = (np.asarray(t, dtype=np.float64).reshape(-1) for t in change)
         change_sq = sum(float(a @ a) for a in flat)  # ||Delta_i||^2: the server's own check
         self.stats.add(num_examples, metrics, change_sq)

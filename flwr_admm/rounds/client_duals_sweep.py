@@ -26,8 +26,10 @@ on. Its next resync, or its eviction, then takes its share out exactly:
 
     S -= sigma_i,  S_new -= sigma_i,  N_stale unchanged         (`take_out`)
 
-so a client that loses its state every round (a memoryless client), or one that
-forges resync claims, adds its n to N_stale at most once per sweep, never more.
+so a client that loses its state every round, or one that forges resync claims,
+adds its n to N_stale at most once per sweep, never more. A key in K is also offered
+its share back (``admm-restore``, `flwr_admm.core.client_duals.restored_state`): a
+client that lost its state again trains from it, and is no memoryless client.
 """
 
 from __future__ import annotations
@@ -98,18 +100,21 @@ class RebuildSweep:
         *,
         full: bool,
         resync: bool = False,
+        restored: bool = False,
     ) -> None:
         """Add a reply's Delta_j to S (`total`), and what the sweep needs to S_new.
 
         A full contribution (new or resyncing key) is all of its share: S_new += it,
         j joins R. Otherwise S_new += Delta_j if j is in R, else S_new += sigma_j'
         (j joins R) when the reply sent it. A resync's share joins K; a key in K
-        adds Delta_j to its sigma_j during a sweep and leaves K outside one.
+        adds Delta_j to its sigma_j during a sweep, or when its client trained from
+        the offered share (`restored`: it may lose its state again), and leaves K
+        otherwise.
         """
         _add(total, change)
         if resync:
             self.known[key] = [np.array(t, dtype=np.float64) for t in change]
-        elif key in self.known and self.new_sum is not None:
+        elif key in self.known and (self.new_sum is not None or restored):
             _add(self.known[key], change)
         else:
             self.known.pop(key, None)

@@ -237,6 +237,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             client_rho=client_rho,
             relaxation=relaxation,
             dual_step=dual_step,
+            restores=self.form == "prox" and uplink is None,  # c_i is then the whole state
         )
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
         self._resume(resume)

@@ -141,6 +141,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         self.max_weight, self.modulus_range = max_weight, modulus_range
         self._sweep_sent: Arrays | None = None  # the S_new the clients were told about
         super().__init__(**client_duals_kwargs)
+        self.state.restores = False  # the server never sees a share to offer back
 
     def __repr__(self) -> str:
         return f"FedADMMClientDualsSecAgg(rho={self.state.rho}, grid={self.grid!r})"

@@ -202,6 +202,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             client_rho=client_rho,
             relaxation=relaxation,
             dual_step=dual_step,
+            restores=self.form == "prox" and uplink is None,  # c_i is then the whole state
         )
         self.channel = UplinkChannel(checked_uplink(uplink))
         self._sent_record: ArrayRecord | None = None  # what we returned last (z in the layout)

@@ -262,10 +262,12 @@ class TorchADMM:
         z = list(self.received.values())
         kept = client_duals.load_states(self.context.state, [t.shape for t in z])
         self.duals = kept
-        self._base = dual_math.acknowledged(kept.committed, kept.pending, _ack_round(self.config))
+        ack = _ack_round(self.config)
+        restore = dual_math.restored_state(self.config, z, ack)  # the server's offer, if any
+        self._base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
         gamma = dual_math.dual_step_of(self.config)
         self._begin = dual_math.start_round(self._base.state, z, dual_step=gamma)
-        state = self._base.state
+        state = None if self._base.restored else self._base.state  # restored: no w_i
         self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
         self.consensus = dict(self.received)  # z: init="consensus" starts here
         self.received = dict(zip(self.received, self._begin.center, strict=True))
@@ -438,6 +440,10 @@ class TorchADMM:
         pending = dual_math.DualState(w, self._begin.dual, n, server_round, sent.residual)
         if _flag(self.config, REBUILD):
             sent = client_duals.with_share(sent, pending.share)
-        reported.update(client_duals.reply_metrics(state, self._begin, w, n, self._base.resync))
-        client_duals.save_states(self.context.state, client_duals.KeptDuals(state, pending))
+        base = self._base
+        reported.update(
+            client_duals.reply_metrics(state, self._begin, w, n, base.resync, base.restored)
+        )
+        committed = None if base.restored else state  # an offer is made again, not kept
+        client_duals.save_states(self.context.state, client_duals.KeptDuals(committed, pending))
         return list(sent.arrays), n, reported

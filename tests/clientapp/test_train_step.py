@@ -9,8 +9,10 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
+from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import ADMMTrainStep, build_reply
 from flwr_admm.clientapp.step import read_rho, warm_start
+from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.uplink import LocalDP
 
 CENTER = {
@@ -161,6 +163,62 @@ def test_client_held_duals_round_trip_by_hand() -> None:
         np.testing.assert_allclose(change, 10 * (w2[name] + u) - 10 * w1[name], rtol=1e-12)
         share = reply.content["admm-share"][name].numpy()
         np.testing.assert_allclose(share, 10 * (w2[name] + u), rtol=1e-12)
+
+
+def test_a_node_that_lost_its_state_trains_from_the_offered_share() -> None:
+    """Round 2 with ``admm-restore`` c = w1 (u was 0): the same center and Delta as kept.
+
+    The node restored from the offer says so (``admm-restored``, no d2: it has no w1 of
+    its own) and keeps no committed state (the offer comes again if the reply is lost).
+    """
+    kept_ctx, z = context(), {n: np.asarray(a, dtype=np.float64) for n, a in CENTER.items()}
+    w1, w2 = trained(1.0), trained(2.0)
+    ADMMTrainStep.from_message(duals_message(1, 0), kept_ctx).reply(w1, 10, None, kept_ctx)
+    offer = {
+        "admm-restore": restore_payload([10 * w1[n] for n in CENTER], 10),
+        "admm-restore-examples": 10,
+    }
+    kept = ADMMTrainStep.from_message(duals_message(2, 1, **offer), kept_ctx)
+    lost_ctx = context()  # the SuperNode restarted: context.state is empty
+    lost = ADMMTrainStep.from_message(duals_message(2, 1, **offer), lost_ctx)
+    assert lost.previous is None and kept.previous is not None
+    for name in CENTER:
+        np.testing.assert_array_equal(lost.center[name], kept.center[name])
+        np.testing.assert_array_equal(lost.center[name], z[name] - (w1[name] - z[name]))
+    from_kept, from_offer = kept.reply(w2, 10, None, kept_ctx), lost.reply(w2, 10, None, lost_ctx)
+    for name in CENTER:
+        np.testing.assert_array_equal(
+            from_offer.content["arrays"][name].numpy(), from_kept.content["arrays"][name].numpy()
+        )
+    metrics = from_offer.content["metrics"]
+    assert metrics["admm-restored"] == 1 and metrics["admm-previous-round"] == 1
+    assert metrics["admm-resync"] == 0 and "admm-delayed-sq-residual" not in metrics
+    assert "admm-restored" not in from_kept.content["metrics"]
+    duals = load_states(lost_ctx.state, [t.shape for t in z.values()])
+    assert duals.committed is None and duals.pending is not None
+    without = ADMMTrainStep.from_message(duals_message(2, 1), context())  # no offer: resync
+    assert without.duals is not None and without.duals.resync and without.duals.state is None
+
+
+def test_a_malformed_offer_is_refused_naming_the_field() -> None:
+    ctx, good = context(), restore_payload([np.zeros(np.size(a)) for a in CENTER.values()], 1)
+    cases = {
+        "admm-restore-examples": {"admm-restore": good, "admm-restore-examples": 0},
+        "admm-restore: must be .npy": {"admm-restore": b"junk", "admm-restore-examples": 1},
+        "admm-restore: not offered with admm-dual-step": {
+            "admm-restore": good,
+            "admm-restore-examples": 1,
+            "admm-dual-step": 0.5,
+        },
+    }
+    for match, extra in cases.items():
+        with pytest.raises(ValueError, match=match):
+            ADMMTrainStep.from_message(duals_message(2, 1, **extra), ctx)
+    short = restore_payload([np.zeros(1)], 1)
+    with pytest.raises(ValueError, match="finite float64 numbers"):
+        ADMMTrainStep.from_message(
+            duals_message(2, 1, **{"admm-restore": short, "admm-restore-examples": 1}), ctx
+        )
 
 
 def test_client_held_duals_refuse_what_they_cannot_do() -> None:

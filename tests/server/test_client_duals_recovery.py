@@ -21,7 +21,14 @@ from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
 from flwr_admm.client.client_duals import load_states
-from flwr_admm.protocol import DELAYED_SQ_RESIDUAL, EXAMPLES_CHANGE, PREVIOUS_ROUND, RESYNC
+from flwr_admm.protocol import (
+    DELAYED_SQ_RESIDUAL,
+    EXAMPLES_CHANGE,
+    PREVIOUS_ROUND,
+    RESTORE,
+    RESTORE_EXAMPLES,
+    RESYNC,
+)
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
@@ -48,7 +55,9 @@ class LossyProxy(InProcessClientProxy):
     the reply of the previous round arrives again instead of this one; "wipe": the
     node's state is lost before this round (a SuperNode restart without its state);
     "forge": the node keeps its state but claims a resync (its Delta_i sent as a full
-    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1).
+    contribution, ``admm-previous-round`` 0, ``admm-resync`` 1); "amnesia": "wipe", and
+    the server's offer of its kept share (``admm-restore``) does not reach the client
+    (one that does not take it), so it resyncs every time: a memoryless client.
     """
 
     faults: dict[int, str]
@@ -57,8 +66,11 @@ class LossyProxy(InProcessClientProxy):
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         server_round = int(ins.config["server_round"])
         fault = self.faults.get(server_round)
-        if fault == "wipe":
+        if fault in ("wipe", "amnesia"):
             self.context.state = RecordDict()
+        if fault == "amnesia":
+            config = {k: v for k, v in ins.config.items() if k not in (RESTORE, RESTORE_EXAMPLES)}
+            ins = FitIns(ins.parameters, config)
         res = super().fit(ins, timeout, group_id)
         previous, self.last = self.last, res
         if fault == "lost":
@@ -290,7 +302,7 @@ def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
 
 def test_a_node_wiped_every_round_adds_its_weight_once() -> None:
     """Memoryless client 2: each resync replaces its share (before: N_stale 39,500, gap 2.0e-2)."""
-    recorder, proxies = Recorder(), lossy_proxies({2: {r: "wipe" for r in EVERY_ROUND}})
+    recorder, proxies = Recorder(), lossy_proxies({2: {r: "amnesia" for r in EVERY_ROUND}})
     strategy = FedADMMClientDuals(
         rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=recorder
     )

@@ -129,7 +129,7 @@ def test_lost_state_under_8_bit_compression_keeps_s_the_sum_of_shares() -> None:
 
 def test_a_node_wiped_every_round_adds_its_weight_once() -> None:
     """Memoryless node 2: each resync replaces its share (before: N_stale 39,500, gap 2.0e-2)."""
-    strategy, recorder, grid = run_recorded({2: {r: "wipe" for r in range(1, 81)}}, 80)
+    strategy, recorder, grid = run_recorded({2: {r: "amnesia" for r in range(1, 81)}}, 80)
     assert all(h["num_resynced"] == 1 for h in strategy.history[1:])
     assert recorder.stale[1:3] == [0, 500] and max(recorder.stale[3:]) == 0  # [0]: round 0
     assert [h["rebuilding"] for h in strategy.history[:4]] == [0, 1, 0, 0]

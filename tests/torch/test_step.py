@@ -13,6 +13,7 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from message_replies import metadata, named
 
 from flwr_admm.client import ADMMClient
+from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.local_solver import LocalPlan, penalized_local_solve
 from flwr_admm.data import load_task
 from flwr_admm.models import LogisticRegression
@@ -277,6 +278,42 @@ def test_client_held_duals_take_the_servers_dual_step(api: str) -> None:
     admm.start(init="center")
     for name, z in Z2.items():
         np.testing.assert_array_equal(state_arrays(model)[name], z - 0.5 * (W1[name] - z))
+
+
+@pytest.mark.parametrize("api", ["legacy", "message"])
+def test_a_node_that_lost_its_state_trains_from_the_offered_share(api: str) -> None:
+    """Round 2 with ``admm-restore`` c = w1 (its u was 0): the kept node's center and Delta."""
+    kept_model, kept_ctx = TorchLogistic(3).double(), context()
+    first = client_duals_round(api, kept_model, Z1, 1, kept_ctx)
+    first.start(init="consensus")
+    load_arrays(kept_model, W1)
+    first.fit_result(10) if api == "legacy" else first.reply(10)
+    offer = {
+        "admm-ack-round": 1,
+        "admm-restore": restore_payload([10 * w for w in W1.values()], 10),
+        "admm-restore-examples": 10,
+    }
+    replies = []
+    for model, ctx in ((kept_model, kept_ctx), (TorchLogistic(3).double(), context())):
+        admm = client_duals_round(api, model, Z2, 2, ctx, **offer)  # type: ignore[arg-type]
+        admm.start(init="center")
+        for name, z in Z2.items():
+            np.testing.assert_array_equal(state_arrays(model)[name], z - (W1[name] - z))
+        load_arrays(model, Z1)  # the same "trained" w2 for both
+        if api == "legacy":
+            arrays, _, metrics = admm.fit_result(10)
+        else:
+            reply = admm.reply(10)
+            names = list(Z2)
+            arrays = [reply.content["arrays"][n].numpy() for n in names]
+            metrics = dict(reply.content["metrics"])
+        replies.append((arrays, metrics))
+    (kept_arrays, kept_metrics), (restored_arrays, restored_metrics) = replies
+    for a, b in zip(kept_arrays, restored_arrays, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert restored_metrics["admm-restored"] == 1 and "admm-restored" not in kept_metrics
+    assert "admm-delayed-sq-residual" not in restored_metrics
+    assert restored_metrics["admm-previous-round"] == kept_metrics["admm-previous-round"] == 1
 
 
 def test_consensus_needs_the_z_that_only_client_held_duals_send() -> None:
