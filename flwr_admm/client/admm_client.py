@@ -35,7 +35,6 @@ from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
 from flwr_admm.models.base import Model, Params
 from flwr_admm.protocol import (
-    ACK_ROUND,
     BATCH_SIZE,
     CLIENT_KEY,
     FORM,
@@ -251,9 +250,7 @@ class ADMMClient(NumPyClient):
         if rho <= 0:
             raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
         kept = self._kept_duals([t.shape for t in z])
-        ack = _ack_round(config)
-        restore = dual_math.restored_state(config, z, ack)  # the server's offer, if any
-        base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
+        base = dual_math.opened(config, z, kept.committed, kept.pending)
         state = base.state
         gamma = dual_math.dual_step_of(config)
         begin = dual_math.start_round(state, z, fast, gamma)  # fast ADMM: extrapolates u_i too
@@ -268,7 +265,7 @@ class ADMMClient(NumPyClient):
             budget = linearized.budget_of(result.steps, plan)
         else:
             init = resolved_init(self.local_init, z_received=True)
-            own = None if base.restored else state  # a restored state has no w_i
+            own = base.own  # a restored state has no w_i
             previous = own.w if own is not None and init == "previous" else None
             origin = z if init == "consensus" else begin.center  # z: FedDyn's start
             start = [t.copy() for t in previous] if previous is not None else origin
@@ -299,8 +296,7 @@ class ADMMClient(NumPyClient):
         metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync, base.restored))
         metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
         metrics.update({} if budget is None else {STEP_BUDGET: budget})
-        committed = None if base.restored else state  # an offer is made again, not kept
-        self._keep_duals(client_duals.KeptDuals(committed, pending))  # last: after all can fail
+        self._keep_duals(client_duals.KeptDuals(base.own, pending))  # last; an offer is not kept
         self.uplink_payload = sent.payload
         return list(sent.arrays), n, metrics
 
@@ -412,16 +408,6 @@ class ADMMClient(NumPyClient):
         self.context.state.config_records[STATE_META] = ConfigRecord(
             {META_ROUND: int(server_round), META_FITS: int(self._fits)}
         )
-
-
-def _ack_round(config: dict[str, Scalar]) -> int | None:
-    """Return ``admm-ack-round`` (None when the server sends none); ValueError if bad."""
-    if ACK_ROUND not in config:
-        return None
-    value = config[ACK_ROUND]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{ACK_ROUND}: must be an integer >= 0, got {value!r}")
-    return value
 
 
 def _flag(config: dict[str, Scalar], field: str) -> bool:

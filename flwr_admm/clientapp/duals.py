@@ -42,7 +42,6 @@ from flwr_admm.core import client_duals as dual_math
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
-    ACK_ROUND,
     MODE_CLIENT,
     MODE_KEY,
     NUM_EXAMPLES,
@@ -51,7 +50,7 @@ from flwr_admm.protocol import (
     SHARE_RECORD,
 )
 
-__all__ = ["DualsRound", "accel_z", "ack_round", "client_held", "duals_reply"]
+__all__ = ["DualsRound", "accel_z", "client_held", "duals_reply"]
 
 
 def client_held(config: Mapping[str, Any]) -> bool:
@@ -67,16 +66,6 @@ def accel_z(message: Message, names: Sequence[str]) -> list[NDArray[np.float64]]
     if sorted(record) != sorted(names):
         raise ValueError(f"{ACCEL_Z_RECORD}: expected tensors {list(names)}, got {list(record)}")
     return [np.asarray(record[n].numpy(), dtype=np.float64) for n in names]
-
-
-def ack_round(config: Mapping[str, Any]) -> int | None:
-    """Return ``admm-ack-round`` (None if absent); ValueError unless an integer >= 0."""
-    if ACK_ROUND not in config:
-        return None
-    value = config[ACK_ROUND]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{ACK_ROUND}: must be an integer >= 0, got {value!r}")
-    return value
 
 
 def duals_reply(
@@ -159,15 +148,18 @@ class DualsRound:
         With fast ADMM `z` is z^_{k+1} and `z_k` the z-step's output (``admm-accel-z``).
         """
         kept = load_states(records, [t.shape for t in z])
-        ack = ack_round(config)
-        restore = dual_math.restored_state(config, z, ack)  # the server's offer, if any
-        base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
+        base = dual_math.opened(config, z, kept.committed, kept.pending)
         flag = config.get(REBUILD, 0)
         if isinstance(flag, bool) or flag not in (0, 1):
             raise ValueError(f"{REBUILD}: must be 0 or 1, got {flag!r}")
         fast = extrapolation(config, z, z_k)
         start = dual_math.start_round(base.state, z, fast, dual_math.dual_step_of(config))
         return cls(base.state, base.resync, start, server_round, flag == 1, base.restored)
+
+    @property
+    def own(self) -> dual_math.DualState | None:
+        """Return the node's own state: its w_i and the C to keep (None if restored)."""
+        return None if self.restored else self.state
 
     @property
     def center(self) -> Arrays:
@@ -193,8 +185,7 @@ class DualsRound:
         pending = self.start.kept(w, num_examples, self.server_round, None, budget)
         share = pending.share if self.rebuild else None
         metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync, self.restored)
-        committed = None if self.restored else self.state  # an offer is made again, not kept
-        return change, share, dict(metrics), KeptDuals(committed, pending)
+        return change, share, dict(metrics), KeptDuals(self.own, pending)  # an offer is not kept
 
     def answer(
         self,

@@ -251,7 +251,7 @@ class ADMMTrainStep:
             names = list(center)
             z_k = accel_z(message, names) or None  # fast ADMM only
             duals = DualsRound.open(context.state, list(center.values()), config, server_round, z_k)
-            state = None if duals.restored else duals.state  # a restored state has no w_i
+            state = duals.own  # a restored state has no w_i
             previous = None if state is None else dict(zip(names, state.w, strict=True))
             consensus = center  # z^k (z^_(k+1) under fast ADMM): init="consensus"
             if form == "linearized":  # from z^k, y_i = u_i / b_i kept by the node

@@ -56,6 +56,7 @@ import numpy as np
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
+    ACK_ROUND,
     DUAL_STEP,
     FORM,
     RESTORE,
@@ -102,6 +103,29 @@ class Acknowledged:
     state: DualState | None  # None: start as a new client
     resync: bool  # S holds a share of this client that it no longer has
     restored: bool = False  # `state` is the server's offer (w = c_i, u = 0): no w_i, d2_i
+
+    @property
+    def own(self) -> DualState | None:
+        """Return the client's own state: its w_i and the C to keep (None if restored)."""
+        return None if self.restored else self.state
+
+
+def ack_round(config: Mapping[str, object]) -> int | None:
+    """Return ``admm-ack-round`` (None if absent); ValueError unless an integer >= 0."""
+    if ACK_ROUND not in config:
+        return None
+    value = config[ACK_ROUND]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{ACK_ROUND}: must be an integer >= 0, got {value!r}")
+    return value
+
+
+def opened(
+    config: Mapping[str, object], z: Arrays, committed: DualState | None, pending: DualState | None
+) -> Acknowledged:
+    """Return the state to train from for a fit config: its acknowledgement and offer."""
+    ack = ack_round(config)
+    return acknowledged(committed, pending, ack, restored_state(config, z, ack))
 
 
 def acknowledged(

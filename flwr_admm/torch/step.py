@@ -56,7 +56,7 @@ import torch
 from flwr.app import Context, Message
 
 from flwr_admm.client import client_duals
-from flwr_admm.client.admm_client import _ack_round, _flag
+from flwr_admm.client.admm_client import _flag
 from flwr_admm.client.local_init import LocalInit
 from flwr_admm.clientapp.step import (
     ADMMTrainStep,
@@ -262,12 +262,10 @@ class TorchADMM:
         z = list(self.received.values())
         kept = client_duals.load_states(self.context.state, [t.shape for t in z])
         self.duals = kept
-        ack = _ack_round(self.config)
-        restore = dual_math.restored_state(self.config, z, ack)  # the server's offer, if any
-        self._base = dual_math.acknowledged(kept.committed, kept.pending, ack, restore)
+        self._base = dual_math.opened(self.config, z, kept.committed, kept.pending)
         gamma = dual_math.dual_step_of(self.config)
         self._begin = dual_math.start_round(self._base.state, z, dual_step=gamma)
-        state = None if self._base.restored else self._base.state  # restored: no w_i
+        state = self._base.own  # restored: no w_i
         self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
         self.consensus = dict(self.received)  # z: init="consensus" starts here
         self.received = dict(zip(self.received, self._begin.center, strict=True))
@@ -444,6 +442,6 @@ class TorchADMM:
         reported.update(
             client_duals.reply_metrics(state, self._begin, w, n, base.resync, base.restored)
         )
-        committed = None if base.restored else state  # an offer is made again, not kept
-        client_duals.save_states(self.context.state, client_duals.KeptDuals(committed, pending))
+        kept = client_duals.KeptDuals(base.own, pending)  # an offer is made again, not kept
+        client_duals.save_states(self.context.state, kept)
         return list(sent.arrays), n, reported
