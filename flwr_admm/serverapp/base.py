@@ -175,7 +175,7 @@ class ConsensusStrategy(FedAvg):
                 f"differ from the checkpoint's {list(self.layout.names)} of shapes "
                 f"{list(self.layout.shapes)}"
             )
-        return self._restored_record()
+        return self.resumed_arrays()
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -377,8 +377,12 @@ class ConsensusStrategy(FedAvg):
     def _adopt(self, arrays: ArrayRecord) -> None:
         """Take the broadcast `arrays` as z^k (the first call fixes `layout`)."""
 
-    def _restored_record(self) -> ArrayRecord:
-        """Return the restored z as the record to broadcast (right after a resume)."""
+    def resumed_arrays(self) -> ArrayRecord:
+        """Return the resumed z as the record the next round broadcasts.
+
+        Pass it to ``start`` as `initial_arrays` after a resume, so that round 0's
+        evaluation sees the checkpoint's z rather than a fresh model's.
+        """
         return self._broadcast()
 
     @abstractmethod

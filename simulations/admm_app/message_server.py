@@ -347,7 +347,7 @@ def run_message_api(
         num_rounds = remaining_rounds(settings.num_server_rounds, recorder.offset)
         if recorder.offset:
             assert isinstance(strategy, FedADMM | FedADMMClientDuals)
-            arrays = strategy._restored_record()  # the checkpoint's z, as it sends it
+            arrays = strategy.resumed_arrays()  # the checkpoint's z, as it sends it
         wait_for_nodes(grid, task.data.num_clients, settings.client_wait_seconds)
         strategy.start(
             grid=grid,

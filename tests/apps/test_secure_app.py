@@ -1,6 +1,6 @@
 """The simulations app with ``secure-aggregation``: its run config and one `flwr run`.
 
-The `flwr run` (marked ray) runs seed-logreg's 10 clients for 3 rounds under SecAgg+
+The `flwr run` (marked ray) runs seed-logreg's 10 clients for 17 rounds under SecAgg+
 through the app's ``@app.main()`` (FedADMMClientDualsSecAgg in SecAggPlusWorkflow, the
 clients under secaggplus_mod), with ``api = "message"`` to show that SecAgg+ takes the
 legacy path whatever ``api`` says. The 100-round comparison with and without SecAgg+

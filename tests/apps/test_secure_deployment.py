@@ -16,6 +16,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -107,14 +108,17 @@ def test_unregistered_supernode_is_refused(secure):
 def test_a_killed_authenticated_supernode_rejoins_under_its_node_id(secure, tmp_path):
     """Issue 25, item 6 (runs last: it kills a SuperNode of the shared deployment).
 
-    SIGKILL in round 2: the SuperLink keeps the node's registration until two
+    The settings of the issue's command (`python -m simulations.deployment --rounds 12
+    --strategy fedadmm-client-duals --kill-node 1 --kill-round 3 --kill-signal KILL
+    --restart-after 3 --tls --auth`) on the shared deployment's 2 registered nodes.
+    SIGKILL in round 3: the SuperLink keeps the node's registration until two
     heartbeats are missed and refuses to activate it again meanwhile ("Failed to
     activate SuperNode", exit 305, which ended the old runner with a traceback).
     `restart_supernode(retry_for=...)` starts it again until the SuperLink lets it in;
     it comes back under its registered node id, resyncs its client-held dual, and the
-    run completes every round with both nodes in the last one.
+    run completes all 12 rounds with both nodes in the last one.
     """
-    rounds = 4
+    rounds, kill_round, restart_after = 12, 3, 3.0
     config = {
         **CONFIG,
         "strategy": "fedadmm-client-duals",
@@ -124,7 +128,8 @@ def test_a_killed_authenticated_supernode_rejoins_under_its_node_id(secure, tmp_
     old = secure.supernodes[1]
     run = secure.submit(config, tmp_path / "run.log")
     try:
-        secure.kill_during_round(1, run, 2, timeout=300, sig=signal.SIGKILL)
+        secure.kill_during_round(1, run, kill_round, timeout=300, sig=signal.SIGKILL)
+        time.sleep(restart_after)
         new = secure.restart_supernode(1, retry_for=240)
         outcome = run.wait(timeout=600)
     finally:

@@ -66,6 +66,8 @@ def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) ->
     before = run(first, nodes, 6)
     second = factory(**SETTINGS, checkpoint_dir=tmp_path, checkpoint_every=3)
     assert second.last_round == 6
+    resumed = second.resumed_arrays()  # what an app passes as initial_arrays
+    np.testing.assert_array_equal(resumed["0"].numpy(), before[-1])
     after = run(second, nodes, 6)  # a new strategy object, from the files only
     np.testing.assert_array_equal(np.vstack([before, after]), straight)
     assert [h["round"] for h in second.history] == list(range(7, 13))
