@@ -152,20 +152,6 @@ def settle_allocator() -> None:
     del block
 
 
-def copy_bandwidth(num_bytes: int, repeats: int) -> float:
-    """Return bytes moved per second (read + write) by the best of `repeats` np.copyto."""
-    import numpy as np
-
-    source = np.ones(num_bytes // 8)  # float64
-    target = np.zeros_like(source)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        best = min(best, time.perf_counter() - started)
-    return 2 * source.nbytes / best
-
-
 def median(values: Sequence[float]) -> float:
     """Median of a non-empty sequence."""
     return float(statistics.median(values))

@@ -4,7 +4,7 @@
 
 Runs 10 rounds to cache every client, then profiles 4 rounds of 10 fresh replies and
 prints the functions by their own time. A lab tool, not a benchmark: the ratios of
-`benchmarks.bandwidth` are the measured figures.
+`benchmarks.server_cost` are the measured figures.
 """
 
 from __future__ import annotations

@@ -236,35 +236,3 @@ def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
     rounds = run["rounds_to"]["0.001"]
     assert rounds is not None, run
     assert run["bytes_to"]["0.001"] == rounds * 10 * 3 * block
-
-
-def test_bandwidth_quick_reports_each_variant_against_the_byte_bound(tmp_path: Path) -> None:
-    out_file = tmp_path / "bandwidth.json"
-    out = run_module("benchmarks.bandwidth", "--quick", "--output", str(out_file))
-    assert "copy bandwidth" in out and "FedADMM (defaults)" in out
-    document = load(out_file)
-    assert positive(document["copy_bandwidth"])
-    rows = {row["variant"]: row for row in document["results"]}
-    assert set(rows) == {"FedADMM", "FedADMM fast", "FedADMM (defaults)"}
-    for label, row in rows.items():
-        analysis = row["analysis"][label]
-        for key in ("bytes_per_round", "bound_seconds", "achieved_bytes_per_second"):
-            assert positive(analysis[key]), (label, key)
-        assert positive(analysis["time_over_bound"]) and positive(row["time_ratio"])
-    # 40 P bytes per reply (10 of 100 clients), plus the per-round arrays
-    plain = rows["FedADMM"]["analysis"]["FedADMM"]["bytes_per_round"]
-    num_parameters, per_round = document["num_parameters"], 7 * 8
-    assert plain == pytest.approx(10 * num_parameters * (40 + per_round / 10))
-
-
-def test_bandwidth_byte_counts_by_hand() -> None:
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.bandwidth import bytes_per_reply
-
-    p = 1000  # per reply + per round / 10, in bytes per parameter
-    assert bytes_per_reply("FedAvg", p, True) == pytest.approx(p * 8 * 1.1)
-    assert bytes_per_reply("FedADMM", p, True) == pytest.approx(p * (40 + 5.6))
-    assert bytes_per_reply("FedADMM", p, False) == pytest.approx(p * (32 + 5.6))
-    assert bytes_per_reply("FedADMM fast", p, True) == pytest.approx(p * (72 + 8.0))
-    # the defaults' alpha = 1.6 stores z - z' for the relaxed dual term: one array more
-    assert bytes_per_reply("FedADMM (defaults)", p, True) == pytest.approx(p * (72 + 8.8))
