@@ -16,6 +16,7 @@ import numpy as np
 from flwr.common import FitIns, FitRes, RecordDict, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
+from flwr_admm.protocol import STEP_BUDGET
 from flwr_admm.testing import InProcessClientProxy, make_proxies
 
 
@@ -71,9 +72,10 @@ class SecureSumEmulation:
 
 class FaultyProxy(InProcessClientProxy):
     """A proxy whose scripted rounds misbehave: "lost" (the reply never arrives after
-    the client trained and saved its state), "replay" (the previous round's reply
-    arrives instead), "wipe" (the node's state is lost before the round), "steal" (the
-    reply claims the next partition's key, which another node holds)."""
+        the client trained and saved its state), "replay" (the previous round's reply
+        arrives instead), "wipe" (the node's state is lost before the round), "steal" (the
+        reply claims the next partition's key, which another node holds), "no-budget" (the
+    reply leaves out the linearized form's ``admm-step-budget``)."""
 
     faults: dict[int, str]
     last: FitRes | None = None
@@ -86,6 +88,8 @@ class FaultyProxy(InProcessClientProxy):
         previous, self.last = self.last, res
         if fault == "steal":
             res.metrics["partition-id"] = (int(res.metrics["partition-id"]) + 1) % 10
+        if fault == "no-budget":
+            res.metrics.pop(STEP_BUDGET, None)
         if fault == "lost":
             raise TimeoutError("reply lost after the client trained")
         return previous if fault == "replay" and previous is not None else res

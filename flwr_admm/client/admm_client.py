@@ -281,10 +281,11 @@ class ADMMClient(NumPyClient):
             reply = secure_reply(
                 secure, state, begin, w, n, change, rebuild=rebuild, resync=base.resync, loss=loss
             )
-            pending = dual_math.DualState(w, begin.dual, n, server_round, reply.residual)
+            pending = begin.kept(w, n, server_round, reply.residual, budget)
             self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
             self.uplink_payload = None
             metrics = {**self._key_metrics(), **reply.metrics, LOCAL_STEPS: int(result.steps)}
+            metrics.update({} if budget is None else {STEP_BUDGET: budget})  # in the clear
             return reply.arrays, reply.num_examples, metrics
         residual = None if state is None else state.residual
         rounding = np.random.default_rng([*stream, 1])

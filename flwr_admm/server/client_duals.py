@@ -183,7 +183,7 @@ class FedADMMClientDuals(ConsensusStrategy):
     form : {"prox", "linearized"} or Linearized
         The linearized form with client-held duals, as in
         `flwr_admm.serverapp.FedADMMClientDuals` (config ``admm-form``; a reply without
-        ``admm-step-budget`` is rejected). Not under SecAgg+ yet.
+        ``admm-step-budget`` is rejected); under SecAgg+ b_i travels in the clear.
 
     """
 

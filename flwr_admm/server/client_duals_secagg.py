@@ -13,7 +13,8 @@ that needed an individual reply to the sum or to the client:
              n_i (clear metadata), residuals from the summed statistics.
 
 What the server still sees per client: its key, the round it last took part in, the
-change of n_i and n_i, and the resync flag (protocol metadata, in the clear metrics).
+change of n_i and n_i, the resync flag and, under ``form="linearized"``, its step
+budget b_i = K_i lr_i (protocol metadata, in the clear metrics).
 What it sees only as a sum: Delta_i, sigma_i' during a sweep, n_i ||w_i'||^2,
 n_i ||u_i||^2, n_i d2_i and n_i f_i(w_i').
 
@@ -35,7 +36,7 @@ rebuild, else x_i again; the server adds that block's sum to S_new and every key
 round joins R. A rebuilt share is quantized once more (its error stays with the
 client, `flwr_admm.client.secagg`).
 
-Not supported: uplink compression (SecAgg+ quantizes already), local DP.
+Not supported: uplink compression (SecAgg+ quantizes already), local DP, fast ADMM.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_admm.client.secagg import NUM_STATS
+from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.secure_sum import SecureGrid, decode_stats
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
@@ -117,11 +119,6 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             )
         if client_duals_kwargs.get("uplink") is not None:
             raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
-        if client_duals_kwargs.get("form", "prox") != "prox":
-            raise ValueError(
-                "form: only 'prox' under SecAgg+ (the linearized form's step budget is not "
-                f"carried by the masked reply yet), got {client_duals_kwargs['form']!r}"
-            )
         if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
             raise ValueError(f"max_weight: must be an integer >= 1, got {max_weight!r}")
         if secagg_scale is None and isinstance(clipping_range, int | float) and clipping_range > 0:
@@ -204,6 +201,9 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             report = protocol_problem(entry, res.metrics, res.num_examples, secure=True)
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0
+            if report is None and self.form == "linearized":  # b_i: clear metadata
+                why = budget_scale(res.metrics)[1]
+                report = None if why is None else (why, 0)
             if report is not None:
                 self._reject(key, report[0], counts)
                 counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + report[1]

@@ -285,7 +285,7 @@ def test_the_legacy_client_held_strategy_runs_the_same_linearized_iteration():
     )
     message, _ = _run(FedADMMClientDuals(form=SCAFFNEW, **_every_node()), 15)
     np.testing.assert_allclose(legacy.matrix[-15:], message, rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match=r"^form: only 'prox' under SecAgg\+"):
-        flwr_admm.server.FedADMMClientDualsSecAgg(form="linearized")
+    with pytest.raises(ValueError, match=r"^momentum: the momentum start needs server-held"):
+        flwr_admm.server.FedADMMClientDualsSecAgg(form=Linearized(momentum=0.5))
     with pytest.raises(ValueError, match=r"^momentum: the momentum start needs server-held"):
         flwr_admm.server.FedADMMClientDuals(form=Linearized(momentum=0.5))
