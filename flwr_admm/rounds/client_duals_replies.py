@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.dual_momentum import DualMomentum, RoundSums, extrapolate
 from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
+from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
@@ -103,8 +104,12 @@ def protocol_problem(
     *,
     secure: bool = False,
     offered: bool = False,
+    linearized: bool = False,
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
+
+    `linearized`: the linearized form, whose replies carry the step budget b_i
+    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`).
 
     `offered`: the server offered this key its share back (``admm-restore``); only then
     may a reply say it trained from it (``admm-restored`` = 1, no d2_i).
@@ -115,6 +120,8 @@ def protocol_problem(
     Under SecAgg+ (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is
     SecAgg+'s weight) and the squared norms travel inside the masked sum, not as metrics.
     """
+    if linearized and (why := budget_scale(metrics)[1]) is not None:
+        return why, 0
     names = (SECAGG_EXAMPLES,) if secure else (W_SQ_NORM, U_SQ_NORM)
     for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, *names):
         if name not in metrics:

@@ -94,6 +94,7 @@ class ClientDualsState:
         relaxation: float = 1.0,
         dual_step: float = 1.0,
         restores: bool = True,
+        linearized: bool = False,
     ) -> None:
         check_client_duals_settings(
             rho=rho,
@@ -121,6 +122,7 @@ class ClientDualsState:
         # offer K's shares back (admm-restore): c_i is the whole state only when
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
         self.restores = restores and self.dual_step == 1.0 and self.momentum is None
+        self.linearized = linearized  # replies carry b_i (admm-step-budget)
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -166,7 +168,9 @@ class ClientDualsState:
     ) -> tuple[str, int] | None:
         """Return (why, 1 if a state mismatch) if the reply breaks the protocol, else None."""
         entry, offered = self.clients.get(key), not secure and self.offers(key)
-        return protocol_problem(entry, metrics, num_examples, secure=secure, offered=offered)
+        return protocol_problem(
+            entry, metrics, num_examples, secure=secure, offered=offered, linearized=self.linearized
+        )
 
     def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
         """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.

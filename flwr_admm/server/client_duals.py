@@ -102,7 +102,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
-from flwr_admm.core.linearized import FormSpec, budget_scale, check_form, client_held_steps
+from flwr_admm.core.linearized import FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
@@ -238,6 +238,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             relaxation=relaxation,
             dual_step=dual_step,
             restores=self.form == "prox" and uplink is None,  # c_i is then the whole state
+            linearized=self.form == "linearized",
         )
         self._broadcast: Parameters | None = None  # what we returned last (z serialized)
         self._resume(resume)
@@ -293,9 +294,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         key, proxy, res = keyed
         state = self.state
         assert state.contribution_sum is not None
-        if self.form == "linearized" and (why := budget_scale(res.metrics)[1]) is not None:
-            self._reject(key, why, counts)
-            return False
         report = state.problem(key, res.metrics, res.num_examples)
         if report is not None:
             problem, mismatch = report

@@ -52,7 +52,6 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
 
 from flwr_admm.client.secagg import NUM_STATS
-from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.secure_sum import SecureGrid, decode_stats
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
@@ -198,12 +197,11 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         )
         for key, _, res in admitted:
             entry = None if key in freed else self.state.clients.get(key)
-            report = protocol_problem(entry, res.metrics, res.num_examples, secure=True)
+            report = protocol_problem(
+                entry, res.metrics, res.num_examples, secure=True, linearized=self.state.linearized
+            )
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0
-            if report is None and self.form == "linearized":  # b_i: clear metadata
-                why = budget_scale(res.metrics)[1]
-                report = None if why is None else (why, 0)
             if report is not None:
                 self._reject(key, report[0], counts)
                 counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + report[1]

@@ -20,7 +20,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.kernels import single_thread_blas
-from flwr_admm.core.linearized import FormSpec, budget_scale, check_form, client_held_steps
+from flwr_admm.core.linearized import FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays
@@ -203,6 +203,7 @@ class FedADMMClientDuals(ConsensusStrategy):
             relaxation=relaxation,
             dual_step=dual_step,
             restores=self.form == "prox" and uplink is None,  # c_i is then the whole state
+            linearized=self.form == "linearized",
         )
         self.channel = UplinkChannel(checked_uplink(uplink))
         self._sent_record: ArrayRecord | None = None  # what we returned last (z in the layout)
@@ -285,9 +286,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         share goes stale and the sweep takes it out of S.
         """
         key, metrics, n = reply.key, reply.metrics, reply.num_examples
-        if self.form == "linearized" and (why := budget_scale(metrics)[1]) is not None:
-            self._reject(key, why, counts)
-            return False
         report = self.state.problem(key, metrics, n)
         if report is not None:
             problem, mismatch = report
