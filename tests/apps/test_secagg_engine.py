@@ -4,7 +4,9 @@ An ``@app.main()`` ServerApp drives ``DefaultWorkflow(fit_workflow=SecAggPlusWor
 with the legacy strategy; the ClientApp is a ``client_fn`` app with ``secaggplus_mod``.
 4 nodes of seed 000's task (SecAgg+ with 3 shares, threshold 2), 3 rounds; in round 2
 partition 2 trains, writes what it would have sent, and fails (a dropout after the
-key exchange: SecAgg+ rebuilds its masks from its neighbours' shares).
+key exchange: SecAgg+ rebuilds its masks from its neighbours' shares). Both forms: the
+prox form, and the linearized one, whose step budget b_i must cross ``secaggplus_mod``
+as clear metadata.
 
 Every client writes its reply arrays to a file, so the test knows each individual
 contribution; a spy on ``aggregate_fit`` records what the strategy was handed.
@@ -83,8 +85,11 @@ def recording_client_fn(out: Path) -> Any:
     return client_fn
 
 
-def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(tmp_path: Path) -> None:
-    strategy = Spy(rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=NODES)
+@pytest.mark.parametrize("form", ["prox", "linearized"])
+def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_path: Path) -> None:
+    strategy = Spy(
+        rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=NODES, form=form
+    )
     app = ServerApp()
 
     @app.main()
@@ -127,8 +132,9 @@ def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(tmp_path: Path)
             assert not np.array_equal(summed, dropout_sum)
     assert strategy.seen[2]["dropout_ack"] == 1  # its round-2 contribution was never in S
     assert [h["num_secure_dropped"] for h in strategy.history] == [0] * ROUNDS
+    assert [h["num_rejected"] for h in strategy.history] == [0] * ROUNDS  # b_i arrived
     # Bit-for-bit the in-process run with SecAgg+'s arithmetic emulated and the same fault.
-    reference = FedADMMClientDualsSecAgg(rho=0.1, initial_parameters=zeros_parameters())
+    reference = FedADMMClientDualsSecAgg(rho=0.1, initial_parameters=zeros_parameters(), form=form)
     proxies = faulty_proxies(admm_client_fn(**CLIENT), NODES, {DROPOUT[0]: {DROPOUT[1]: "lost"}})
     run_rounds(SecureSumEmulation(reference), proxies, ROUNDS)
     np.testing.assert_allclose(strategy.z[0], reference.z[0], rtol=1e-12, atol=0)
