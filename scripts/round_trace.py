@@ -53,7 +53,7 @@ def client_app() -> Any:
 
 
 def on_client_side(frame: FrameType | None) -> bool:
-    """Whether Flower's ClientApp (or the grid stand-in) is on the stack below `frame`."""
+    """Whether Flower's ClientApp, or the grid's delivery to it, is on the stack below `frame`."""
     while frame is not None:
         name = frame.f_code.co_filename
         if (name == GRID and frame.f_code.co_name == "_deliver") or name.endswith(
