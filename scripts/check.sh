@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The project's one test command: lint, format, types, then the test suite.
 # pytest exits 5 when it collects no test; `set -e` turns that into a failure.
+# Two xdist workers (the machine's 2 cores): tests/conftest.py schedules the tests so that
+# a module, and every `flwr run` test, stays on one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m ruff check .
 python -m ruff format --check .
 python -m mypy flwr_admm benchmarks simulations
-python -m pytest -q "$@"
+python -m pytest -q -n 2 "$@"

@@ -41,6 +41,7 @@ __all__ = [
     "build_parser",
     "main",
     "print_rounds",
+    "restart_may_hang",
     "run_config_of",
     "wait_for_log",
 ]
@@ -181,6 +182,19 @@ def refusal(node: SuperNode) -> str:
     return f"{state}; " + (lines[-1].strip() if lines else "no refusal in its log")
 
 
+def restart_may_hang(args: argparse.Namespace, round_timeout: float | None) -> bool:
+    """Whether the kill and restart asked for can stall a round with no timeout.
+
+    The SuperLink answers a message whose node is offline with an error reply, but only
+    while that node is offline. A crashed node under SuperNode auth comes back with the
+    same node id once its old registration expires; if it is active again before the
+    ServerApp's next poll, the message the dead process had pulled stays pending until
+    its TTL (12 h), and without ``round-timeout`` the round waits that long.
+    """
+    restarts = args.kill_node is not None and args.restart_after >= 0
+    return restarts and args.auth and args.kill_signal == "KILL" and round_timeout is None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Deploy, run (with an optional kill and restart), check; 0 if the run is complete."""
     args = build_parser().parse_args(argv)
@@ -189,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     settings = parse_run_config(config)
+    if restart_may_hang(args, settings.round_timeout):
+        print(
+            "WARNING: a SIGKILLed authenticated SuperNode that restarts under its node id "
+            "can leave its round's message pending for good (Flower fails it only while "
+            "the node is offline); set --run-config 'round-timeout=...' to bound that round",
+            file=sys.stderr,
+        )
     log_path = settings.task_dir / f"{settings.stem}.deployment.log"
     home = Path(args.home).resolve() if args.home else None
     deployment = LoopbackDeployment(

@@ -1,4 +1,11 @@
-"""Shared fixtures: one private local SuperLink for every `flwr run` test of the session."""
+"""Shared fixtures: one private local SuperLink for every `flwr run` test of the session.
+
+`scripts/check.sh` runs the suite on two pytest-xdist workers. `ModuleScheduling` keeps
+every test module on one worker, in its order (its module fixtures, such as a
+deployment, start once), and every module that uses `local_flower` on the one worker
+that holds the one local SuperLink. (pytest 9.2 ignores the node-id suffix that
+xdist's own ``--dist loadgroup`` relies on, so the grouping is a scheduler here.)
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+TESTS = Path(__file__).parent
+LOCAL_SUPERLINK = "local-superlink"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Schedule whole modules, and every `flwr run` module on one worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    users = {
+        str(path.relative_to(TESTS.parent))
+        for path in TESTS.rglob("test_*.py")
+        if "local_flower" in path.read_text()
+    }
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return LOCAL_SUPERLINK if module in users else module
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

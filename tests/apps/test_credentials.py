@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from simulations import netns
 from simulations.credentials import make_node_key, make_tls
-from simulations.deployment import build_parser, run_config_of
+from simulations.deployment import build_parser, restart_may_hang, run_config_of
 from simulations.federation import LoopbackDeployment
 
 
@@ -97,6 +97,16 @@ def test_auth_defaults_to_authenticated_key_binding_on_the_legacy_api():
     assert "key-binding" not in run_config_of(parse(["--supernodes", "2"]))
     chosen = parse(["--supernodes", "2", "--auth", "--run-config", "key-binding=node"])
     assert run_config_of(chosen)["key-binding"] == "node"
+
+
+def test_a_crash_and_restart_under_auth_without_round_timeout_is_warned_of():
+    parse = build_parser().parse_args
+    crash = ["--supernodes", "2", "--kill-node", "1", "--kill-signal", "KILL"]
+    assert restart_may_hang(parse([*crash, "--auth"]), None)
+    assert not restart_may_hang(parse([*crash, "--auth"]), 90.0)  # the round is bounded
+    assert not restart_may_hang(parse(crash), None)  # a new node id: its message fails
+    assert not restart_may_hang(parse([*crash, "--auth", "--restart-after", "-1"]), None)
+    assert not restart_may_hang(parse(["--supernodes", "2", "--kill-node", "1", "--auth"]), None)
 
 
 def test_netns_mode_is_an_error_where_namespaces_are_unavailable(tmp_path, monkeypatch):

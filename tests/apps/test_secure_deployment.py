@@ -119,12 +119,19 @@ def test_a_killed_authenticated_supernode_rejoins_under_its_node_id(secure, tmp_
     `restart_supernode(retry_for=...)` starts it again until the SuperLink lets it in;
     it comes back under its registered node id, resyncs its client-held dual, and the
     run completes all 12 rounds with both nodes in the last one.
+
+    ``round-timeout`` bounds round 3: the SuperLink fails the killed node's message only
+    while the node is offline, so a restart that is let in before the ServerApp's next
+    poll (every 3 s) leaves that message pending for its 12 h TTL. That race hung this
+    test once, with a second pytest worker loading the machine
+    (`simulations.deployment.restart_may_hang`).
     """
     rounds, kill_round, restart_after = 12, 3, 3.0
     config = {
         **CONFIG,
         "strategy": "fedadmm-client-duals",
         "num-server-rounds": rounds,
+        "round-timeout": 90.0,  # a TLS round takes about 10 s
         "output-dir": str(tmp_path),
     }
     old = secure.supernodes[1]
