@@ -63,6 +63,7 @@ from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [
+    "CLIENT_HELD_FIXED",
     "FORMS",
     "LINEARIZED_CONVEX",
     "SCAFFNEW",
@@ -199,14 +200,34 @@ def strategy_settings(
     )
 
 
-def client_held_steps(
-    form: FormSpec, dual_step: float, uplink: object, acceleration: object
-) -> float:
-    """Return the dual step of client-held duals in the linearized form; ValueError otherwise.
+# what FedADMMClientDuals' keywords must stay at under the linearized form
+CLIENT_HELD_FIXED: dict[str, object] = {
+    "rho": None,
+    "proximal_mu": None,
+    "regularizer": None,
+    "rho_schedule": None,
+    "client_rho": "uniform",
+    "relaxation": 1.0,
+    "dual_step": 1.0,
+    "acceleration": None,
+    "uplink": None,
+}
 
-    The momentum start needs z_prev on the server and each node's start, which
-    client-held duals do not send; ``dual_step``, ``uplink`` and ``acceleration`` must
-    stay at their defaults (1, None, None): the `Linearized` gives the dual step.
+
+def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[float, float]:
+    """Return (dual step, rho = 1) of client-held duals in the linearized form.
+
+    rho_i = 1 / b_i is taken on the nodes, so the state's rho is 1 (as
+    `strategy_settings` sets for server-held duals) and the `Linearized` gives the dual
+    step. The momentum start needs z_prev on the server and each node's start, which
+    client-held duals do not send.
+
+    Raises
+    ------
+    ValueError
+        Naming the field: a momentum start, or a keyword of `given` that is not at its
+        value in `CLIENT_HELD_FIXED` (rho, the prox-form settings, uplink, ...).
+
     """
     steps = form if isinstance(form, Linearized) else Linearized()
     if steps.momentum != 0.0:
@@ -214,17 +235,15 @@ def client_held_steps(
             f"momentum: the momentum start needs server-held duals (FedADMM); use "
             f"Linearized(momentum=0.0) with FedADMMClientDuals, got {steps.momentum!r}"
         )
-    for name, value, default in (
-        ("dual_step", dual_step, 1.0),
-        ("uplink", uplink, None),
-        ("acceleration", acceleration, None),
-    ):
-        if value != default:
+    for name, value in given.items():
+        if value != CLIENT_HELD_FIXED[name]:
             raise ValueError(
-                f"{name}: not used with form='linearized' under client-held duals (the "
-                f"dual step is Linearized(dual_step=...)); leave it unset, got {value!r}"
+                f"{name}: not used with form='linearized' under client-held duals (rho_i "
+                "= 1 / (K_i lr_i) on each node, the dual step is Linearized(dual_step=...); "
+                f"no prox term, regularizer, over-relaxation or uplink); leave it unset, "
+                f"got {value!r}"
             )
-    return steps.dual_step
+    return steps.dual_step, 1.0
 
 
 def step_budget(steps: int, learning_rate: float, momentum: float = 0.0) -> float:

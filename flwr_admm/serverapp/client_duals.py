@@ -167,8 +167,11 @@ class FedADMMClientDuals(ConsensusStrategy):
         form: FormSpec = "prox",
     ) -> None:
         self.form = check_form(form)
-        if self.form == "linearized":
-            dual_step = client_held_steps(form, dual_step, uplink, acceleration)
+        if self.form == "linearized":  # rho = 1: rho_i = 1 / b_i on the nodes
+            given: dict[str, object] = {"rho": rho, "proximal_mu": proximal_mu}
+            given.update(regularizer=regularizer, rho_schedule=rho_schedule, uplink=uplink)
+            given.update(client_rho=client_rho, relaxation=relaxation, dual_step=dual_step)
+            dual_step, rho = client_held_steps(form, {**given, "acceleration": acceleration})
         super().__init__(
             fedavg={
                 "fraction_train": fraction_train,

@@ -85,10 +85,13 @@ def recording_client_fn(out: Path) -> Any:
     return client_fn
 
 
+RHO = {"prox": {"rho": 0.1}, "linearized": {}}  # the linearized form: rho_i = 1 / b_i
+
+
 @pytest.mark.parametrize("form", ["prox", "linearized"])
 def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_path: Path) -> None:
     strategy = Spy(
-        rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=NODES, form=form
+        **RHO[form], initial_parameters=zeros_parameters(), min_available_clients=NODES, form=form
     )
     app = ServerApp()
 
@@ -134,7 +137,9 @@ def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_
     assert [h["num_secure_dropped"] for h in strategy.history] == [0] * ROUNDS
     assert [h["num_rejected"] for h in strategy.history] == [0] * ROUNDS  # b_i arrived
     # Bit-for-bit the in-process run with SecAgg+'s arithmetic emulated and the same fault.
-    reference = FedADMMClientDualsSecAgg(rho=0.1, initial_parameters=zeros_parameters(), form=form)
+    reference = FedADMMClientDualsSecAgg(
+        **RHO[form], initial_parameters=zeros_parameters(), form=form
+    )
     proxies = faulty_proxies(admm_client_fn(**CLIENT), NODES, {DROPOUT[0]: {DROPOUT[1]: "lost"}})
     run_rounds(SecureSumEmulation(reference), proxies, ROUNDS)
     np.testing.assert_allclose(strategy.z[0], reference.z[0], rtol=1e-12, atol=0)

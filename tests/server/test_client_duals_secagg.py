@@ -37,8 +37,9 @@ def run_secure(
     **kwargs: Any,
 ) -> tuple[FedADMMClientDualsSecAgg, Recorder, Any, list[InProcessClientProxy]]:
     recorder = Recorder()
+    rho = {"rho": 0.1} if kwargs.get("form", "prox") == "prox" else {}  # linearized: 1 / b_i
     strategy = FedADMMClientDualsSecAgg(
-        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=recorder, **kwargs
+        **rho, initial_parameters=zeros_parameters(), evaluate_fn=recorder, **kwargs
     )
     proxies = faulty_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS, faults or {})
     if on_round is not None:
@@ -362,7 +363,7 @@ def test_the_linearized_form_under_secagg_converges_like_without_it() -> None:
     plain = Recorder()
     run_rounds(
         FedADMMClientDuals(
-            rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=plain, form="linearized"
+            initial_parameters=zeros_parameters(), evaluate_fn=plain, form="linearized"
         ),
         make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS),
         40,

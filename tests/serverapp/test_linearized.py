@@ -267,6 +267,14 @@ def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
         FedADMMClientDuals(form=Linearized(momentum=0.7))
     with pytest.raises(ValueError, match=r"^dual_step: not used with form='linearized'"):
         FedADMMClientDuals(form="linearized", dual_step=0.5)
+    # the prox-form settings were taken silently before (rho set the residuals' scale,
+    # a regularizer's prox ran with it): refused, on both APIs, as FedADMM does
+    for strategy_class in (FedADMMClientDuals, flwr_admm.server.FedADMMClientDuals):
+        fixed = {"rho": 0.5, "proximal_mu": 0.1, "regularizer": L2(0.1), "relaxation": 1.6}
+        for name, value in {**fixed, "client_rho": "data_size"}.items():
+            with pytest.raises(ValueError, match=rf"^{name}: not used with form='linearized'"):
+                strategy_class(form="linearized", **{name: value})
+        assert strategy_class(form="linearized").state.rho == 1.0  # rho_i = 1 / b_i on nodes
     strategy = FedADMMClientDuals(form="linearized", **_every_node())
     _run(strategy, 2, client_app=plain_app)  # replies without admm-step-budget
     assert all(h.get("num_rejected") == N for h in strategy.history)
