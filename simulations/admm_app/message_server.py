@@ -250,18 +250,22 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         )
         strategy = RecordingFedADMM(
             key_binding=settings.key_binding,
-            rho=settings.rho,
-            rho_schedule=schedule,
-            relaxation=settings.relaxation,
-            dual_step=settings.dual_step,
-            acceleration=None,  # the run config spells out rho-schedule and relaxation
+            **settings.form.strategy_kwargs(
+                {
+                    "rho": settings.rho,
+                    "rho_schedule": schedule,
+                    "relaxation": settings.relaxation,
+                    "dual_step": settings.dual_step,
+                    "acceleration": None,  # the run config spells out schedule, relaxation
+                }
+            ),
             sampling_seed=settings.seed,
             **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
             **common,
         )
     elif settings.strategy == "fedadmm-client-duals":
         strategy = RecordingFedADMMClientDuals(
-            rho=settings.rho,
+            **settings.form.strategy_kwargs({"rho": settings.rho}),
             sampling_seed=settings.seed,
             key_binding=settings.key_binding,
             **settings.checkpoint.strategy_kwargs(),

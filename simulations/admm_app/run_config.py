@@ -27,6 +27,7 @@ from flwr_admm.data.registry import TASKS
 from flwr_admm.rounds.identity import KEY_BINDINGS
 
 from . import checkpoint_config as ckpt
+from . import form_config as forms
 
 STRATEGIES = (
     "fedadmm",
@@ -80,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "feddyn-alpha": 0.1,
     "secure-aggregation": False,
     **ckpt.CHECKPOINT_DEFAULTS,
+    **forms.FORM_DEFAULTS,
 }
 
 HELP: dict[str, str] = {
@@ -117,6 +119,7 @@ HELP: dict[str, str] = {
     "feddyn-alpha": "FedDyn's alpha, number > 0",
     "secure-aggregation": "true or false: SecAgg+ (strategy=fedadmm-client-duals; legacy path)",
     **ckpt.CHECKPOINT_HELP,
+    **forms.FORM_HELP,
 }
 
 
@@ -157,6 +160,7 @@ class RunSettings:
     feddyn_alpha: float = 0.1
     secure_aggregation: bool = False
     checkpoint: ckpt.CheckpointSettings = field(default_factory=ckpt.CheckpointSettings)
+    form: forms.FormSettings = field(default_factory=forms.FormSettings)
 
     @property
     def task_dir(self) -> Path:
@@ -232,22 +236,6 @@ def _number(
     if maximum is not None and value > maximum:
         raise _fail(key, value)
     return float(value)
-
-
-def _check_client_duals(config: Mapping[str, Any]) -> None:
-    """FedADMMClientDuals runs constant rho > 0 without over-relaxation."""
-    if _number(config, "rho", 0.0) == 0.0:
-        raise ValueError("run config 'rho': must be > 0 with strategy=fedadmm-client-duals, got 0")
-    if config["rho-schedule"] != "constant":
-        raise ValueError(
-            "run config 'rho-schedule': must be 'constant' with "
-            f"strategy=fedadmm-client-duals, got {config['rho-schedule']!r}"
-        )
-    if config["relaxation"] != 1.0:
-        raise ValueError(
-            "run config 'relaxation': must be 1 with strategy=fedadmm-client-duals, "
-            f"got {config['relaxation']!r}"
-        )
 
 
 def _relaxation(config: Mapping[str, Any]) -> float:
@@ -335,8 +323,6 @@ def parse_run_config(
             api,
         )
         api = "legacy"
-    if strategy == "fedadmm-client-duals":
-        _check_client_duals(config)
     key_binding = _choice(config, "key-binding", KEY_BINDINGS)
     return RunSettings(
         strategy=strategy,
@@ -374,6 +360,7 @@ def parse_run_config(
         feddyn_alpha=_number(config, "feddyn-alpha", 0.0, strict=True),
         secure_aggregation=secure,
         checkpoint=ckpt.checkpoint_settings(config, strategy),
+        form=forms.form_settings(config, DEFAULTS, strategy),
     )
 
 

@@ -161,20 +161,24 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
             else make_schedule(settings.rho_schedule)
         )
         # sampling_seed=None: the client manager samples, the same way for every strategy
+        prox = {
+            "rho": settings.rho,
+            "rho_schedule": schedule,
+            "relaxation": settings.relaxation,
+            "dual_step": settings.dual_step,
+            "acceleration": None,  # the run config spells out rho-schedule and relaxation
+        }
         return FedADMM(
-            rho=settings.rho,
-            rho_schedule=schedule,
-            relaxation=settings.relaxation,
-            dual_step=settings.dual_step,
-            acceleration=None,  # the run config spells out rho-schedule and relaxation
+            **settings.form.strategy_kwargs(prox),
             sampling_seed=None,
             tensor_names=getattr(model, "tensor_names", None),  # framework=torch: state_dict
             **admm_common,
         )
+    duals = {**settings.form.strategy_kwargs({"rho": settings.rho}), "sampling_seed": None}
     if settings.strategy == "fedadmm-client-duals" and settings.secure_aggregation:
-        return FedADMMClientDualsSecAgg(rho=settings.rho, sampling_seed=None, **admm_common)
+        return FedADMMClientDualsSecAgg(**duals, **admm_common)
     if settings.strategy == "fedadmm-client-duals":
-        return FedADMMClientDuals(rho=settings.rho, sampling_seed=None, **admm_common)
+        return FedADMMClientDuals(**duals, **admm_common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     if settings.strategy == "fednova":

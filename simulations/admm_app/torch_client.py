@@ -88,7 +88,9 @@ class TorchAppClient(NumPyClient):
                 continue  # BatchNorm cannot train on a batch of one
             optimizer.zero_grad()
             loss = module.loss(xb, yb)  # type: ignore[operator]
-            if admm.penalty == "loss":  # else the prox step below applies the penalty
+            # the prox term: in the loss or by the prox step below; the linearized form's
+            # <y_i, w> is always in the loss
+            if admm.penalty == "loss" or admm.form == "linearized":
                 loss = loss + admm.penalty_term()
             loss.backward()
             optimizer.step()

@@ -94,6 +94,15 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"rho": True}, ["'rho'"]),
         ({"bogus-key": 1}, ["unknown keys", "bogus-key"]),
         ({"key-binding": "trust"}, ["'key-binding'", "node", "reported"]),
+        ({"form": "scaffnew"}, ["'form'", "prox", "linearized-convex"]),
+        ({"form": "linearized", "strategy": "fedavg"}, ["'form'", "fedadmm", "'prox'"]),
+        ({"form": "linearized", "rho": 0.5}, ["'rho'", "form='linearized'", "0.1"]),
+        ({"form": "linearized", "dual-step": 0.5}, ["'dual-step'", "fixed by"]),
+        ({"form": "linearized-convex", "relaxation": 1.6}, ["'relaxation'", "fixed by"]),
+        (
+            {"form": "linearized-convex", "strategy": "fedadmm-client-duals"},
+            ["'form'", "server-held", "form='linearized'"],
+        ),
     ],
 )
 def test_run_config_errors_name_the_key_and_the_allowed_values(override, words):

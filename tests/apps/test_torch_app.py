@@ -160,6 +160,9 @@ def test_cnn_needs_framework_torch_and_secagg_numpy(tmp_path) -> None:  # type: 
 
 @pytest.mark.ray
 def test_flwr_run_message_api_cnn(tmp_path, local_flower) -> None:  # type: ignore[no-untyped-def]
+    """The CNN in Flower's engine under FedADMM's linearized form (the best CNN row of
+    docs/benchmarks.md; the prox form's engine run is tests/examples'): every node's
+    TorchADMM adds <y_i, w> to its loss and reports its step budget (none rejected)."""
     from simulations.launcher import APP_DIR
 
     output_dir = tmp_path / "outputs"
@@ -170,6 +173,7 @@ def test_flwr_run_message_api_cnn(tmp_path, local_flower) -> None:  # type: igno
             "framework": "torch",
             "task": "digits",
             "model": "cnn",
+            "form": "linearized",
             "num-server-rounds": 2,
             "output-dir": str(output_dir),
         },
@@ -181,7 +185,12 @@ def test_flwr_run_message_api_cnn(tmp_path, local_flower) -> None:  # type: igno
     assert outcome.returncode == 0, log
     document, problems = check_result(output_dir / "digits", "fedadmm", 2)
     assert problems == [], log
-    assert document["settings"]["framework"] == "torch" and document["settings"]["api"] == "message"
+    settings = document["settings"]
+    assert (settings["framework"], settings["api"], settings["form"]) == (
+        "torch",
+        "message",
+        {"name": "linearized"},
+    )
     rounds = document["rounds"]
     assert rounds[-1]["num_results"] == 10 and rounds[-1]["num_rejected"] == 0
     assert rounds[-1]["objective"] < rounds[0]["objective"]

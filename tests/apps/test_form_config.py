@@ -1,0 +1,64 @@
+"""The app's ``form`` key: FedADMM's linearized forms through the app, in process.
+
+References: with every client replying and equal local steps the linearized form with
+server-held duals and with client-held duals is one iteration (SCAFFOLD option II,
+`tests/serverapp/test_linearized.py`), so the four runs (two strategies, two APIs)
+must end at the same gap; rho_i = 1 / b_i with b_i = K lr = 10 x 0.1 on seed-logreg,
+so the reported base rho is 1 on both. Bytes: server-held duals send z and y_i down,
+client-held ones z only (10 clients x one float64 (20,) array in .npy, 288 bytes).
+"""
+
+from __future__ import annotations
+
+import pytest
+from app_runs import run_legacy, run_message
+
+from simulations.admm_app.form_config import FORM_NAMES
+from simulations.admm_app.run_config import parse_run_config
+from simulations.report import check_result
+
+RUNS = {"legacy": run_legacy, "message": run_message}
+ROUNDS = 15
+BLOCK = 20 * 8 + 128  # one float64 (20,) array in .npy format
+
+
+def _last(tmp_path, api, strategy, form):
+    out = tmp_path / f"{api}-{strategy}-{form}"
+    RUNS[api](
+        {"strategy": strategy, "form": form, "num-server-rounds": ROUNDS, "output-dir": str(out)}
+    )
+    document, problems = check_result(out / "seed-logreg", strategy, ROUNDS)
+    assert problems == []
+    assert document["settings"]["form"] == {"name": form}
+    assert all(r["num_rejected"] == 0 for r in document["rounds"][1:])
+    return document["rounds"][-1]
+
+
+def test_the_linearized_form_is_one_iteration_on_both_strategies_and_apis(tmp_path):
+    runs = {
+        (api, strategy): _last(tmp_path, api, strategy, "linearized")
+        for api in RUNS
+        for strategy in ("fedadmm", "fedadmm-client-duals")
+    }
+    gaps = [last["relative_gap"] for last in runs.values()]
+    assert 0 < max(gaps) < 1e-4  # measured 4.1e-5 at round 15
+    assert max(gaps) - min(gaps) <= 1e-9 * max(gaps)
+    for (_, strategy), last in runs.items():
+        assert last["num_results"] == 10 and last["rho"] == 1.0
+        copies_down = 2 if strategy == "fedadmm" else 1  # z and y_i, or z
+        assert (last["bytes_up"], last["bytes_down"]) == (10 * BLOCK, copies_down * 10 * BLOCK)
+
+
+def test_the_convex_recipe_runs_with_server_held_duals_and_is_faster_here(tmp_path):
+    convex = [_last(tmp_path, api, "fedadmm", "linearized-convex") for api in RUNS]
+    plain = _last(tmp_path, "message", "fedadmm", "linearized")
+    assert convex[0]["relative_gap"] == pytest.approx(convex[1]["relative_gap"], rel=1e-9)
+    assert convex[0]["relative_gap"] < 1e-3 * plain["relative_gap"]  # measured 1.1e-8
+
+
+def test_the_prox_form_is_the_default_and_keeps_its_keys():
+    assert FORM_NAMES[0] == "prox" and parse_run_config({}).form.linearized is None
+    settings = parse_run_config({"rho": 0.5, "dual-step": 0.5, "relaxation": 1.6})
+    assert settings.form.strategy_kwargs({"rho": 0.5}) == {"rho": 0.5}
+    linearized = parse_run_config({"form": "linearized"}).form
+    assert linearized.strategy_kwargs({"rho": 0.5}) == {"form": linearized.linearized}
