@@ -64,6 +64,7 @@ from flwr_admm.protocol import (
     RESYNC,
     RHO,
     SECAGG_EXAMPLES,
+    STEP_BUDGET,
     U_SQ_NORM,
     W_SQ_NORM,
 )
@@ -105,11 +106,14 @@ def protocol_problem(
     secure: bool = False,
     offered: bool = False,
     linearized: bool = False,
+    budget: float | None = None,
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
     `linearized`: the linearized form, whose replies carry the step budget b_i
-    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`).
+    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`), equal to the
+    run's `budget` b once one is set: S / N weighs the nodes by n_i, which is the
+    z-step only when every b_i is the same (unequal ones move the fixed point).
 
     `offered`: the server offered this key its share back (``admm-restore``); only then
     may a reply say it trained from it (``admm-restored`` = 1, no d2_i).
@@ -120,8 +124,18 @@ def protocol_problem(
     Under SecAgg+ (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is
     SecAgg+'s weight) and the squared norms travel inside the masked sum, not as metrics.
     """
-    if linearized and (why := budget_scale(metrics)[1]) is not None:
-        return why, 0
+    if linearized:
+        scale, why = budget_scale(metrics)
+        if why is not None or scale is None:
+            return why or STEP_BUDGET, 0
+        if budget is not None and not math.isclose(1.0 / scale, budget, rel_tol=1e-9):
+            return (
+                f"{STEP_BUDGET} {1.0 / scale!r} differs from the run's {budget!r}: client-"
+                "held duals weigh the nodes by n_i, the linearized z-step only when every "
+                "K_i lr_i is the same (set local steps, not epochs over unequal data, and "
+                "one learning rate; or use FedADMM, which weighs by n_i / b_i)",
+                0,
+            )
     names = (SECAGG_EXAMPLES,) if secure else (W_SQ_NORM, U_SQ_NORM)
     for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, *names):
         if name not in metrics:

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.dual_momentum import momentum_for
+from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
@@ -123,6 +124,7 @@ class ClientDualsState:
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
         self.restores = restores and self.dual_step == 1.0 and self.momentum is None
         self.linearized = linearized  # replies carry b_i (admm-step-budget)
+        self.step_budget: float | None = None  # b: the first accepted b_i (linearized)
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -169,8 +171,20 @@ class ClientDualsState:
         """Return (why, 1 if a state mismatch) if the reply breaks the protocol, else None."""
         entry, offered = self.clients.get(key), not secure and self.offers(key)
         return protocol_problem(
-            entry, metrics, num_examples, secure=secure, offered=offered, linearized=self.linearized
+            entry,
+            metrics,
+            num_examples,
+            secure=secure,
+            offered=offered,
+            linearized=self.linearized,
+            budget=self.step_budget,
         )
+
+    def pin_budget(self, metrics: Mapping[str, Any]) -> None:
+        """Under the linearized form, take the first accepted reply's b_i as the run's b."""
+        if self.linearized and self.step_budget is None:
+            scale = budget_scale(metrics)[0]
+            self.step_budget = None if scale is None else 1.0 / scale
 
     def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
         """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.
@@ -205,6 +219,7 @@ class ClientDualsState:
         """
         assert self.contribution_sum is not None
         restored = metrics.get(RESTORED, 0) == 1  # checked by `problem`: it was offered
+        self.pin_budget(metrics)
         resync = self.record(key, num_examples, server_round, full=full)
         self.sweep.fold(
             key, self.contribution_sum, change, share, full=full, resync=resync, restored=restored

@@ -198,7 +198,12 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         for key, _, res in admitted:
             entry = None if key in freed else self.state.clients.get(key)
             report = protocol_problem(
-                entry, res.metrics, res.num_examples, secure=True, linearized=self.state.linearized
+                entry,
+                res.metrics,
+                res.num_examples,
+                secure=True,
+                linearized=self.state.linearized,
+                budget=self.state.step_budget,
             )
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0
@@ -220,6 +225,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             self._evict_keys(crowded, "least recently heard beyond max_clients")
         self._open_round(incoming)
         for key, proxy, res in admitted:
+            self.state.pin_budget(res.metrics)
             self._fold_metadata(key, proxy, res, server_round, counts)
         change, new_block, stats = aggregate
         same_sweep = (

@@ -17,6 +17,8 @@ from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
+from flwr_admm.protocol import STEP_BUDGET
+from flwr_admm.rounds.client_duals_replies import protocol_problem
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -279,6 +281,42 @@ def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
     _run(strategy, 2, client_app=plain_app)  # replies without admm-step-budget
     assert all(h.get("num_rejected") == N for h in strategy.history)
     assert strategy.configuration()["form"] == "linearized"
+
+
+uneven_app = ClientApp()
+
+
+@uneven_app.train()
+def uneven_train(msg: Message, context: Context) -> Message:
+    """The linearized loop with K_i = 10 on even partitions, 30 on odd ones (lr 0.5)."""
+    X, y = local_data(context)
+    steps = 10 if int(context.node_config["partition-id"]) % 2 == 0 else 30
+    step = ADMMTrainStep.from_message(msg, context)
+    (w,) = step.start().values()
+    (y_i,) = step.correction.values()
+    model = seed_model()
+    for _ in range(steps):
+        _, (grad,) = model.loss_and_grad([w], X, y)
+        w = w - 0.5 * (grad + y_i)
+    return step.reply([w], len(y), {}, context, step_budget=step_budget(steps, 0.5))
+
+
+def test_unequal_step_budgets_are_exact_server_held_and_refused_client_held():
+    """S / N weighs nodes by n_i, the linearized z-step by n_i / b_i: with unequal b_i
+    client-held duals settled at a wrong point (gap 2.0e-3, |z - z*| = 0.10 after 200
+    rounds) while looking converged. The server now keeps the first accepted b_i and
+    rejects a reply with another, naming the fix; FedADMM weighs by n_i / b_i exactly."""
+    held, _ = _run(FedADMM(form=SCAFFNEW, **_every_node()), 60, uneven_app)
+    assert gaps(held)[-1] < 1e-12
+    strategy = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
+    _run(strategy, 6, uneven_app)
+    assert strategy.state.step_budget in (5.0, 15.0)
+    assert [h["num_rejected"] for h in strategy.history] == [N // 2] * 6  # the other K_i
+    other = {STEP_BUDGET: 20.0 - strategy.state.step_budget}
+    pinned = strategy.state.step_budget
+    why, mismatch = protocol_problem(None, other, 50, linearized=True, budget=pinned)
+    assert mismatch == 0 and why.startswith(f"{STEP_BUDGET} {other[STEP_BUDGET]!r} differs")
+    assert "local steps, not epochs" in why and "FedADMM" in why
 
 
 def test_the_legacy_client_held_strategy_runs_the_same_linearized_iteration():
