@@ -42,6 +42,7 @@ from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fednova import FedNova
 
+from . import form_config as forms
 from .checkpoint_config import remaining_rounds
 from .evaluation import Evaluator, get_task
 from .message_server import run_message_api
@@ -260,6 +261,10 @@ def setup(context: Context) -> tuple[RunSettings, Task, Evaluator, RunRecorder]:
     settings = parse_run_config(context.run_config)
     task = get_task(settings.task, settings.seed, settings.task_options())
     settings = parse_run_config(context.run_config, task.defaults)
+    sizes = [len(y) for y in task.data.y]
+    forms.check_equal_budgets(
+        settings.form, settings.strategy, settings.local_epochs, settings.batch_size, sizes
+    )
     if settings.framework == "torch":
         from .torch_task import torch_task  # imports torch
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from app_runs import run_legacy, run_message
 
-from simulations.admm_app.form_config import FORM_NAMES
+from simulations.admm_app.form_config import FORM_NAMES, FormSettings, check_equal_budgets
 from simulations.admm_app.run_config import parse_run_config
 from simulations.report import check_result
 
@@ -62,3 +62,18 @@ def test_the_prox_form_is_the_default_and_keeps_its_keys():
     assert settings.form.strategy_kwargs({"rho": 0.5}) == {"rho": 0.5}
     linearized = parse_run_config({"form": "linearized"}).form
     assert linearized.strategy_kwargs({"rho": 0.5}) == {"form": linearized.linearized}
+
+
+def test_client_held_duals_refuse_epochs_that_give_unequal_budgets(tmp_path):
+    """Synthetic's 20 epochs of batches of 10 over 45-56 examples: unequal K_i, which the
+    server would reject every round (digits' Dirichlet partitions too); local steps:
+    equal."""
+    config = {"strategy": "fedadmm-client-duals", "form": "linearized", "output-dir": str(tmp_path)}
+    with pytest.raises(ValueError, match=r"^run config 'local-epochs': 20 epoch\(s\).*local-steps"):
+        run_message({**config, "task": "synthetic", "num-clients": 10, "num-server-rounds": 1})
+    with pytest.raises(ValueError, match=r"^run config 'local-epochs': 1 epoch\(s\)"):
+        run_message({**config, "task": "digits", "num-server-rounds": 1})
+    run_message({**config, "task": "digits", "num-server-rounds": 2, "local-steps": 5})
+    document, problems = check_result(tmp_path / "digits", "fedadmm-client-duals", 2)
+    assert problems == [] and document["rounds"][-1]["num_rejected"] == 0
+    check_equal_budgets(FormSettings("linearized"), "fedadmm", 20, 10, [45, 56])  # exact there
