@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's one test command: lint, format, types, then the test suite.
 # pytest exits 5 when it collects no test; `set -e` turns that into a failure.
-# Two xdist workers (the machine's 2 cores): tests/conftest.py schedules the tests so that
-# a module, and every `flwr run` test, stays on one worker.
+# Two xdist workers (the machine's 2 cores): tests/conftest.py starts the first on the
+# deployments (mostly waiting on Flower's polls) and keeps a module, and every
+# `flwr run` test, on one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m ruff check .

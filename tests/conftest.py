@@ -1,40 +1,81 @@
 """Shared fixtures: one private local SuperLink for every `flwr run` test of the session.
 
-`scripts/check.sh` runs the suite on two pytest-xdist workers. `ModuleScheduling` keeps
-every test module on one worker, in its order (its module fixtures, such as a
-deployment, start once), and every module that uses `local_flower` on the one worker
-that holds the one local SuperLink. (pytest 9.2 ignores the node-id suffix that
-xdist's own ``--dist loadgroup`` relies on, so the grouping is a scheduler here.)
+`scripts/check.sh` runs the suite on two pytest-xdist workers, one BLAS / torch thread
+each: the first starts with the deployments (`WAITING`: mostly idle, waiting on
+Flower's polls), the other with the largest modules. `ModuleScheduling` keeps every
+test module on one worker, in its order (its module fixtures, such as a deployment,
+start once), and every module that uses `local_flower` on the one worker that holds
+the one local SuperLink. (pytest 9.2 ignores the node-id suffix that xdist's own
+``--dist loadgroup`` relies on, so the grouping is a scheduler here.)
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+if "PYTEST_XDIST_WORKER" in os.environ:  # one BLAS / torch thread per worker (and child)
+    for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_threads, "1")
+
 TESTS = Path(__file__).parent
 LOCAL_SUPERLINK = "local-superlink"
+# The deployments: minutes each, mostly waiting on Flower's 3 s polls. They run first,
+# one after the other on the first worker, while the others take the CPU-bound tests.
+WAITING = ("tests/apps/test_deployment.py", "tests/apps/test_secure_deployment.py")
+
+
+@cache
+def _superlink_modules() -> frozenset[str]:
+    return frozenset(
+        str(path.relative_to(TESTS.parent))
+        for path in TESTS.rglob("test_*.py")
+        if "local_flower" in path.read_text()
+    )
+
+
+def scope_of(nodeid: str) -> str:
+    """A test's unit of scheduling: its module, or the local SuperLink's group."""
+    module = nodeid.split("::", 1)[0]
+    return LOCAL_SUPERLINK if module in _superlink_modules() else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, order the scopes as `ModuleScheduling` hands them out.
+
+    Largest scopes first (xdist's own order), except `WAITING`: the first at position
+    0 and the second at position ``workers``, so that the first worker takes both. Every
+    worker orders its collection the same way, as xdist requires.
+    """
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers < 2:
+        return
+    scopes: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        scopes.setdefault(scope_of(item.nodeid), []).append(item)
+    waiting = [scope for scope in WAITING if scope in scopes]
+    order = sorted((s for s in scopes if s not in waiting), key=lambda s: -len(scopes[s]))
+    for position, scope in zip((0, workers), waiting, strict=False):
+        order.insert(min(position, len(order)), scope)
+    items[:] = [item for scope in order for item in scopes[scope]]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Schedule whole modules, and every `flwr run` module on one worker."""
+    """Schedule whole scopes (`scope_of`) in the collection's order."""
     from xdist.scheduler import LoadScopeScheduling
 
-    users = {
-        str(path.relative_to(TESTS.parent))
-        for path in TESTS.rglob("test_*.py")
-        if "local_flower" in path.read_text()
-    }
+    config.option.loadscopereorder = False  # the workers ordered the scopes already
 
     class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return LOCAL_SUPERLINK if module in users else module
+            return scope_of(nodeid)
 
     return ModuleScheduling(config, log)
 
