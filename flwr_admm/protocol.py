@@ -89,6 +89,7 @@ PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of
 # client-held duals: sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i), from what the server folds
 CHECKED_PRIMAL_RESIDUAL = "checked_primal_residual"
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
+NUM_BUDGET_MISMATCH = "num_budget_mismatch"  # linearized client-held: b_i off the common one
 NUM_RESTARTS = "num_restarts"  # client-held duals with fast ADMM: restarts so far
 DUAL_RESIDUAL = "dual_residual"
 EPS_PRIMAL = "eps_primal"

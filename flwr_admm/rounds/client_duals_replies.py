@@ -106,14 +106,12 @@ def protocol_problem(
     secure: bool = False,
     offered: bool = False,
     linearized: bool = False,
-    budget: float | None = None,
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
     `linearized`: the linearized form, whose replies carry the step budget b_i
-    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`), equal to the
-    run's `budget` b once one is set: S / N weighs the nodes by n_i, which is the
-    z-step only when every b_i is the same (unequal ones move the fixed point).
+    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`; that they agree
+    across nodes is `budget_problem`).
 
     `offered`: the server offered this key its share back (``admm-restore``); only then
     may a reply say it trained from it (``admm-restored`` = 1, no d2_i).
@@ -124,18 +122,8 @@ def protocol_problem(
     Under SecAgg+ (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is
     SecAgg+'s weight) and the squared norms travel inside the masked sum, not as metrics.
     """
-    if linearized:
-        scale, why = budget_scale(metrics)
-        if why is not None or scale is None:
-            return why or STEP_BUDGET, 0
-        if budget is not None and not math.isclose(1.0 / scale, budget, rel_tol=1e-9):
-            return (
-                f"{STEP_BUDGET} {1.0 / scale!r} differs from the run's {budget!r}: client-"
-                "held duals weigh the nodes by n_i, the linearized z-step only when every "
-                "K_i lr_i is the same (set local steps, not epochs over unequal data, and "
-                "one learning rate; or use FedADMM, which weighs by n_i / b_i)",
-                0,
-            )
+    if linearized and (why := budget_scale(metrics)[1]) is not None:
+        return why, 0
     names = (SECAGG_EXAMPLES,) if secure else (W_SQ_NORM, U_SQ_NORM)
     for name in (PREVIOUS_ROUND, EXAMPLES_CHANGE, *names):
         if name not in metrics:
@@ -183,6 +171,18 @@ def protocol_problem(
             0,
         )
     return None
+
+
+def budget_mismatch(budgets: list[float]) -> int:
+    """Return how many of a round's step budgets b_i differ from the most common one.
+
+    S / N weighs the nodes by n_i; the linearized z-step weighs them by n_i / b_i, so
+    client-held duals are exact only when every b_i is the same: unequal ones move the
+    fixed point. Reported (``num_budget_mismatch``), not rejected: a node that rejected
+    the others' budgets could lock them out.
+    """
+    counts = [sum(math.isclose(b, v, rel_tol=1e-9) for v in budgets) for b in budgets]
+    return len(budgets) - max(counts, default=0)
 
 
 def z_step(
@@ -281,6 +281,7 @@ class RoundStats:
         self.screened = False  # filled by `add`: reports screened, checked residual kept
         self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
         self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
+        self.budgets: list[float] = []  # the linearized form's b_i (`budget_mismatch`)
 
     def add(self, num_examples: int, metrics: Mapping[str, Any], change_sq: float = 0.0) -> None:
         """Count one accepted reply (its n_i, protocol metrics and ||Delta_i||^2)."""
@@ -289,6 +290,8 @@ class RoundStats:
         self.n += n
         self.screened = True
         self.reports.append((n, float(metrics[W_SQ_NORM]), float(metrics[U_SQ_NORM])))
+        if STEP_BUDGET in metrics:  # checked by `protocol_problem`
+            self.budgets.append(float(metrics[STEP_BUDGET]))
         self.w_sq += n * self.reports[-1][1]
         self.u_sq += n * self.reports[-1][2]
         full = metrics.get(PREVIOUS_ROUND, 0) == 0 or metrics.get(RESYNC, 0) == 1

@@ -15,7 +15,7 @@ the legacy module's docstring, `flwr_admm.server.client_duals`):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -24,13 +24,13 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.dual_momentum import momentum_for
-from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACK_ROUND,
     CONVERGED,
     DUAL_STEP,
+    NUM_BUDGET_MISMATCH,
     NUM_CLIENTS_CACHED,
     REBUILD,
     REBUILDING,
@@ -42,6 +42,7 @@ from flwr_admm.protocol import (
 from flwr_admm.rounds.client_duals_replies import (
     ClientEntry,
     RoundStats,
+    budget_mismatch,
     entries_from_arrays,
     entry_arrays,
     protocol_problem,
@@ -124,7 +125,7 @@ class ClientDualsState:
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
         self.restores = restores and self.dual_step == 1.0 and self.momentum is None
         self.linearized = linearized  # replies carry b_i (admm-step-budget)
-        self.step_budget: float | None = None  # b: the first accepted b_i (linearized)
+        self.budgets_warned = False  # the unequal-budget warning is logged once a run
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -171,20 +172,8 @@ class ClientDualsState:
         """Return (why, 1 if a state mismatch) if the reply breaks the protocol, else None."""
         entry, offered = self.clients.get(key), not secure and self.offers(key)
         return protocol_problem(
-            entry,
-            metrics,
-            num_examples,
-            secure=secure,
-            offered=offered,
-            linearized=self.linearized,
-            budget=self.step_budget,
+            entry, metrics, num_examples, secure=secure, offered=offered, linearized=self.linearized
         )
-
-    def pin_budget(self, metrics: Mapping[str, Any]) -> None:
-        """Under the linearized form, take the first accepted reply's b_i as the run's b."""
-        if self.linearized and self.step_budget is None:
-            scale = budget_scale(metrics)[0]
-            self.step_budget = None if scale is None else 1.0 / scale
 
     def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
         """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.
@@ -219,7 +208,6 @@ class ClientDualsState:
         """
         assert self.contribution_sum is not None
         restored = metrics.get(RESTORED, 0) == 1  # checked by `problem`: it was offered
-        self.pin_budget(metrics)
         resync = self.record(key, num_examples, server_round, full=full)
         self.sweep.fold(
             key, self.contribution_sum, change, share, full=full, resync=resync, restored=restored
@@ -263,6 +251,20 @@ class ClientDualsState:
         metrics[CONVERGED] = int(converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
         metrics[REBUILDING] = int(self.sweep.active)
+        if self.linearized:
+            mismatch = metrics[NUM_BUDGET_MISMATCH] = budget_mismatch(self.stats.budgets)
+            if mismatch and not self.budgets_warned:
+                self.budgets_warned = True
+                log(
+                    WARNING,
+                    "FedADMMClientDuals: %d of %d replies report another step budget "
+                    "K_i lr_i than the most common one; client-held duals weigh the nodes "
+                    "by n_i, the linearized z-step by n_i / b_i, so z settles away from "
+                    "the optimum (give every node the same local steps and learning "
+                    "rate, not epochs over unequal data; or use FedADMM)",
+                    mismatch,
+                    len(self.stats.budgets),
+                )
         return metrics, converged
 
     def discard_metrics(self) -> dict[str, Any]:

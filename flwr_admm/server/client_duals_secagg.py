@@ -66,6 +66,7 @@ from flwr_admm.protocol import (
     SECAGG_SWEEP,
     SECAGG_WEIGHT,
     SECURE_DROPPED,
+    STEP_BUDGET,
 )
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
 from flwr_admm.rounds.identity import client_key_of
@@ -203,7 +204,6 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
                 res.num_examples,
                 secure=True,
                 linearized=self.state.linearized,
-                budget=self.state.step_budget,
             )
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0
@@ -225,7 +225,6 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             self._evict_keys(crowded, "least recently heard beyond max_clients")
         self._open_round(incoming)
         for key, proxy, res in admitted:
-            self.state.pin_budget(res.metrics)
             self._fold_metadata(key, proxy, res, server_round, counts)
         change, new_block, stats = aggregate
         same_sweep = (
@@ -304,6 +303,8 @@ def _round_stats(replies: list[FitRes], stats: list[float]) -> RoundStats:
         n = float(res.metrics[SECAGG_EXAMPLES])  # type: ignore[arg-type]
         round_stats.num_replies += 1
         round_stats.n += n
+        if STEP_BUDGET in res.metrics:  # the linearized form's b_i, in the clear
+            round_stats.budgets.append(float(res.metrics[STEP_BUDGET]))  # type: ignore[arg-type]
         if res.metrics[PREVIOUS_ROUND] != 0:
             round_stats.num_delayed += 1
             round_stats.n_delayed += n

@@ -114,9 +114,9 @@ def check_equal_budgets(
     """Refuse local epochs that give the partitions (of `sizes`) unequal step counts K_i.
 
     Client-held duals under a linearized form weigh the nodes by n_i, which is its
-    z-step only with one K_i lr (`flwr_admm.rounds.client_duals_replies.protocol_problem`
-    rejects a reply with another budget): epochs of minibatches over partitions of
-    unequal size give unequal K_i.
+    z-step only with one K_i lr (z settles away from the optimum otherwise;
+    `flwr_admm.rounds.client_duals_replies.budget_mismatch`): epochs of minibatches over
+    partitions of unequal size give unequal K_i.
     """
     if form.linearized is None or strategy != "fedadmm-client-duals" or epochs is None:
         return

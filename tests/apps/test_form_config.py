@@ -65,8 +65,8 @@ def test_the_prox_form_is_the_default_and_keeps_its_keys():
 
 
 def test_client_held_duals_refuse_epochs_that_give_unequal_budgets(tmp_path):
-    """Synthetic's 20 epochs of batches of 10 over 45-56 examples: unequal K_i, which the
-    server would reject every round (digits' Dirichlet partitions too); local steps:
+    """Synthetic's 20 epochs of batches of 10 over 45-56 examples: unequal K_i, with which
+    z settles away from the optimum (digits' Dirichlet partitions too); local steps:
     equal."""
     config = {"strategy": "fedadmm-client-duals", "form": "linearized", "output-dir": str(tmp_path)}
     with pytest.raises(ValueError, match=r"^run config 'local-epochs': 20 epoch\(s\).*local-steps"):
@@ -75,5 +75,7 @@ def test_client_held_duals_refuse_epochs_that_give_unequal_budgets(tmp_path):
         run_message({**config, "task": "digits", "num-server-rounds": 1})
     run_message({**config, "task": "digits", "num-server-rounds": 2, "local-steps": 5})
     document, problems = check_result(tmp_path / "digits", "fedadmm-client-duals", 2)
-    assert problems == [] and document["rounds"][-1]["num_rejected"] == 0
+    last = document["rounds"][-1]
+    assert problems == [] and last["num_rejected"] == 0
+    assert last["fit_metrics"]["num_budget_mismatch"] == 0
     check_equal_budgets(FormSettings("linearized"), "fedadmm", 20, 10, [45, 56])  # exact there
