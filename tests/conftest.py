@@ -1,8 +1,8 @@
 """Shared fixtures: one private local SuperLink for every `flwr run` test of the session.
 
 `scripts/check.sh` runs the suite on two pytest-xdist workers, one BLAS / torch thread
-each: the first starts with the deployments (`WAITING`: mostly idle, waiting on
-Flower's polls), the other with the largest modules. `ModuleScheduling` keeps every
+each: one runs the deployments (`WAITING`: mostly idle, waiting on Flower's polls)
+while the other starts on the largest modules. `ModuleScheduling` keeps every
 test module on one worker, in its order (its module fixtures, such as a deployment,
 start once), and every module that uses `local_flower` on the one worker that holds
 the one local SuperLink. (pytest 9.2 ignores the node-id suffix that xdist's own
@@ -25,9 +25,11 @@ if "PYTEST_XDIST_WORKER" in os.environ:  # one BLAS / torch thread per worker (a
 
 TESTS = Path(__file__).parent
 LOCAL_SUPERLINK = "local-superlink"
-# The deployments: minutes each, mostly waiting on Flower's 3 s polls. They run first,
-# one after the other on the first worker, while the others take the CPU-bound tests.
+# The deployments: minutes each, mostly waiting on Flower's 3 s polls. One scope, run
+# first by one worker, one module after the other, while the other takes the CPU-bound
+# tests.
 WAITING = ("tests/apps/test_deployment.py", "tests/apps/test_secure_deployment.py")
+DEPLOYMENTS = "deployments"
 
 
 @cache
@@ -40,8 +42,10 @@ def _superlink_modules() -> frozenset[str]:
 
 
 def scope_of(nodeid: str) -> str:
-    """A test's unit of scheduling: its module, or the local SuperLink's group."""
+    """A test's unit of scheduling: its module, the deployments', or the local SuperLink's."""
     module = nodeid.split("::", 1)[0]
+    if module in WAITING:
+        return DEPLOYMENTS
     return LOCAL_SUPERLINK if module in _superlink_modules() else module
 
 
@@ -49,20 +53,15 @@ def scope_of(nodeid: str) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On an xdist worker, order the scopes as `ModuleScheduling` hands them out.
 
-    Largest scopes first (xdist's own order), except `WAITING`: the first at position
-    0 and the second at position ``workers``, so that the first worker takes both. Every
-    worker orders its collection the same way, as xdist requires.
+    The deployments first, then the largest scopes (xdist's own order). Every worker
+    orders its collection the same way, as xdist requires.
     """
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
-    if workers < 2:
+    if not hasattr(config, "workerinput"):
         return
     scopes: dict[str, list[pytest.Item]] = {}
     for item in items:
         scopes.setdefault(scope_of(item.nodeid), []).append(item)
-    waiting = [scope for scope in WAITING if scope in scopes]
-    order = sorted((s for s in scopes if s not in waiting), key=lambda s: -len(scopes[s]))
-    for position, scope in zip((0, workers), waiting, strict=False):
-        order.insert(min(position, len(order)), scope)
+    order = sorted(scopes, key=lambda s: (s != DEPLOYMENTS, -len(scopes[s])))
     items[:] = [item for scope in order for item in scopes[scope]]
 
 
