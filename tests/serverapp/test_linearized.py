@@ -99,15 +99,19 @@ def user_train(msg: Message, context: Context) -> Message:
     The same handler serves client-held duals: `ADMMTrainStep` gives y_i = u_i / b_i
     from the node's kept state there.
     """
+    return linearized_loop(msg, context, STEPS, LR)
+
+
+def linearized_loop(msg: Message, context: Context, steps: int, lr: float) -> Message:
     X, y = local_data(context)
     step = ADMMTrainStep.from_message(msg, context)
     (w,) = step.start().values()
     (y_i,) = step.correction.values()
     model = seed_model()
-    for _ in range(STEPS):
+    for _ in range(steps):
         _, (grad,) = model.loss_and_grad([w], X, y)
-        w = w - LR * (grad + y_i)
-    return step.reply([w], len(y), {}, context, step_budget=step_budget(STEPS, LR))
+        w = w - lr * (grad + y_i)
+    return step.reply([w], len(y), {}, context, step_budget=step_budget(steps, lr))
 
 
 def test_a_user_handler_with_the_helpers_runs_the_same_iteration():
@@ -288,16 +292,8 @@ uneven_app = ClientApp()
 @uneven_app.train()
 def uneven_train(msg: Message, context: Context) -> Message:
     """The linearized loop with K_i = 10 on even partitions, 30 on odd ones (lr 0.5)."""
-    X, y = local_data(context)
     steps = 10 if int(context.node_config["partition-id"]) % 2 == 0 else 30
-    step = ADMMTrainStep.from_message(msg, context)
-    (w,) = step.start().values()
-    (y_i,) = step.correction.values()
-    model = seed_model()
-    for _ in range(steps):
-        _, (grad,) = model.loss_and_grad([w], X, y)
-        w = w - 0.5 * (grad + y_i)
-    return step.reply([w], len(y), {}, context, step_budget=step_budget(steps, 0.5))
+    return linearized_loop(msg, context, steps, 0.5)
 
 
 def test_unequal_step_budgets_are_exact_server_held_and_reported_client_held():
