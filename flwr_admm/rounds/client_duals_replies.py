@@ -110,8 +110,8 @@ def protocol_problem(
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
     `linearized`: the linearized form, whose replies carry the step budget b_i
-    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`; that they agree
-    across nodes is `budget_problem`).
+    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`; whether they agree
+    across nodes is `budget_mismatch`).
 
     `offered`: the server offered this key its share back (``admm-restore``); only then
     may a reply say it trained from it (``admm-restored`` = 1, no d2_i).

@@ -199,11 +199,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         for key, _, res in admitted:
             entry = None if key in freed else self.state.clients.get(key)
             report = protocol_problem(
-                entry,
-                res.metrics,
-                res.num_examples,
-                secure=True,
-                linearized=self.state.linearized,
+                entry, res.metrics, res.num_examples, secure=True, linearized=self.state.linearized
             )
             if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
                 report = f"{SECAGG_EXAMPLES} must be >= 1", 0

@@ -16,10 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flwr_admm.core import Linearized
+from flwr_admm.core import Geometric, Linearized
 from flwr_admm.core.linearized import LINEARIZED_CONVEX
+from flwr_admm.core.schedules import make_schedule
+
+if TYPE_CHECKING:
+    from .run_config import RunSettings
 
 FORM_STRATEGIES = ("fedadmm", "fedadmm-client-duals")
 RECIPES: dict[str, Linearized] = {
@@ -51,6 +55,27 @@ class FormSettings:
         """The strategy's keywords: `prox` (rho, rho_schedule, ...) or ``form=``."""
         recipe = self.linearized
         return dict(prox) if recipe is None else {"form": recipe}
+
+
+def fedadmm_keywords(settings: RunSettings) -> dict[str, Any]:
+    """FedADMM's keywords of the run config, on either API: the prox form's or ``form=``.
+
+    The prox form gets the run config's rho, schedule, relaxation and dual step, and no
+    acceleration (the run config spells those out).
+    """
+    schedule = (
+        Geometric(factor=settings.rho_factor)
+        if settings.rho_schedule == "geometric"
+        else make_schedule(settings.rho_schedule)
+    )
+    prox = {
+        "rho": settings.rho,
+        "rho_schedule": schedule,
+        "relaxation": settings.relaxation,
+        "dual_step": settings.dual_step,
+        "acceleration": None,
+    }
+    return settings.form.strategy_kwargs(prox)
 
 
 def form_settings(

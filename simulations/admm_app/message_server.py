@@ -25,11 +25,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from flwr_admm.core import Geometric
-from flwr_admm.core.schedules import make_schedule
 from flwr_admm.data import Task
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 
+from . import form_config as forms
 from .checkpoint_config import remaining_rounds
 from .evaluation import Evaluator
 from .message_sampling import (
@@ -243,22 +242,9 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         | RecordingFedDyn
     )
     if settings.strategy == "fedadmm":
-        schedule = (
-            Geometric(factor=settings.rho_factor)
-            if settings.rho_schedule == "geometric"
-            else make_schedule(settings.rho_schedule)
-        )
         strategy = RecordingFedADMM(
             key_binding=settings.key_binding,
-            **settings.form.strategy_kwargs(
-                {
-                    "rho": settings.rho,
-                    "rho_schedule": schedule,
-                    "relaxation": settings.relaxation,
-                    "dual_step": settings.dual_step,
-                    "acceleration": None,  # the run config spells out schedule, relaxation
-                }
-            ),
+            **forms.fedadmm_keywords(settings),
             sampling_seed=settings.seed,
             **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
             **common,

@@ -34,8 +34,6 @@ from flwr.server.criterion import Criterion
 from flwr.server.strategy import FedAvg, FedProx, Strategy
 from flwr.serverapp import Grid
 
-from flwr_admm.core import Geometric
-from flwr_admm.core.schedules import make_schedule
 from flwr_admm.data import Task
 from flwr_admm.server import SCAFFOLD, FedADMM, FedDyn
 from flwr_admm.server.client_duals import FedADMMClientDuals
@@ -156,21 +154,9 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
         **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
     }
     if settings.strategy == "fedadmm":
-        schedule = (
-            Geometric(factor=settings.rho_factor)
-            if settings.rho_schedule == "geometric"
-            else make_schedule(settings.rho_schedule)
-        )
         # sampling_seed=None: the client manager samples, the same way for every strategy
-        prox = {
-            "rho": settings.rho,
-            "rho_schedule": schedule,
-            "relaxation": settings.relaxation,
-            "dual_step": settings.dual_step,
-            "acceleration": None,  # the run config spells out rho-schedule and relaxation
-        }
         return FedADMM(
-            **settings.form.strategy_kwargs(prox),
+            **forms.fedadmm_keywords(settings),
             sampling_seed=None,
             tensor_names=getattr(model, "tensor_names", None),  # framework=torch: state_dict
             **admm_common,
