@@ -298,16 +298,17 @@ def uneven_train(msg: Message, context: Context) -> Message:
 
 def test_unequal_step_budgets_are_exact_server_held_and_reported_client_held():
     """S / N weighs nodes by n_i, the linearized z-step by n_i / b_i: with unequal b_i
-    client-held duals settle at a wrong point (gap 2.0e-3, |z - z*| = 0.10 after 200
-    rounds), which looked converged. The round now reports how many replies are off the
+    client-held duals settle at a wrong point (gap 2.0e-3 from round 50 on), which looked
+    converged. The round now reports how many replies are off the
     most common b_i and warns once (rejecting them would let one node lock the others
     out); FedADMM weighs by n_i / b_i exactly."""
     held, _ = _run(FedADMM(form=SCAFFNEW, **_every_node()), 60, uneven_app)
     assert gaps(held)[-1] < 1e-12
     strategy = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
-    _run(strategy, 6, uneven_app)
-    assert [h["num_budget_mismatch"] for h in strategy.history] == [N // 2] * 6
-    assert [h["num_rejected"] for h in strategy.history] == [0] * 6
+    z, _ = _run(strategy, 60, uneven_app)
+    assert 1.9e-3 < gaps(z)[-1] < 2.1e-3  # the limitation, as docs/client_duals.md says
+    assert [h["num_budget_mismatch"] for h in strategy.history] == [N // 2] * 60
+    assert [h["num_rejected"] for h in strategy.history] == [0] * 60
     assert strategy.state.budgets_warned
     equal = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
     _run(equal, 2)  # every node K = 20, lr 1
