@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_RULES",
     "ROLES",
     "VARIANCE",
+    "Rules",
     "TensorSplit",
     "absorb_together",
     "check_rules",

@@ -61,7 +61,6 @@ from flwr_admm.server.sampling import (
     keyed_replies,
     record_round,
     reject_reply,
-    sample_clients,
 )
 from flwr_admm.uplink.channel import UplinkChannel
 
@@ -218,7 +217,7 @@ class ConsensusStrategy(FedAvg):
         if self.on_fit_config_fn is not None:
             user = dict(self.on_fit_config_fn(server_round))
         check_user_config(user, [], server_round)
-        clients = sample_clients(
+        clients = _sample_clients(
             self, client_manager, server_round, self.sampling_seed, self._key_of_cid
         )
         self.binding.connected(client_manager.all())
@@ -418,3 +417,17 @@ class ConsensusStrategy(FedAvg):
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
     ) -> None:
         """Restore the strategy's own state; raise KeyError/TypeError/ValueError first."""
+
+
+def _sample_clients(strategy: Any, client_manager: ClientManager, server_round: int, sampling_seed: int | None, key_of_cid: dict[str, str]) -> list[ClientProxy]:
+    from flwr_admm.rounds.sampling import sample_ids
+    _, min_num = strategy.num_fit_clients(client_manager.num_available())
+    client_manager.wait_for(min_num, timeout=86400)
+    size, _ = strategy.num_fit_clients(client_manager.num_available())
+    if sampling_seed is None:
+        return client_manager.sample(num_clients=size, min_num_clients=min_num)
+    available = client_manager.all()
+    if size > len(available):
+        return []
+    order = sample_ids(available, size, server_round, sampling_seed, key_of_cid)
+    return [available[cid] for cid in order]

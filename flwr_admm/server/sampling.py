@@ -26,8 +26,9 @@ from flwr_admm.protocol import (
     ROUND,
     SERVER_ROUND,
 )
+from flwr_admm.rounds.layer import RoundLayer
 from flwr_admm.rounds.report import without_reply_keys
-from flwr_admm.rounds.sampling import check_sampling_seed, check_sizes, sample_ids
+from flwr_admm.rounds.sampling import check_sampling_seed, check_sizes
 
 
 def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:
@@ -80,36 +81,28 @@ def check_user_config(
 
 
 def sample_clients(
-    strategy: FedAvg,
-    client_manager: ClientManager,
-    server_round: int,
-    sampling_seed: int | None,
-    key_of_cid: dict[str, str],
+    strategy: FedAvg, client_manager: ClientManager, server_round: int, layer: RoundLayer
 ) -> list[ClientProxy]:
     """Wait for `min_available_clients`, THEN size the sample from who is there.
 
     (Sizing first, as Flower's FedAvg does, samples too few clients when nodes are
-    still registering at round 1 in the simulation engine.) With a `sampling_seed`
-    the sample is drawn from the clients ordered by key (`key_of_cid`), then cid,
-    with a generator seeded by (sampling_seed, server_round).
+    still registering at round 1 in the simulation engine.) With the layer's
+    `sampling_seed` the sample is its seeded draw over the clients ordered by key,
+    then cid (`RoundLayer.sample`); without, Flower's own `ClientManager.sample`.
     """
     _, min_num = strategy.num_fit_clients(client_manager.num_available())
     client_manager.wait_for(min_num, timeout=86400)
     size, _ = strategy.num_fit_clients(client_manager.num_available())
-    if sampling_seed is None:
-        return client_manager.sample(num_clients=size, min_num_clients=min_num)
     available = client_manager.all()
+    layer.connect(list(available))
+    if layer.sampling_seed is None:
+        return client_manager.sample(num_clients=size, min_num_clients=min_num)
     if size > len(available):
         log(
-            INFO,
-            "%s: sampling %s clients but only %s available",
-            type(strategy).__name__,
-            size,
-            len(available),
+            INFO, "%s: sampling %s clients but only %s available", layer.label, size, len(available)
         )
         return []
-    order = sample_ids(available, size, server_round, sampling_seed, key_of_cid)
-    return [available[cid] for cid in order]
+    return [available[cid] for cid in layer.sample(list(available), size, server_round)]
 
 
 def record_round(

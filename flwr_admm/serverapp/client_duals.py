@@ -44,7 +44,7 @@ from flwr_admm.rounds.client_duals_replies import (
 from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
 from flwr_admm.serverapp.base import ConsensusStrategy
 from flwr_admm.serverapp.payloads import decoded_or_problem
-from flwr_admm.serverapp.records import Layout, MetricsAggrFn, ReadReply, read_reply
+from flwr_admm.serverapp.records_old import Layout, MetricsAggrFn, ReadReply, read_reply
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor, checked_uplink
 

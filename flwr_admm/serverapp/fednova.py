@@ -34,7 +34,7 @@ from flwr_admm.protocol import LOCAL_STEPS, NUM_FAILURES, NUM_REJECTED, NUM_REPL
 from flwr_admm.rounds.fednova import local_steps_problem, normalized_average
 from flwr_admm.rounds.report import watch_round
 from flwr_admm.rounds.sampling import unconfigured
-from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
+from flwr_admm.serverapp.records_old import Layout, merge_metrics, read_reply
 
 __all__ = ["FedNova"]
 

@@ -40,7 +40,7 @@ from flwr_admm.protocol import (
     RHO,
     START_RECORD,
 )
-from flwr_admm.serverapp.records import Layout
+from flwr_admm.serverapp.records_old import Layout
 
 __all__ = ["linearized_records", "prox_records", "train_message"]
 

@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_admm.rounds.identity import KeyBinding
-from flwr_admm.serverapp.records import ReadReply
+from flwr_admm.serverapp.records_old import ReadReply
 
 __all__ = ["admit", "wait_for_nodes"]
 

@@ -19,7 +19,7 @@ from flwr.common import Parameters
 
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import PAYLOAD_RECORD
-from flwr_admm.serverapp.records import Layout, ReadReply, array_problem
+from flwr_admm.serverapp.records_old import Layout, ReadReply, array_problem
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, max_payload_bytes
 

@@ -56,7 +56,7 @@ from flwr_admm.protocol import (
 from flwr_admm.rounds.peers import PeerRound, Reply, previous_round
 from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
-from flwr_admm.serverapp.records import Layout, merge_metrics, read_reply
+from flwr_admm.serverapp.records_old import Layout, merge_metrics, read_reply
 
 __all__ = ["PeerFedAvg"]
 

@@ -1,13 +1,11 @@
-"""Translate between Flower's Message-API records and the numpy core's values.
+"""Flower's Message-API records to and from the round layer's values.
 
-A model travels as an `ArrayRecord` of named tensors (a PyTorch ``state_dict`` arrives
-as named `Array`s). `Layout` remembers the names, dtypes and shapes of the first z
-a strategy receives, so that every center and every new z goes back out under the
-same names, in the same order, with the same dtypes and shapes (0-d tensors stay
-0-d). `read_reply` turns one reply `Message` into a core `Reply`, or says why it is
-unusable; it never raises. `merge_metrics` builds the round's MetricRecord (plain
-ints and floats): the user's aggregation overlaid with ours (the counts and
-`flwr_admm.rounds.report.report_metrics`).
+A model travels as an `ArrayRecord` of named tensors (a PyTorch ``state_dict``
+arrives as named `Array`s); the first one a strategy receives fixes the `Layout`.
+`incoming` reads one reply `Message` into the round layer's `Incoming` (its blocks as
+Flower's bytes, screened before anything is deserialized); it never raises.
+`merge_metrics` builds the round's MetricRecord: the user's aggregation overlaid with
+the round's own metrics.
 """
 
 from __future__ import annotations
@@ -15,173 +13,158 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Parameters
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.types import Arrays
-from flwr_admm.core.validation import check_reply
 from flwr_admm.protocol import (
-    LOSS,
+    MESSAGE_RESERVED_CONFIG_KEYS,
+    PAYLOAD_RECORD,
+    RESERVED_CONFIG_PREFIXES,
 )
-from flwr_admm.rounds.identity import client_key_of
+from flwr_admm.rounds.exchange import Incoming, Layout
 from flwr_admm.rounds.report import without_reply_keys
-from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, tensor_problem
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, max_payload_bytes, tensor_problem
 
 __all__ = [
-    "Layout",
     "MetricsAggrFn",
-    "ReadReply",
     "array_problem",
+    "copy_config",
     "has_weight",
+    "incoming",
+    "layout_of",
     "merge_metrics",
     "plain_metrics",
-    "read_reply",
+    "read_model",
+    "to_record",
 ]
-
 
 # Flower's Message-API metrics aggregation: (reply contents, weighted_by_key) -> record
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Names, dtypes and shapes of the model's tensors, in record order."""
+def layout_of(record: ArrayRecord) -> Layout:
+    """Return the layout of `record` (its tensors are not deserialized)."""
+    names = tuple(record.keys())
+    dtypes = tuple(np.dtype(record[name].dtype) for name in names)
+    shapes = tuple(tuple(int(s) for s in record[name].shape) for name in names)
+    return Layout(names, dtypes, shapes)
 
-    names: tuple[str, ...]
-    dtypes: tuple[np.dtype[Any], ...]
-    shapes: tuple[tuple[int, ...], ...]
 
-    @classmethod
-    def of(cls, record: ArrayRecord) -> Layout:
-        """Return the layout of `record` (its tensors are not deserialized)."""
-        names = tuple(record.keys())
-        dtypes = tuple(np.dtype(record[name].dtype) for name in names)
-        shapes = tuple(tuple(int(s) for s in record[name].shape) for name in names)
-        return cls(names, dtypes, shapes)
+def read_model(record: ArrayRecord, layout: Layout, field_name: str = "arrays") -> Arrays:
+    """Return the tensors of `record` as float64 arrays in layout order.
 
-    def read(self, record: ArrayRecord, field_name: str = "arrays") -> Arrays:
-        """Return the tensors of `record` as float64 arrays in layout order.
+    Raises
+    ------
+    ValueError
+        Naming `field_name` when the record's names or shapes differ from the layout.
 
-        Raises
-        ------
-        ValueError
-            Naming `field_name` when the record's names or shapes differ from the layout.
-
-        """
-        if tuple(record.keys()) != self.names:
-            raise ValueError(
-                f"{field_name}: expected tensors {list(self.names)}, got {list(record.keys())}"
-            )
-        arrays = [np.asarray(record[name].numpy(), dtype=np.float64) for name in self.names]
-        shapes = tuple(a.shape for a in arrays)
-        if shapes != self.shapes:
-            raise ValueError(f"{field_name}: expected shapes {self.shapes}, got {shapes}")
-        return arrays
-
-    def record(self, arrays: Sequence[NDArray[Any]]) -> ArrayRecord:
-        """Return `arrays` as an ArrayRecord under the layout's names, cast to its dtypes."""
-        return ArrayRecord(
-            {
-                name: Array(np.asarray(a, dtype=dtype))
-                for name, a, dtype in zip(self.names, arrays, self.dtypes, strict=True)
-            }
+    """
+    if tuple(record.keys()) != layout.names:
+        raise ValueError(
+            f"{field_name}: expected tensors {list(layout.names)}, got {list(record.keys())}"
         )
+    arrays = [np.asarray(record[name].numpy(), dtype=np.float64) for name in layout.names]
+    shapes = tuple(a.shape for a in arrays)
+    if shapes != layout.shapes:
+        raise ValueError(f"{field_name}: expected shapes {layout.shapes}, got {shapes}")
+    return arrays
 
 
-@dataclass(frozen=True)
-class ReadReply:
-    """One reply as the core wants it, or the reason it cannot be used."""
-
-    key: str
-    node_id: int
-    arrays: Arrays
-    num_examples: int
-    loss: float | None
-    sq_norm: float | None
-    problem: str | None = None
-    content: RecordDict | None = None  # the reply's records (for a metrics aggregation)
-    share: Arrays | None = None  # client-held duals: the full share sigma_i', if sent
-
-    @property
-    def metrics(self) -> MetricRecord:
-        """Return the reply's one MetricRecord (empty for an unusable reply)."""
-        if self.content is None:
-            return MetricRecord()
-        return next(iter(self.content.metric_records.values()), MetricRecord())
+def to_record(arrays: Sequence[NDArray[Any]], layout: Layout) -> ArrayRecord:
+    """Return `arrays` as an ArrayRecord under the layout's names, cast to its dtypes."""
+    return ArrayRecord(
+        {
+            name: Array(np.asarray(a, dtype=dtype))
+            for name, a, dtype in zip(layout.names, arrays, layout.dtypes, strict=True)
+        }
+    )
 
 
-def read_reply(
+def incoming(
     message: Message,
     layout: Layout,
     weighted_by_key: str,
-    *,
-    share_key: str | None = None,
-    finite: bool = False,
-) -> ReadReply:
-    """Read a content reply: client key, w_i (float64, layout order), n_i, f_i(w_i).
+    blocks: Sequence[str],
+    tensor_type: str | None,
+) -> Incoming:
+    """Read a content reply: its one MetricRecord, n_i, the model block and `blocks`.
 
-    The key is the ``client-key`` metric, else ``partition-id``, else the sending node
-    (`flwr_admm.rounds.identity.client_key_of`). Unusable, with `problem` set: not
-    exactly one ArrayRecord and one MetricRecord, tensor names other than the layout's
-    (in any order), a shape that differs, a non-numeric dtype, a `weighted_by_key`
-    value that is not a positive integer, an unreadable key. NaN/inf entries are left
-    to `ConsensusADMM.absorb`, which finds them while folding the reply in, unless
-    `finite` (then they make the reply unusable). With `share_key`, an ArrayRecord of
-    that name is read as a second block (`ReadReply.share`, checked the same way and
-    always for NaN/inf) next to the one ArrayRecord of the reply's tensors.
+    The model block is the one ArrayRecord left besides `blocks` (any name), or the
+    compressed payload under ``admm-payload`` when `tensor_type` (the compressor's)
+    is given. Unusable, with `problem` set: not exactly one MetricRecord or model
+    block, a `weighted_by_key` value that is not an integer > 0, tensor names other
+    than the layout's (in any order), a declared shape or byte length that is not the
+    layout's, a serialization other than numpy's.
     """
-    node_id = int(message.metadata.src_node_id)
-    key = f"cid:{node_id}"
+    node = str(message.metadata.src_node_id)
     try:
         content = message.content
         if len(content.metric_records) != 1:
-            return _unusable(key, node_id, "expected exactly one MetricRecord")
+            return Incoming(node, {}, 0, problem="expected exactly one MetricRecord")
         metrics = next(iter(content.metric_records.values()))
-        key = client_key_of(str(node_id), metrics)  # type: ignore[arg-type]
-        records = dict(content.array_records)
-        share_record = records.pop(share_key, None) if share_key is not None else None
-        if len(records) != 1:
-            return _unusable(key, node_id, "expected exactly one ArrayRecord")
-        arrays, problem = _tensors(next(iter(records.values())), layout)
         n = metrics.get(weighted_by_key)
-        if problem is None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+        records = dict(content.array_records)
+        payload = records.pop(PAYLOAD_RECORD, None) if tensor_type is not None else None
+        extra = {name: records.pop(name) for name in blocks if name in records}
+        problem = None
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             problem = f"{weighted_by_key!r} must be an integer > 0, got {n!r}"
-        if problem is not None:
-            return _unusable(key, node_id, problem)
-        assert isinstance(n, int)
-        problem, sq_norm = check_reply(arrays, n, layout.shapes, finite=finite)
-        share = None
-        if problem is None and share_record is not None:
-            share, problem = _tensors(share_record, layout)
-            problem = problem or check_reply(share, n, layout.shapes)[0]
-            problem = None if problem is None else f"{share_key}: {problem}"
+        elif payload is not None:
+            model, problem = _payload(payload, layout, str(tensor_type))
+        elif len(records) != 1:
+            problem = "expected exactly one ArrayRecord"
+        else:
+            model, problem = _screened(next(iter(records.values())), layout)
+        read = {}
+        for name, record in extra.items():
+            if problem is None:
+                read[name], problem = _screened(record, layout)
+                problem = None if problem is None else f"{name}: {problem}"
     except Exception as error:  # a malformed reply must not stop the server
-        return _unusable(key, node_id, f"unreadable reply ({error!r})")
+        return Incoming(node, {}, 0, problem=f"unreadable reply ({error!r})")
     if problem is not None:
-        return _unusable(key, node_id, problem)
-    w = [np.asarray(a, dtype=np.float64) for a in arrays]
-    share64 = None if share is None else [np.asarray(a, dtype=np.float64) for a in share]
-    return ReadReply(key, node_id, w, n, _finite_loss(metrics), sq_norm, None, content, share64)
+        return Incoming(node, metrics, n, problem=problem)
+    return Incoming(node, metrics, n, model, read, content)
 
 
-def _tensors(record: ArrayRecord, layout: Layout) -> tuple[list[NDArray[Any]], str | None]:
-    """Return the tensors of `record` in layout order, or why they cannot be the model's.
-
-    Every `Array` is screened (`array_problem`) before any is deserialized.
-    """
+def _screened(record: ArrayRecord, layout: Layout) -> tuple[Parameters, str | None]:
+    """Return a record's ``.npy`` buffers in layout order, or why they cannot be the model's."""
     if set(record.keys()) != set(layout.names) or len(record) != len(layout.names):
-        return [], f"tensors {list(record.keys())}, expected {list(layout.names)}"
+        return _NONE, f"tensors {list(record.keys())}, expected {list(layout.names)}"
     for name, shape in zip(layout.names, layout.shapes, strict=True):
         problem = array_problem(record[name], shape)
         if problem is not None:
-            return [], f"{name}: {problem}"
-    return [record[name].numpy() for name in layout.names], None
+            return _NONE, f"{name}: {problem}"
+    return Parameters([record[name].data for name in layout.names], NUMPY_TENSOR_TYPE), None
+
+
+def _payload(
+    record: ArrayRecord, layout: Layout, tensor_type: str
+) -> tuple[Parameters, str | None]:
+    """Return a compressed payload (one 1-d uint8 tensor per model tensor) as Flower's bytes."""
+    if list(record.keys()) != list(layout.names):
+        return _NONE, f"tensors {list(record.keys())}, expected {list(layout.names)}"
+    for name, shape in zip(layout.names, layout.shapes, strict=True):  # before any copy
+        array, limit = record[name], max_payload_bytes(math.prod(shape))
+        if len(array.shape) != 1 or array.shape[0] > limit:
+            return _NONE, f"{name}: payload of shape {array.shape} (1-d, at most {limit})"
+        problem = array_problem(array, array.shape)
+        if problem is not None:
+            return _NONE, f"{name}: {problem}"
+    tensors = [record[name].numpy() for name in layout.names]
+    if any(t.dtype != np.uint8 or t.ndim != 1 for t in tensors):
+        return _NONE, "payload tensors must be 1-d uint8"
+    return Parameters([t.tobytes() for t in tensors], tensor_type), None
+
+
+_NONE = Parameters([], NUMPY_TENSOR_TYPE)
 
 
 def array_problem(array: Array, shape: Sequence[int]) -> str | None:
@@ -198,24 +181,30 @@ def array_problem(array: Array, shape: Sequence[int]) -> str | None:
     return tensor_problem(array.data, shape)
 
 
-def _unusable(key: str, node_id: int, problem: str) -> ReadReply:
-    return ReadReply(key, node_id, [], 0, None, None, problem)
+def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:
+    """Return a copy of `config` (lists copied too); never touch the given record.
 
-
-def _finite_loss(metrics: MetricRecord) -> float | None:
-    loss = metrics.get(LOSS)
-    if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
-        return None
-    return float(loss)
+    With `check`, refuse a key the strategy sets itself: ``rho``, ``proximal-mu``,
+    ``server-round``, the legacy ``proximal_mu``, ``server_round``, ``admm-duals``,
+    and keys starting with ``admm-``, ``uplink`` or ``dp-`` (ValueError naming it).
+    """
+    copied = {k: list(v) if isinstance(v, list) else v for k, v in config.items()}
+    if check:
+        for key in sorted(copied):
+            if key in MESSAGE_RESERVED_CONFIG_KEYS or key.startswith(RESERVED_CONFIG_PREFIXES):
+                raise ValueError(
+                    f"train_config: key {key!r} is set by the strategy itself (reserved: "
+                    f"{list(MESSAGE_RESERVED_CONFIG_KEYS)} and keys starting with "
+                    f"{list(RESERVED_CONFIG_PREFIXES)}); rename it"
+                )
+    return copied
 
 
 def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:
     """Return `values` as a MetricRecord of plain ints and floats (bools become 0/1)."""
     plain: dict[str, int | float] = {}
     for name, value in values.items():
-        if isinstance(value, bool | np.bool_):
-            plain[name] = int(value)
-        elif isinstance(value, numbers.Integral):
+        if isinstance(value, bool | np.bool_ | numbers.Integral):
             plain[name] = int(value)
         else:
             plain[name] = float(value)
@@ -231,18 +220,17 @@ def merge_metrics(
     """Return ``aggregate(contents, weighted_by_key)`` overlaid with `ours` (ours wins).
 
     `aggregate` sees the replies as they came; its identity and protocol keys
-    (`without_reply_keys`: ``partition-id``, ``client-key``, ``num-examples``,
-    ``admm-*``) are dropped. A failing `aggregate` (a user's function) is logged and
-    left out, never raised.
+    (`without_reply_keys`) are dropped. A failing `aggregate` (a user's function) is
+    logged and left out, never raised.
     """
     merged = MetricRecord()
     try:
         merged = MetricRecord(without_reply_keys(aggregate(contents, weighted_by_key)))
     except Exception as error:  # a user function must not end the run
-        log(WARNING, "FedADMM: train_metrics_aggr_fn failed (%r); its metrics left out", error)
+        log(WARNING, "train_metrics_aggr_fn failed (%r); its metrics left out", error)
     clashes = sorted(set(merged) & set(ours))
     if clashes:
-        log(WARNING, "FedADMM: train_metrics_aggr_fn returned %s; ours are kept", clashes)
+        log(WARNING, "train_metrics_aggr_fn returned %s; ours are kept", clashes)
     for name, value in plain_metrics(ours).items():
         merged[name] = value
     return merged

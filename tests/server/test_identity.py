@@ -253,10 +253,10 @@ def test_replies_are_decoded_against_the_center_sent_after_a_mid_round_eviction(
     for proxy in proxies:
         manager.register(proxy)
     sent = dict(strategy.configure_fit(3, first.parameters, manager))
-    strategy._evict_keys(["partition-id:2"], "test")  # the one with max n_j
+    strategy.round.evict(["partition-id:2"], "test")  # the one with max n_j
     for proxy in proxies[:2]:
         expected = parameters_to_ndarrays(sent[proxy].parameters)[0]
-        np.testing.assert_array_equal(strategy._sent(proxy.cid)[0], expected)
+        np.testing.assert_array_equal(strategy.algorithm._sent_center(proxy.cid)[0], expected)
 
 
 @pytest.mark.parametrize("strategy_class", [FedADMM, FedADMMClientDuals])

@@ -68,7 +68,7 @@ def test_legacy_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: ig
     resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)
     assert resumed.tensors is not None and strategy.tensors is not None
     assert resumed.tensors.roles == ("consensus", "average", "keep")
-    for a, b in zip(resumed._consensus() or [], strategy._consensus() or [], strict=True):
+    for a, b in zip(resumed.algorithm.model() or [], strategy.algorithm.model() or [], strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(Exception, match="tensor_policy"):
         FedADMM(checkpoint_dir=tmp_path, tensor_policy={"bn.*": "keep"}, **kwargs)
@@ -112,7 +112,7 @@ def test_message_fedadmm_averages_statistics_and_keeps_integer_buffers() -> None
         ],
     )
     assert metrics is not None and metrics["num_rejected"] == 1
-    assert np.all(np.isfinite(strategy._merge(strategy.admm.z)[1]))  # type: ignore[union-attr]
+    assert np.all(np.isfinite(strategy.algorithm.model()[1]))  # type: ignore[union-attr]
 
 
 def test_tensor_policy_is_validated_in_both_apis() -> None:
@@ -138,8 +138,8 @@ def test_message_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: i
     resumed = MessageFedADMM(**kwargs)
     assert resumed.tensors is not None and resumed.tensors.roles == ("consensus", "average", "keep")
     assert resumed.admm is not None and strategy.admm is not None
-    restored = resumed._merge(resumed.admm.z)
-    for a, b in zip(restored, strategy._merge(strategy.admm.z), strict=True):
+    restored = resumed.algorithm.model()
+    for a, b in zip(restored, strategy.algorithm.model(), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(restored[1], AVERAGE, rtol=1e-6)  # not the initial zeros
     with pytest.raises(Exception, match="tensor_policy"):

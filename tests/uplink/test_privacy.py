@@ -116,20 +116,24 @@ def test_client_adds_noise_of_std_sigma_c_to_its_clipped_update() -> None:
 
 
 class SpyADMM(FedADMM):
-    """FedADMM that records ||w_i - v_i|| of every accepted reply."""
+    """FedADMM that records ||w_i - v_i|| of every reply it reads."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.update_norms: list[float] = []
+        algorithm, read = self.algorithm, self.algorithm.read
 
-    def _checked(self, keyed: Any, shapes: Any, counts: Any) -> Any:
-        checked = super()._checked(keyed, shapes, counts)
-        if checked is not None:
-            center = self._sent(keyed[1].cid)
-            self.update_norms.append(
-                update_norm([w - c for w, c in zip(checked[0], center, strict=True)])
-            )
-        return checked
+        def spied(reply: Any) -> Any:
+            value, problem = read(reply)
+            if problem is None:
+                center = algorithm._sent_center(reply.node)
+                w = value[0]
+                self.update_norms.append(
+                    update_norm([a - c for a, c in zip(w, center, strict=True)])
+                )
+            return value, problem
+
+        algorithm.read = spied  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("uplink", [None, StochasticQuantizer(bits=16, error_feedback=False)])

@@ -1,0 +1,329 @@
+"""The Message-API translator: Flower's `FedAvg` around a round layer (`RoundLayer`).
+
+`RoundStrategy` keeps Flower's Message-API FedAvg surface (its keywords, positional
+in its order; ``start``; evaluation) and hands every train round to the strategy's
+`flwr_admm.rounds.layer.RoundLayer`: ``configure_train`` reads z^k from the given
+ArrayRecord, lets the layer sample and instruct the nodes, and turns each
+`Instruction` into a TRAIN message (the model block under ``arrays``, further blocks
+under their own names, the config with Flower's hyphenated names); ``aggregate_train``
+reads each reply into an `Incoming` (`flwr_admm.serverapp.records.incoming`), lets the
+layer admit and fold them, and returns z' with the round metrics. Nothing of the
+round's math is here.
+
+Before any ``configure_train`` (as Flower's own strategy tests call it, on hand-built
+replies) ``aggregate_train`` raises a ValueError naming ``configure_train`` and changes
+nothing: a reply means something only against what configure_train sent its node.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_admm.core.health import ADMM_ADVICE, DEFAULT_HEALTH, HealthCheck
+from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import (
+    MESSAGE_PROXIMAL_MU,
+    MESSAGE_SERVER_ROUND,
+    PROXIMAL_MU,
+    SERVER_ROUND,
+)
+from flwr_admm.rounds.exchange import AS_RECEIVED, Instruction, Layout
+from flwr_admm.rounds.identity import KeyBinding
+from flwr_admm.rounds.layer import Algorithm, RoundLayer
+from flwr_admm.rounds.options import Checkpointing, ClientPolicy
+from flwr_admm.rounds.sampling import check_sizes, unconfigured
+from flwr_admm.serverapp.records import (
+    copy_config,
+    has_weight,
+    incoming,
+    layout_of,
+    merge_metrics,
+    plain_metrics,
+    read_model,
+    to_record,
+)
+
+__all__ = ["RoundStrategy", "wait_for_nodes"]
+
+WAIT_INTERVAL = 1.0  # seconds between looks at the connected nodes (Flower's value)
+MESSAGE_NAMES = {PROXIMAL_MU: MESSAGE_PROXIMAL_MU, SERVER_ROUND: MESSAGE_SERVER_ROUND}
+
+
+def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> list[int]:
+    """Return the connected node ids once there are at least `minimum` of them.
+
+    Looks every `interval` seconds (default `WAIT_INTERVAL`, read at call time).
+    """
+    while len(node_ids := [int(n) for n in grid.get_node_ids()]) < minimum:
+        log(INFO, "Waiting for nodes: %d connected (minimum: %d)", len(node_ids), minimum)
+        time.sleep(WAIT_INTERVAL if interval is None else interval)
+    return node_ids
+
+
+class RoundStrategy(FedAvg):
+    """Flower's Message-API `FedAvg` whose train rounds are a `RoundLayer`'s.
+
+    Sampling waits for ``min_available_nodes`` first and sizes the sample from the
+    nodes connected then (Flower's FedAvg sizes it before waiting, so round 1 of a
+    simulation can sample 2 of 10 nodes); the draw is the layer's, seeded by
+    (sampling_seed, round) over the nodes ordered by client key.
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        fedavg: dict[str, Any],
+        *,
+        sampling_seed: int | None = 0,
+        clients: ClientPolicy | None = None,
+        checkpoint: Checkpointing | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
+        stop_on_convergence: bool = False,
+        advice: str = ADMM_ADVICE,
+    ) -> None:
+        super().__init__(**fedavg)
+        check_sizes(
+            self,
+            ("fraction_train", "fraction_evaluate"),
+            ("min_train_nodes", "min_evaluate_nodes", "min_available_nodes"),
+        )
+        for name in ("weighted_by_key", "arrayrecord_key", "configrecord_key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name}: must be a non-empty str, got {value!r}")
+        self.round = RoundLayer(
+            algorithm,
+            sampling_seed=sampling_seed,
+            clients=clients,
+            checkpoint=checkpoint,
+            health=health,
+            stop_on_convergence=stop_on_convergence,
+            settings={
+                "api": "message",
+                "fraction_train": float(self.fraction_train),
+                "min_train_nodes": int(self.min_train_nodes),
+            },
+            advice=advice,
+        )
+        self._sent: ArrayRecord | None = None  # this round's z^k, as received
+        self.round.resume()
+
+    # ---------------------------------------------------------------- views
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The round metrics of every aggregation, with ``round``."""
+        return self.round.history
+
+    @property
+    def binding(self) -> KeyBinding:
+        """Which node speaks for each client key (`flwr_admm.rounds.identity`)."""
+        return self.round.binding
+
+    @property
+    def converged(self) -> bool:
+        """Whether the last aggregation met the stopping thresholds."""
+        return self.round.converged
+
+    @property
+    def last_round(self) -> int:
+        """The round of the last aggregation (continued after a resume)."""
+        return self.round.last_round
+
+    @property
+    def layout(self) -> Layout | None:
+        """The model's tensor names, dtypes and shapes (from the first z received)."""
+        return self.round.layout
+
+    @property
+    def sampling_seed(self) -> int | None:
+        """The seed of the node sample."""
+        return self.round.sampling_seed
+
+    # ------------------------------------------------------------------ train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Adopt z^k, evict stale keys, wait for the nodes, sample them, instruct each."""
+        user = copy_config(config, check=True)  # Strategy.start reuses `config` every round
+        layer = self.round
+        if layer.restored:
+            arrays = self._resumed(arrays)
+        layout = layer.layout if layer.layout is not None else layout_of(arrays)
+        server_round = layer.configure(server_round, read_model(arrays, layout), layout)
+        self._sent = arrays
+        if layer.stopped() or self.fraction_train == 0.0:
+            return []
+        sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
+        instructions = layer.instructions(sampled, server_round, user)
+        cache: dict[int, ArrayRecord] = {}
+        return [
+            self._train_message(node, ins, arrays, server_round, cache)
+            for node, ins in zip(sampled, instructions, strict=True)
+        ]
+
+    def _train_message(
+        self,
+        node: int,
+        instruction: Instruction,
+        received: ArrayRecord,
+        server_round: int,
+        cache: dict[int, ArrayRecord],
+    ) -> Message:
+        """Return the TRAIN message of `instruction` (a block given twice is built once)."""
+
+        def record(block: Arrays) -> ArrayRecord:
+            if block is AS_RECEIVED:
+                return received
+            if id(block) not in cache:
+                assert self.round.layout is not None
+                cache[id(block)] = to_record(block, self.round.layout)
+            return cache[id(block)]
+
+        config = {MESSAGE_NAMES.get(k, k): v for k, v in instruction.config.items()}
+        content = RecordDict(
+            {
+                self.arrayrecord_key: record(instruction.arrays),
+                self.configrecord_key: ConfigRecord(config),  # type: ignore[arg-type]
+                **{name: record(block) for name, block in instruction.blocks.items()},
+            }
+        )
+        return Message(  # group_id: SuperNodes log "[RUN r, ROUND k]" as in legacy
+            content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(server_round)
+        )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fold the usable replies in client-key order; return z' and the round metrics.
+
+        Raises ValueError before any ``configure_train`` (module docstring).
+        """
+        layer = self.round
+        if not layer.configured or layer.layout is None:
+            raise unconfigured(layer.label, "aggregate_train", "configure_train")
+        sent, self._sent = self._sent, None  # this round only
+        channel = getattr(layer.algorithm, "channel", None)
+        tensor_type = (
+            None
+            if channel is None or channel.compressor is None
+            else channel.compressor.tensor_type
+        )
+        failures, read = 0, []
+        for message in replies:
+            if message.has_error():
+                failures += 1
+                log(INFO, "%s: error reply from node %s", layer.label, message.metadata.src_node_id)
+                continue
+            blocks = layer.algorithm.reply_blocks
+            read.append(incoming(message, layer.layout, self.weighted_by_key, blocks, tensor_type))
+        accepted, ours, tally = layer.aggregate(server_round, read, failures)
+        if ours is None:
+            return None, plain_metrics(tally.counts)
+        contents = [reply.raw for reply in accepted]
+        metrics = merge_metrics(self.train_metrics_aggr_fn, contents, self.weighted_by_key, ours)
+        z_new = self._model_record()
+        before = None if sent is None else (a.numpy() for a in sent.values())
+        after = (a.numpy() for a in z_new.values())  # z^k sent, z' returned: a tensor at a time
+        layer.close(server_round, metrics, before, after, ours)
+        return z_new, metrics
+
+    def _model_record(self) -> ArrayRecord:
+        model, layout = self.round.algorithm.model(), self.round.layout
+        assert model is not None and layout is not None
+        return to_record(model, layout)
+
+    def _resumed(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return the checkpoint's z, after checking `arrays` has its names and shapes."""
+        saved, given = self.round.layout, layout_of(arrays)
+        assert saved is not None
+        if (given.names, given.shapes) != (saved.names, saved.shapes):
+            raise ValueError(
+                f"initial_arrays: tensors {list(given.names)} of shapes {list(given.shapes)} "
+                f"differ from the checkpoint's {list(saved.names)} of shapes {list(saved.shapes)}"
+            )
+        return self.resumed_arrays()
+
+    def resumed_arrays(self) -> ArrayRecord:
+        """Return the resumed z as the record the next round broadcasts.
+
+        Pass it to ``start`` as `initial_arrays` after a resume, so that round 0's
+        evaluation sees the checkpoint's z rather than a fresh model's.
+        """
+        return self._model_record()
+
+    # --------------------------------------------------------------- evaluate
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Send z and a copy of `config` (with ``server-round``) to sampled nodes."""
+        if self.fraction_evaluate == 0.0:
+            return []
+        server_round += self.round.offset
+        size = (self.fraction_evaluate, self.min_evaluate_nodes)
+        sampled = self._sample(grid, server_round, *size)
+        node_config = ConfigRecord({**copy_config(config), MESSAGE_SERVER_ROUND: server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
+        return [
+            Message(
+                content,
+                dst_node_id=n,
+                message_type=MessageType.EVALUATE,
+                group_id=str(server_round),
+            )
+            for n in sampled
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Aggregate the replies with one MetricRecord and a positive weight; never raise."""
+        key = self.weighted_by_key
+        usable = [m.content for m in replies if not m.has_error() and has_weight(m, key)]
+        if not usable:
+            return None
+        try:
+            return self.evaluate_metrics_aggr_fn(usable, self.weighted_by_key)
+        except Exception as error:  # a user function must not end the run
+            log(WARNING, "%s: evaluate_metrics_aggr_fn failed (%r)", self.round.label, error)
+            return None
+
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, train: bool = False
+    ) -> list[int]:
+        """Wait for the nodes, THEN size the sample from those connected; draw it."""
+        node_ids = wait_for_nodes(grid, max(self.min_available_nodes, minimum))
+        size = max(int(len(node_ids) * fraction), minimum)
+        if train:
+            self.round.connect(node_ids)
+        return self.round.sample(node_ids, size, server_round)
+
+    # ------------------------------------------------------------- checkpoints
+    def settings(self) -> dict[str, Any]:
+        """Return every setting that changes the iterates: what a checkpoint must match."""
+        return self.round.settings()
+
+    def fingerprint(self) -> str:
+        """Return the SHA-256 of `settings`, the value a checkpoint must match."""
+        return self.round.fingerprint()
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
+        return self.round.save(path)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
+        """Restore the server state from directory `path`; return its round."""
+        return self.round.load(path)
+
+    def configuration(self) -> Mapping[str, Any]:
+        """Return the algorithm's own settings a checkpoint must agree with (JSON)."""
+        return self.round.algorithm.configuration()
