@@ -23,7 +23,6 @@ SHAPES = [(300_000,), (7, 3)]
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {"rho": 1.0},
     "relaxed-RB": {"rho": 1.0, "relaxation": 1.6, "schedule": ResidualBalancing()},
-    "data_size": {"rho": 0.5, "client_rho": "data_size"},
     "defaults": {
         "rho": 1.0,
         "acceleration": "nesterov",

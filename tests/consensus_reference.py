@@ -13,6 +13,7 @@ import numpy as np
 
 from flwr_admm import ConsensusADMM
 from flwr_admm.core import Reply
+from flwr_admm.core.schedules import RhoSchedule, RoundResiduals, ScheduleState
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -80,3 +81,22 @@ class ScaledReference:
 
     def center(self, key: str) -> np.ndarray:
         return self.z - self.u[key] if key in self.u else self.z
+
+
+class Stepped(RhoSchedule):
+    """A test schedule: every `every` rounds rho *= factor, clipped below at rho_min.
+
+    Drives the rho changes whose dual rescaling the tests check (the library's schedules
+    change rho only on residual imbalance).
+    """
+
+    def __init__(self, factor: float, every: int = 1, rho_min: float = 1e-6) -> None:
+        self.factor, self.every, self.rho_min = float(factor), int(every), float(rho_min)
+
+    def update(
+        self, rho: float, state: ScheduleState, residuals: RoundResiduals
+    ) -> tuple[float, ScheduleState]:
+        """Multiply by `factor` on rounds divisible by `every`."""
+        if residuals.server_round % self.every == 0:
+            rho = max(rho * self.factor, self.rho_min)
+        return rho, state

@@ -15,10 +15,8 @@ from flwr_admm.core.linearized import Linearized
 from flwr_admm.core.regularizers import L1, L2
 from flwr_admm.core.schedules import (
     Constant,
-    Geometric,
     ResidualBalancing,
     RhoSchedule,
-    StallIncrease,
 )
 from flwr_admm.core.types import Reply, RunDivergedError
 
@@ -27,12 +25,10 @@ __all__ = [
     "L2",
     "ConsensusADMM",
     "Constant",
-    "Geometric",
     "HealthCheck",
     "Linearized",
     "Reply",
     "ResidualBalancing",
     "RhoSchedule",
     "RunDivergedError",
-    "StallIncrease",
 ]

@@ -22,7 +22,7 @@ from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
 from flwr_admm.core.start_momentum import StartMomentum, check_momentum
 from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm
-from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, scale_by_data_size
+from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
     NON_FINITE,
@@ -94,9 +94,9 @@ class ConsensusADMM:
         Rule for rho between rounds; `Constant()` by default.
     regularizer : Regularizer, optional
         Server regularizer g; requires rho > 0.
-    client_rho : {"uniform", "data_size", "reported"}
-        Per-client rho_i = rho * s_i with s_i = 1, s_i = n_i / max_j n_j (seed 001), or
-        s_i given by each reply (`Reply.scale`; the linearized form, `core.linearized`).
+    client_rho : {"uniform", "reported"}
+        Per-client rho_i = rho * s_i with s_i = 1, or s_i given by each reply
+        (`Reply.scale`; the linearized form, `core.linearized`).
     eps_abs, eps_rel : float
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
@@ -146,7 +146,7 @@ class ConsensusADMM:
                 f"client_rho: must be one of {list(CLIENT_RHO_MODES)}, got {self.client_rho!r}"
             )
         if self.rho == 0 and (self.regularizer is not None or self.client_rho != "uniform"):
-            raise ValueError("rho: must be > 0 with a regularizer or client_rho='data_size', got 0")
+            raise ValueError("rho: must be > 0 with a regularizer or client_rho='reported', got 0")
         check_tolerances(self.eps_abs, self.eps_rel)
         self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
@@ -298,8 +298,6 @@ class ConsensusADMM:
         if self.fast is not None:
             self.fast.forget(gone)
         if gone:
-            if self.client_rho == "data_size" and self.records:
-                scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
             self.sums.recompute(self.records)
         return gone
 
@@ -354,8 +352,6 @@ class ConsensusADMM:
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
         """Run the z-step and the dual step; return z - z' and the dual sums."""
         z = self.z  # the round's center
-        if rnd.mode == "recompute" and self.client_rho == "data_size":
-            scale_by_data_size(self.records)  # s_i = n_i / max_j n_j
         self.sums.complete(rnd, self.records)  # S_w, S_s, N over every cached client
         shares, weight = self.sums.reply_part(rnd, ordered, self.records, z, self._shares_needed)
         # z' = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s)) or replies'

@@ -58,7 +58,7 @@ from flwr_admm.core.settings import (
 )
 from flwr_admm.core.start_momentum import check_momentum
 from flwr_admm.core.tensor_policy import TensorSplit
-from flwr_admm.core.types import Arrays, ClientRho, check_dual_step, check_scale
+from flwr_admm.core.types import Arrays, check_dual_step, check_scale
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import STEP_BUDGET
 
@@ -131,7 +131,6 @@ def strategy_settings(
     given: dict[str, Any],
     *,
     regularizer: Regularizer | None,
-    client_rho: ClientRho,
     eps_abs: float,
     eps_rel: float,
     relaxation: float | None,
@@ -153,21 +152,16 @@ def strategy_settings(
     ------
     ValueError
         Naming the field: under "prox" as `ConsensusSettings`; under "linearized" the
-        first keyword it fixes that was given (not None, ``client_rho`` not "uniform").
+        first keyword it fixes that was given (not None).
 
     """
     if check_form(form) == "prox":
-        if client_rho not in ("uniform", "data_size"):
-            raise ValueError(
-                f"client_rho: must be one of ['uniform', 'data_size'], got {client_rho!r}"
-            )
         rho = given_rho(given.get("rho"), given.get("proximal_mu"))
         schedule, alpha = strategy_defaults(rho, given.get("rho_schedule"), relaxation)
         return ConsensusSettings(
             rho=rho,
             rho_schedule=schedule,
             regularizer=regularizer,
-            client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=alpha,
@@ -178,7 +172,6 @@ def strategy_settings(
         )
     fixed = {**given, "relaxation": relaxation, "dual_step": dual_step}
     fixed.update(regularizer=regularizer, acceleration=acceleration, **channel)
-    fixed["client_rho"] = None if client_rho == "uniform" else client_rho
     for name, value in fixed.items():
         if value is not None:
             raise ValueError(

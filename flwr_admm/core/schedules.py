@@ -76,76 +76,6 @@ class Constant(RhoSchedule):
         return rho, state
 
 
-class Geometric(RhoSchedule):
-    """Step schedule: every `every` rounds multiply rho by `factor`, clipped to bounds.
-
-    rho_{k+1} = clip(rho_k * factor, rho_min, rho_max) if k % every == 0 else rho_k.
-    factor < 1 decays rho (large early pull, fine late adjustment, seed 000's advice).
-    """
-
-    def __init__(
-        self,
-        factor: float,
-        every: int = 1,
-        rho_min: float = 1e-6,
-        rho_max: float = 1e6,
-    ) -> None:
-        self.factor = _check_positive(factor, "factor")
-        if isinstance(every, bool) or int(every) != every or every < 1:
-            raise ValueError(f"every: must be an integer >= 1, got {every!r}")
-        self.every = int(every)
-        self.rho_min = _check_positive(rho_min, "rho_min")
-        self.rho_max = _check_positive(rho_max, "rho_max")
-        if self.rho_min > self.rho_max:
-            raise ValueError(f"rho_min: must be <= rho_max ({rho_max}), got {rho_min}")
-
-    def update(
-        self, rho: float, state: ScheduleState, residuals: RoundResiduals
-    ) -> tuple[float, ScheduleState]:
-        """Multiply by `factor` on rounds divisible by `every`."""
-        if residuals.server_round % self.every == 0:
-            rho = min(max(rho * self.factor, self.rho_min), self.rho_max)
-        return rho, state
-
-
-class StallIncrease(RhoSchedule):
-    """Seed 001's rule: grow rho when the objective stalls, capped.
-
-    if k > window and F_k > threshold * F_{k-window}: rho <- min(factor * rho, rho_max).
-    F is the round objective the strategy reports (weighted client loss plus g(z)).
-    """
-
-    def __init__(
-        self,
-        factor: float = 1.1,
-        window: int = 10,
-        threshold: float = 0.9,
-        rho_max: float = 10.0,
-    ) -> None:
-        self.factor = _check_factor(factor, "factor")
-        if isinstance(window, bool) or int(window) != window or window < 1:
-            raise ValueError(f"window: must be an integer >= 1, got {window!r}")
-        self.window = int(window)
-        self.threshold = _check_positive(threshold, "threshold")
-        self.rho_max = _check_positive(rho_max, "rho_max")
-
-    def init(self) -> ScheduleState:
-        """History of objectives, oldest first."""
-        return {"objectives": []}
-
-    def update(
-        self, rho: float, state: ScheduleState, residuals: RoundResiduals
-    ) -> tuple[float, ScheduleState]:
-        """Compare this round's objective with the one `window` rounds ago."""
-        history = list(state.get("objectives", []))
-        if residuals.objective is None or not math.isfinite(residuals.objective):
-            return rho, {"objectives": history}
-        history = [*history, float(residuals.objective)][-(self.window + 1) :]
-        if len(history) == self.window + 1 and history[-1] > self.threshold * history[0]:
-            rho = min(rho * self.factor, self.rho_max)
-        return rho, {"objectives": history}
-
-
 class ResidualBalancing(RhoSchedule):
     """Residual balancing (Boyd et al. 2011, eq. 3.13) with Wohlberg's (2017) refinements.
 
@@ -244,20 +174,18 @@ def _relative(residual: float, scale: float | None, field: str) -> float:
 
 SCHEDULES: dict[str, type[RhoSchedule]] = {
     "constant": Constant,
-    "geometric": Geometric,
-    "stall": StallIncrease,
     "residual-balancing": ResidualBalancing,
 }
 
 
 def make_schedule(name: str, **kwargs: Any) -> RhoSchedule:
-    """Build a schedule from its name (`constant`, `geometric`, `stall`, `residual-balancing`)."""
+    """Build a schedule from its name (`constant`, `residual-balancing`)."""
     if name not in SCHEDULES:
         raise ValueError(f"rho_schedule: must be one of {sorted(SCHEDULES)}, got {name!r}")
     schedule = SCHEDULES[name]
     try:
         inspect.signature(schedule).bind(**kwargs)
-    except TypeError as error:  # e.g. "geometric" without its factor
+    except TypeError as error:  # e.g. an argument the schedule does not take
         raise ValueError(
             f"rho_schedule: {name!r} cannot be built from {sorted(kwargs)} ({error}); "
             f"pass {schedule.__name__}(...) itself"

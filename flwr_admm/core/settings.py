@@ -65,14 +65,14 @@ class ConsensusSettings:
     Parameters
     ----------
     rho : float
-        Penalty rho >= 0, > 0 with a regularizer or ``client_rho="data_size"``
+        Penalty rho >= 0, > 0 with a regularizer or ``client_rho="reported"``
         (kept as a float).
     rho_schedule : RhoSchedule
         Rule for rho between rounds (`schedule_of` turns a name or None into one).
     regularizer : Regularizer or None
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
-    client_rho : {"uniform", "data_size"}
-        rho_i = rho or rho * n_i / max_j n_j.
+    client_rho : {"uniform", "reported"}
+        rho_i = rho, or rho s_i with s_i from each reply (the linearized form).
     eps_abs, eps_rel : float
         Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
     relaxation : float

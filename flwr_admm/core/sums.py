@@ -198,10 +198,3 @@ class RunningSums:
             for share, w in zip(shares, record.w, strict=True):
                 axpy(record.num_examples * record.scale, w, share)
         return shares, weight
-
-
-def scale_by_data_size(records: dict[str, ClientRecord]) -> None:
-    """Set s_i = n_i / max_j n_j (client_rho="data_size"; recompute the sums after)."""
-    max_n = max(r.num_examples for r in records.values())
-    for record in records.values():
-        record.scale = record.num_examples / max_n

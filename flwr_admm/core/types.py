@@ -20,9 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 Arrays = list[NDArray[np.float64]]
-ClientRho = Literal["uniform", "data_size", "reported"]
+ClientRho = Literal["uniform", "reported"]
 # "reported": s_i comes with each reply (`Reply.scale`), the linearized form's 1 / b_i
-CLIENT_RHO_MODES = ("uniform", "data_size", "reported")
+CLIENT_RHO_MODES = ("uniform", "reported")
 
 NON_FINITE = "contains NaN or inf (or entries whose squared norm overflows)"
 

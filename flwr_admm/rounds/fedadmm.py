@@ -96,7 +96,6 @@ class FedADMMRound:
         self.layout: Layout | None = None
         self.marks = StartMarks()  # stock FedProx handlers: their duals are held at 0
         self.sent_key: dict[str, str | None] = {}  # node -> key whose center it got
-        self.sent_rho: dict[str, float] = {}  # node -> the rho_i of that center
         self._start: Arrays = AS_RECEIVED  # this round's start, the same for every node
 
     # ------------------------------------------------------------------ model
@@ -134,7 +133,6 @@ class FedADMMRound:
             linear: dict[str, Scalar] = {FORM: FORM_LINEARIZED, PROXIMAL_MU: 0.0}
             return Instruction(self._start, linear, {DUAL_RECORD: dual_tensors(admm, split, key)})
         center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
-        self.sent_rho[node] = rho_i
         arrays = AS_RECEIVED if center is admm.z else split.merge(center)
         config: dict[str, Scalar] = {RHO: rho_i, PROXIMAL_MU: rho_i}
         if self.start == "always":
@@ -170,7 +168,7 @@ class FedADMMRound:
         admm, split = self._core()
         assert self.layout is not None
         key = self.sent_key.get(node)
-        center = admm.center(key, self.sent_rho.get(node, admm.rho_for(key)))  # as sent
+        center = admm.center(key)  # z, y_i and rho do not change within a round
         return self.layout.as_sent(split.merge(center))
 
     def fold(

@@ -16,7 +16,6 @@ from typing import Any
 
 from flwr_admm.core import HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.consensus import ClientRho
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
@@ -43,7 +42,7 @@ class FedADMM(FedADMMViews, RoundStrategy):
 
     Parameters
     ----------
-    rho, proximal_mu, rho_schedule, regularizer, client_rho, eps_abs, eps_rel, \
+    rho, proximal_mu, rho_schedule, regularizer, eps_abs, eps_rel, \
     relaxation, acceleration, restart_eta, z_average, dual_step, \
     stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
     uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
@@ -70,7 +69,6 @@ class FedADMM(FedADMMViews, RoundStrategy):
         proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
-        client_rho: ClientRho = "uniform",
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
         relaxation: float | None = None,
@@ -100,7 +98,6 @@ class FedADMM(FedADMMViews, RoundStrategy):
             form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
-            client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=relaxation,

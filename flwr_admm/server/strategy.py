@@ -93,7 +93,7 @@ class RoundStrategy(FedAvg):
             },
             advice=advice,
         )
-        self._sent: Parameters | None = None  # this round's z^k, as received
+        self._model_sent: Parameters | None = None  # this round's z^k, as received
         self.round.resume()
 
     # ---------------------------------------------------------------- views
@@ -111,6 +111,11 @@ class RoundStrategy(FedAvg):
     def converged(self) -> bool:
         """Whether the last aggregation met the stopping thresholds."""
         return self.round.converged
+
+    @property
+    def key_binding(self) -> str:
+        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
+        return self.round.clients.key_binding
 
     @property
     def last_round(self) -> int:
@@ -151,7 +156,7 @@ class RoundStrategy(FedAvg):
                 f"parameters: expected shapes {list(layout.shapes)}, got {[t.shape for t in z]}"
             )
         server_round = layer.configure(server_round, z, layout)
-        self._sent = parameters
+        self._model_sent = parameters
         if layer.stopped():
             return []
         user: dict[str, Scalar] = {}
@@ -196,7 +201,7 @@ class RoundStrategy(FedAvg):
         layer = self.round
         if not layer.configured or layer.layout is None:
             raise unconfigured(layer.label, "aggregate_fit", "configure_fit")
-        sent, self._sent = self._sent, None  # this round only
+        sent, self._model_sent = self._model_sent, None  # this round only
         if not self.accept_failures and failures:
             # Flower's DefaultWorkflow drops replies that never came (Server.fit counted them)
             layer.idle(

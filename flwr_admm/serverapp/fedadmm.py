@@ -15,7 +15,6 @@ from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION
 from flwr_admm.core.tensor_policy import check_rules
-from flwr_admm.core.types import ClientRho
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import NUM_EXAMPLES
 from flwr_admm.rounds.fedadmm import FedADMMRound, FedADMMViews
@@ -81,12 +80,10 @@ class FedADMM(FedADMMViews, RoundStrategy):
         Penalty rho >= 0 (default 0.1); rho = 0 is FedAvg. ``proximal_mu`` is FedProx's
         name for it: give either (both: equal, else ValueError; `given_rho`).
     rho_schedule : RhoSchedule or str, optional
-        `Constant`, `Geometric`, `StallIncrease`, `ResidualBalancing`, or a name.
+        `Constant`, `ResidualBalancing`, or a name.
         None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
-    client_rho : {"uniform", "data_size"}
-        rho_i = rho or rho * n_i / max_j n_j.
     relaxation : float or None
         Over-relaxation alpha in (0, 2); 1 (default, also None) is plain ADMM.
     eps_abs, eps_rel : float
@@ -139,7 +136,7 @@ class FedADMM(FedADMMViews, RoundStrategy):
         The prox step around v_i ("prox", default, the seeds' iteration) or the
         linearized one above with a `Linearized`'s server steps ("linearized" is
         ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
-        proximal_mu, rho_schedule, relaxation, dual_step, regularizer, client_rho and
+        proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
         acceleration (given: ValueError), takes no uplink or local_dp, and rejects a
         reply without ``admm-step-budget`` (wire: `flwr_admm.serverapp.instructions`).
 
@@ -169,7 +166,6 @@ class FedADMM(FedADMMViews, RoundStrategy):
         proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
-        client_rho: ClientRho = "uniform",
         relaxation: float | None = None,
         eps_abs: float = 1e-6,
         eps_rel: float = 1e-4,
@@ -198,7 +194,6 @@ class FedADMM(FedADMMViews, RoundStrategy):
             form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
-            client_rho=client_rho,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=relaxation,
@@ -238,7 +233,7 @@ class FedADMM(FedADMMViews, RoundStrategy):
         s = self.admm_settings
         log(INFO, "\t├──> FedADMM settings:")
         log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
-        log(INFO, "\t│\t├── regularizer: %s, client_rho: %s", s.regularizer, s.client_rho)
+        log(INFO, "\t│\t├── regularizer: %s", s.regularizer)
         log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
         log(INFO, "\t│\t├── form: %s", self.form)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)

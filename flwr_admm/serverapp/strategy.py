@@ -115,7 +115,7 @@ class RoundStrategy(FedAvg):
             },
             advice=advice,
         )
-        self._sent: ArrayRecord | None = None  # this round's z^k, as received
+        self._model_sent: ArrayRecord | None = None  # this round's z^k, as received
         self.round.resume()
 
     # ---------------------------------------------------------------- views
@@ -133,6 +133,11 @@ class RoundStrategy(FedAvg):
     def converged(self) -> bool:
         """Whether the last aggregation met the stopping thresholds."""
         return self.round.converged
+
+    @property
+    def key_binding(self) -> str:
+        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
+        return self.round.clients.key_binding
 
     @property
     def last_round(self) -> int:
@@ -160,7 +165,7 @@ class RoundStrategy(FedAvg):
             arrays = self._resumed(arrays)
         layout = layer.layout if layer.layout is not None else layout_of(arrays)
         server_round = layer.configure(server_round, read_model(arrays, layout), layout)
-        self._sent = arrays
+        self._model_sent = arrays
         if layer.stopped() or self.fraction_train == 0.0:
             return []
         sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
@@ -211,7 +216,7 @@ class RoundStrategy(FedAvg):
         layer = self.round
         if not layer.configured or layer.layout is None:
             raise unconfigured(layer.label, "aggregate_train", "configure_train")
-        sent, self._sent = self._sent, None  # this round only
+        sent, self._model_sent = self._model_sent, None  # this round only
         channel = getattr(layer.algorithm, "channel", None)
         tensor_type = (
             None

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flwr_admm.core import Geometric, Linearized
+from flwr_admm.core import Linearized
 from flwr_admm.core.linearized import LINEARIZED_CONVEX
 from flwr_admm.core.schedules import make_schedule
 
@@ -63,14 +63,9 @@ def fedadmm_keywords(settings: RunSettings) -> dict[str, Any]:
     The prox form gets the run config's rho, schedule, relaxation and dual step, and no
     acceleration (the run config spells those out).
     """
-    schedule = (
-        Geometric(factor=settings.rho_factor)
-        if settings.rho_schedule == "geometric"
-        else make_schedule(settings.rho_schedule)
-    )
     prox = {
         "rho": settings.rho,
-        "rho_schedule": schedule,
+        "rho_schedule": make_schedule(settings.rho_schedule),
         "relaxation": settings.relaxation,
         "dual_step": settings.dual_step,
         "acceleration": None,

@@ -56,7 +56,6 @@ DEFAULTS: dict[str, Any] = {
     "num-clients": 0,
     "rho": 0.1,
     "rho-schedule": "constant",
-    "rho-factor": 0.95,
     "relaxation": 1.0,
     "dual-step": 1.0,
     "local-init": "auto",
@@ -92,7 +91,6 @@ HELP: dict[str, str] = {
     "num-clients": "integer >= 0 (0 = the task's own number of clients)",
     "rho": "FedADMM penalty, number >= 0",
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
-    "rho-factor": "factor of the 'geometric' schedule, number > 0",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
     "dual-step": "FedADMM dual step gamma, number in (0, 1] (1 = the textbook step)",
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
@@ -133,7 +131,6 @@ class RunSettings:
     num_clients: int
     rho: float
     rho_schedule: str
-    rho_factor: float
     relaxation: float
     dual_step: float
     local_init: str
@@ -331,7 +328,6 @@ def parse_run_config(
         num_clients=_integer(config, "num-clients", 0),
         rho=_number(config, "rho", 0.0),
         rho_schedule=rho_schedule,
-        rho_factor=_number(config, "rho-factor", 0.0, strict=True),
         relaxation=_relaxation(config),
         dual_step=_number(config, "dual-step", 0.0, strict=True, maximum=1.0),
         local_init=_choice(config, "local-init", LOCAL_INITS),

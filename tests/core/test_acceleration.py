@@ -12,10 +12,9 @@ import re
 
 import numpy as np
 import pytest
-from consensus_reference import clients, pooled_ridge, rel, ridge_local_argmin, ridge_round
+from consensus_reference import Stepped, clients, pooled_ridge, rel, ridge_local_argmin, ridge_round
 
 from flwr_admm import ConsensusADMM
-from flwr_admm.core import Geometric
 
 
 def textbook_fast_admm(data, lam: float, rho: float, rounds: int, eta: float = 0.999):
@@ -120,7 +119,7 @@ def test_partial_participation_reaches_the_pooled_ridge(alpha: float) -> None:
 def test_a_rho_change_restarts_the_momentum() -> None:
     data = clients([30, 50], d=4, seed=1)
     admm = ConsensusADMM(
-        [np.zeros(4)], rho=1.0, schedule=Geometric(2.0, every=1), acceleration="nesterov"
+        [np.zeros(4)], rho=1.0, schedule=Stepped(2.0, every=1), acceleration="nesterov"
     )
     ridge_round(admm, data, 0.1, ["c0", "c1"], 1)
     ridge_round(admm, data, 0.1, ["c0", "c1"], 2)

@@ -151,14 +151,12 @@ def test_bad_rho_names_the_field(rho: float) -> None:
         ConsensusADMM(z=[np.zeros(2)], rho=rho)
 
 
-def test_rho_zero_with_regularizer_or_data_size_is_refused() -> None:
+def test_rho_zero_with_regularizer_or_reported_rho_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^rho: must be > 0"):
         ConsensusADMM(z=[np.zeros(2)], rho=0.0, regularizer=L1(0.1))
     with pytest.raises(ValueError, match=r"^rho: must be > 0"):
-        ConsensusADMM(z=[np.zeros(2)], rho=0.0, client_rho="data_size")
-    with pytest.raises(
-        ValueError, match=r"^client_rho: must be one of \['uniform', 'data_size', 'reported'\]"
-    ):
+        ConsensusADMM(z=[np.zeros(2)], rho=0.0, client_rho="reported")
+    with pytest.raises(ValueError, match=r"^client_rho: must be one of \['uniform', 'reported'\]"):
         ConsensusADMM(z=[np.zeros(2)], rho=1.0, client_rho="size")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^eps_rel: "):
         ConsensusADMM(z=[np.zeros(2)], rho=1.0, eps_rel=-1.0)

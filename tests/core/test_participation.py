@@ -20,7 +20,7 @@ from consensus_reference import rel as _rel
 from consensus_reference import ridge_round as _ridge_round
 
 from flwr_admm import ConsensusADMM
-from flwr_admm.core import L2, Reply
+from flwr_admm.core import Reply
 
 # ----------------------------------- partial participation reaches the pooled ridge
 
@@ -113,76 +113,18 @@ def test_result_does_not_depend_on_reply_order() -> None:
 # ------------------------------------------------------ per-client rho by data size
 
 
-def test_data_size_rho_multipliers_and_z_formula() -> None:
-    rho, lam = 2.0, 0.5
-    n = {"a": 10, "b": 20, "c": 40}
-    admm = ConsensusADMM(z=[np.array([0.0])], rho=rho, client_rho="data_size", regularizer=L2(lam))
-    w1 = {"a": 1.0, "b": 2.0, "c": 4.0}
-    admm.step([Reply(k, [np.array([w1[k]])], n[k]) for k in n], 1)
-    # s_i = n_i / max n = (1/4, 1/2, 1): rho_i = (0.5, 1, 2)
-    assert [admm.rho_for(k) for k in n] == [0.5, 1.0, 2.0]
-    # rho_bar = sum p_i rho_i = (10*0.5 + 20*1 + 40*2) / 70 = 1.5
-    # z = sum p_i rho_i w_i / (rho_bar + lam) = (5*1 + 20*2 + 80*4) / 70 / 2 = 365 / 140
-    z1 = 365.0 / 140.0
-    assert admm.z[0][0] == pytest.approx(z1, rel=1e-15)
-    y = {k: admm.rho_for(k) * (w1[k] - z1) for k in n}
-    for k in n:  # v_i = z - y_i / rho_i = 2 z - w_i
-        assert admm.center(k)[0][0] == pytest.approx(2 * z1 - w1[k], rel=1e-14)
-    w2 = {"a": 0.0, "b": 3.0, "c": 5.0}
-    report = admm.step([Reply(k, [np.array([w2[k]])], n[k]) for k in n], 2)
-    # z minimizes lam/2 z^2 + sum_i p_i (-y_i z + rho_i/2 (w_i - z)^2):
-    # z = sum_i p_i (rho_i w_i + y_i) / (lam + rho_bar)
-    z2 = sum(n[k] * (admm.rho_for(k) * w2[k] + y[k]) for k in n) / 70.0 / (lam + 1.5)
-    assert admm.z[0][0] == pytest.approx(z2, rel=1e-14)
-    assert report.dual_residual == pytest.approx(1.5 * abs(z2 - z1), rel=1e-13)
-    for k in n:
-        y[k] += admm.rho_for(k) * (w2[k] - z2)
-        assert admm.center(k)[0][0] == pytest.approx(z2 - y[k] / admm.rho_for(k), rel=1e-13)
-
-
-def test_data_size_rho_new_largest_client_rescales_everyone() -> None:
-    admm = ConsensusADMM(z=[np.array([0.0])], rho=1.0, client_rho="data_size")
-    admm.step([Reply("a", [np.array([1.0])], 10), Reply("b", [np.array([3.0])], 20)], 1)
-    assert (admm.rho_for("a"), admm.rho_for("b")) == (0.5, 1.0)
-    admm.step([Reply("c", [np.array([5.0])], 40)], 2)
-    assert [admm.rho_for(k) for k in "abc"] == [0.25, 0.5, 1.0]
-    # y_a = 0.5 (1 - z1), y_b = 1 (3 - z1), z1 = (10*0.5*1 + 20*1*3) / (5 + 20) = 2.6
-    # round 2: S = sum n_i (rho_i w_i + y_i) over a, b (stale) and c (new, y = 0)
-    z1 = 2.6
-    y_a, y_b = 0.5 * (1.0 - z1), 1.0 * (3.0 - z1)
-    numerator = 10 * (0.25 * 1.0 + y_a) + 20 * (0.5 * 3.0 + y_b) + 40 * (1.0 * 5.0)
-    rho_bar = (10 * 0.25 + 20 * 0.5 + 40 * 1.0) / 70
-    assert admm.z[0][0] == pytest.approx(numerator / 70 / rho_bar, rel=1e-14)
-
-
-def test_data_size_rho_reaches_the_pooled_ridge_solution() -> None:
-    lam, sizes = 0.1, [10, 30, 90]
-    data = _clients(sizes, d=3, seed=6)
-    optimum = _pooled_ridge(data, lam)
-    admm = ConsensusADMM(z=[np.zeros(3)], rho=1.0, client_rho="data_size")
-    for k in range(1, 500):
-        _ridge_round(admm, data, lam, ["c0", "c1", "c2"], k)
-        if _rel(admm.z[0], optimum) < 1e-12:
-            break
-    assert _rel(admm.z[0], optimum) < 1e-10
-
-
-# ------------------------------------------------------------------------- eviction
-
-
-@pytest.mark.parametrize("client_rho", ["uniform", "data_size"])
-def test_evict_leaves_the_state_of_a_run_without_those_clients(client_rho: str) -> None:
+def test_evict_leaves_the_state_of_a_run_without_those_clients() -> None:
     # Hand-built case: after evicting c1, the sums are those of c0 and c2 alone, so
     # the next z-step equals that of a core that only ever held c0 and c2's records.
     rng = np.random.default_rng(0)
-    admm = ConsensusADMM([np.zeros(4)], 0.5, client_rho=client_rho)
+    admm = ConsensusADMM([np.zeros(4)], 0.5)
     for server_round in (1, 2):
         admm.step(
             [Reply(f"c{i}", [rng.normal(size=4)], 10 * (i + 1)) for i in range(3)], server_round
         )
     assert admm.evict(["c1", "unknown"]) == ["c1"]
     assert sorted(admm.records) == ["c0", "c2"]
-    kept = ConsensusADMM([t.copy() for t in admm.z], 0.5, client_rho=client_rho)
+    kept = ConsensusADMM([t.copy() for t in admm.z], 0.5)
     kept.records = copy.deepcopy(admm.records)  # the same records, not shared objects
     kept.sums.recompute(kept.records)
     reply = [Reply("c0", [np.ones(4)], 10)]

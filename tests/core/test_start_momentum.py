@@ -50,7 +50,6 @@ def two_client_core(beta: float) -> ConsensusADMM:
         Linearized(momentum=beta),
         {"rho": None, "proximal_mu": None, "rho_schedule": None},
         regularizer=None,
-        client_rho="uniform",
         eps_abs=1e-6,
         eps_rel=1e-4,
         relaxation=None,

@@ -26,14 +26,9 @@ CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 
 CASES = {
     "half participation": ({"fraction": 0.5, "minimum": 2}, {"rho": 0.1, "sampling_seed": 7}),
-    "relaxed, residual balancing, per-client rho": (
+    "relaxed, residual balancing": (
         {"fraction": 1.0, "minimum": 2},
-        {
-            "rho": 0.3,
-            "relaxation": 1.6,
-            "rho_schedule": "residual-balancing",
-            "client_rho": "data_size",
-        },
+        {"rho": 0.3, "relaxation": 1.6, "rho_schedule": "residual-balancing"},
     ),
     "minibatches, warm start off": (
         {"fraction": 0.7, "minimum": 2},

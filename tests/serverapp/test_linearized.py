@@ -151,7 +151,6 @@ def test_a_reply_with_a_bad_budget_is_rejected():
         ("relaxation", 1.6),
         ("dual_step", 0.5),
         ("regularizer", L2(0.1)),
-        ("client_rho", "data_size"),
         ("acceleration", "nesterov"),
         ("uplink", StochasticQuantizer()),
     ],
@@ -165,11 +164,6 @@ def test_what_the_form_fixes_is_refused_naming_the_field(keyword, value):
 def test_an_unknown_form_is_refused_naming_the_field_and_the_allowed_values(form):
     with pytest.raises(ValueError, match=r"^form: must be one of \['prox', 'linearized'\]"):
         FedADMM(form=form)
-
-
-def test_client_rho_reported_is_not_a_prox_form_option():
-    with pytest.raises(ValueError, match=r"^client_rho: must be one of \['uniform', 'data_size'\]"):
-        FedADMM(client_rho="reported")
 
 
 def test_the_handler_refuses_a_linearized_reply_without_budget_and_other_starts():
@@ -276,7 +270,7 @@ def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
     # a regularizer's prox ran with it): refused, on both APIs, as FedADMM does
     for strategy_class in (FedADMMClientDuals, flwr_admm.server.FedADMMClientDuals):
         fixed = {"rho": 0.5, "proximal_mu": 0.1, "regularizer": L2(0.1), "relaxation": 1.6}
-        for name, value in {**fixed, "client_rho": "data_size"}.items():
+        for name, value in fixed.items():
             with pytest.raises(ValueError, match=rf"^{name}: not used with form='linearized'"):
                 strategy_class(form="linearized", **{name: value})
         assert strategy_class(form="linearized").state.rho == 1.0  # rho_i = 1 / b_i on nodes
