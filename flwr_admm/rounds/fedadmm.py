@@ -52,7 +52,7 @@ from flwr_admm.rounds.report import report_metrics
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import parameters_problem
 
-__all__ = ["FedADMMRound", "FedADMMViews", "StartPolicy"]
+__all__ = ["FedADMMRound", "StartPolicy"]
 
 # Where the start z goes with the center: to every node with rho_i > 0 (the Message
 # API's helpers read it), or only to nodes whose replies said they start there (legacy).
@@ -271,34 +271,3 @@ class FedADMMRound:
     def _core(self) -> tuple[ConsensusADMM, TensorSplit]:
         assert self.admm is not None and self.tensors is not None
         return self.admm, self.tensors
-
-
-class FedADMMViews:
-    """What both `FedADMM` translators show of their `FedADMMRound` (read-only)."""
-
-    algorithm: FedADMMRound
-
-    @property
-    def admm(self) -> ConsensusADMM | None:
-        """The server state (built from the first z received)."""
-        return self.algorithm.admm
-
-    @property
-    def admm_settings(self) -> ConsensusSettings:
-        """The checked core settings (``rho``, ``relaxation``, ...)."""
-        return self.algorithm.settings
-
-    @property
-    def tensors(self) -> TensorSplit | None:
-        """Which tensors are consensus variables, and the held ones."""
-        return self.algorithm.tensors
-
-    @property
-    def form(self) -> Form:
-        """``"prox"`` or ``"linearized"``."""
-        return self.algorithm.form
-
-    @property
-    def channel(self) -> UplinkChannel:
-        """The uplink channel (compression, local DP, the privacy ledger)."""
-        return self.algorithm.channel

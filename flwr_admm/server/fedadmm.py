@@ -14,15 +14,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flwr_admm.core import HealthCheck, RhoSchedule
+from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import DEFAULT_ACCELERATION
+from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
 from flwr_admm.core.tensor_policy import check_rules
 from flwr_admm.core.z_average import ZAverage
-from flwr_admm.rounds.fedadmm import FedADMMRound, FedADMMViews
+from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.server.strategy import RoundStrategy
 from flwr_admm.uplink.channel import Residual, UplinkChannel
@@ -32,7 +32,7 @@ from flwr_admm.uplink.privacy import LocalDP
 __all__ = ["FedADMM"]
 
 
-class FedADMM(FedADMMViews, RoundStrategy):
+class FedADMM(RoundStrategy):
     """Federated inexact consensus ADMM (server-held duals), Flower's legacy strategy API.
 
     The round, the defaults and every keyword below are those of the Message-API
@@ -122,6 +122,16 @@ class FedADMM(FedADMMViews, RoundStrategy):
             tensor_names=tensor_names,
             **fedavg_kwargs,
         )
+
+    @property
+    def admm(self) -> ConsensusADMM | None:
+        """The server state (built from the first z received; `algorithm` holds it)."""
+        return self.algorithm.admm
+
+    @property
+    def admm_settings(self) -> ConsensusSettings:
+        """The checked core settings (``rho``, ``relaxation``, ...)."""
+        return self.algorithm.settings
 
     def __repr__(self) -> str:
         s = self.admm_settings

@@ -52,7 +52,13 @@ from flwr_admm.rounds.report import watch_round
 from flwr_admm.rounds.sampling import sample_ids, unconfigured
 from flwr_admm.serverapp.config import check_fields, copy_config
 from flwr_admm.serverapp.nodes import admit, wait_for_nodes
-from flwr_admm.serverapp.records_old import Layout, ReadReply, has_weight, merge_metrics, plain_metrics
+from flwr_admm.serverapp.records_old import (
+    Layout,
+    ReadReply,
+    has_weight,
+    merge_metrics,
+    plain_metrics,
+)
 
 __all__ = ["ConsensusStrategy"]
 

@@ -8,16 +8,16 @@ from logging import INFO
 
 from flwr.common.logger import log
 
-from flwr_admm.core import HealthCheck, RhoSchedule
+from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import DEFAULT_ACCELERATION
+from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
 from flwr_admm.core.tensor_policy import check_rules
 from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import NUM_EXAMPLES
-from flwr_admm.rounds.fedadmm import FedADMMRound, FedADMMViews
+from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
@@ -28,7 +28,7 @@ from flwr_admm.uplink.privacy import LocalDP
 __all__ = ["FedADMM"]
 
 
-class FedADMM(FedADMMViews, RoundStrategy):
+class FedADMM(RoundStrategy):
     r"""Federated inexact consensus ADMM with server-held duals (Message API).
 
     The round (the reference for every module of the package), with u_i = y_i / rho_i
@@ -228,6 +228,16 @@ class FedADMM(FedADMMViews, RoundStrategy):
             stop_on_convergence=stop_on_convergence,
         )
 
+    @property
+    def admm(self) -> ConsensusADMM | None:
+        """The server state (built from the first z received; `algorithm` holds it)."""
+        return self.algorithm.admm
+
+    @property
+    def admm_settings(self) -> ConsensusSettings:
+        """The checked core settings (``rho``, ``relaxation``, ...)."""
+        return self.algorithm.settings
+
     def summary(self) -> None:
         """Log the ADMM settings, then FedAvg's."""
         s = self.admm_settings
@@ -235,6 +245,6 @@ class FedADMM(FedADMMViews, RoundStrategy):
         log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s", s.regularizer)
         log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
-        log(INFO, "\t│\t├── form: %s", self.form)
+        log(INFO, "\t│\t├── form: %s", self.algorithm.form)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()

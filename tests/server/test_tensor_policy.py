@@ -66,8 +66,8 @@ def test_legacy_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: ig
     proxies = make_proxies(lambda ctx: Fixed(ctx).to_client(), 2)
     run_rounds(strategy, proxies, 2, initial_parameters=ndarrays_to_parameters(Z0))
     resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)
-    assert resumed.tensors is not None and strategy.tensors is not None
-    assert resumed.tensors.roles == ("consensus", "average", "keep")
+    assert resumed.algorithm.tensors is not None and strategy.algorithm.tensors is not None
+    assert resumed.algorithm.tensors.roles == ("consensus", "average", "keep")
     for a, b in zip(resumed.algorithm.model() or [], strategy.algorithm.model() or [], strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(Exception, match="tensor_policy"):
@@ -136,7 +136,11 @@ def test_message_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: i
         z, _ = strategy.aggregate_train(rnd, replies)
         assert z is not None
     resumed = MessageFedADMM(**kwargs)
-    assert resumed.tensors is not None and resumed.tensors.roles == ("consensus", "average", "keep")
+    assert resumed.algorithm.tensors is not None and resumed.algorithm.tensors.roles == (
+        "consensus",
+        "average",
+        "keep",
+    )
     assert resumed.admm is not None and strategy.admm is not None
     restored = resumed.algorithm.model()
     for a, b in zip(restored, strategy.algorithm.model(), strict=True):
@@ -174,7 +178,7 @@ def test_legacy_fedadmm_refuses_a_negative_running_variance(tmp_path) -> None:  
     z = parameters_to_ndarrays(result.parameters)
     np.testing.assert_array_equal(z[1], [2.0, 3.0])  # the honest client's alone
     resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)  # the check survives a resume
-    assert resumed.tensors is not None and resumed.tensors.nonnegative == (1,)
+    assert resumed.algorithm.tensors is not None and resumed.algorithm.tensors.nonnegative == (1,)
 
 
 def test_message_fedadmm_refuses_a_negative_running_variance() -> None:

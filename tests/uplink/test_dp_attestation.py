@@ -75,7 +75,10 @@ def test_message_api_replies_that_ignore_local_dp_are_rejected_and_not_accounted
 ) -> None:
     strategy = message_run(plain_app, rounds=STALL)
     assert strategy.history == []  # no round folded an unprotected update
-    assert strategy.channel.ledger is not None and strategy.channel.ledger.rounds == 0
+    assert (
+        strategy.algorithm.channel.ledger is not None
+        and strategy.algorithm.channel.ledger.rounds == 0
+    )
     assert "admm-dp-applied" in caplog.text
 
 
