@@ -1,7 +1,7 @@
 """Framework-free server state of inexact consensus ADMM over lists of numpy arrays.
 
 `ConsensusADMM` holds the state and runs the round (begin, absorb, finish); it composes
-`core.sums` (running sums), `core.steps` (z-step, dual step, residuals), `core.z_average`,
+`core.sums` (running sums, replies folded in), `core.steps` (z-step, dual step, residuals),
 `core.persistence` (checkpoints) and `core.types` (value types and errors).
 """
 
@@ -15,14 +15,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.intake import absorb_many, absorb_one
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
 from flwr_admm.core.start_momentum import StartMomentum, check_momentum
-from flwr_admm.core.steps import DualStats, dual_step, round_report, sum_sq_norm
-from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums
+from flwr_admm.core.steps import (
+    DualStats,
+    ZAverage,
+    averaged_z_step,
+    check_z_average,
+    dual_step,
+    round_report,
+    sum_sq_norm,
+)
+from flwr_admm.core.sums import OpenRound, RoundMode, RunningSums, absorb_many, absorb_one
 from flwr_admm.core.types import (
     CLIENT_RHO_MODES,
     NON_FINITE,
@@ -39,7 +46,6 @@ from flwr_admm.core.types import (
     check_tolerances,
     natural_key,
 )
-from flwr_admm.core.z_average import ZAverage, averaged_z_step, check_z_average
 
 __all__ = [
     "CLIENT_RHO_MODES",
@@ -108,7 +114,7 @@ class ConsensusADMM:
     restart_eta : float
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
-        z-step over every cached w_i or the round's replies (`flwr_admm.core.z_average`).
+        z-step over every cached w_i or the round's replies (`flwr_admm.core.steps`).
     dual_step : float
         The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
         step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's

@@ -57,9 +57,9 @@ from flwr_admm.core.settings import (
     strategy_defaults,
 )
 from flwr_admm.core.start_momentum import check_momentum
+from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import TensorSplit
 from flwr_admm.core.types import Arrays, check_dual_step, check_scale
-from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [

@@ -20,8 +20,8 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
+from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.types import Arrays, ClientRho
-from flwr_admm.core.z_average import ZAverage
 
 __all__ = [
     "DEFAULT_ACCELERATION",
@@ -84,7 +84,7 @@ class ConsensusSettings:
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", the
         textbook step) or only this round's replies ("replies", as FedDyn's server;
-        `flwr_admm.core.z_average`). The same with every client replying.
+        `flwr_admm.core.steps`). The same with every client replying.
     dual_step : float
         The dual step gamma in (0, 1] (`ConsensusADMM`); 1 is the textbook step.
     start_momentum : float

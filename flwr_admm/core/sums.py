@@ -1,11 +1,15 @@
-"""Running sums over every cached client, so a z-step costs a few passes over the model.
+"""Running sums over every cached client, and the replies folded into them.
+
+A z-step then costs a few passes over the model:
 
     S_w = sum_i n_i s_i w_i,   S_y = sum_i n_i y_i,   S_s = sum_i n_i s_i,   N = sum_i n_i
 
 An `OpenRound` records how S_w is kept between `begin` and `finish`: "full" (rebuilt
 from the replies, then the clients that did not reply), "incremental"
 (S_w += n_i w_i' - n_i w_i per reply) or "recompute" (exactly, in sorted key order,
-when per-client rho rescales s_i).
+when per-client rho rescales s_i). `absorb_one` folds a reply in as it arrives,
+`absorb_many` the round's replies in order; a reply with NaN/inf entries (or a squared
+norm that overflows) is refused and the state left as if it had never arrived.
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ from typing import Literal
 
 import numpy as np
 
-from flwr_admm.core.kernels import axpy, fold_in
-from flwr_admm.core.types import Arrays, ClientRecord, Reply, natural_key
+from flwr_admm.core.kernels import axpy, finite_sq_norm, fold_in
+from flwr_admm.core.types import (
+    NON_FINITE,
+    Arrays,
+    ClientRecord,
+    NonFiniteReplyError,
+    Reply,
+    natural_key,
+)
 
 RoundMode = Literal["full", "incremental", "recompute"]
 
@@ -198,3 +209,58 @@ class RunningSums:
             for share, w in zip(shares, record.w, strict=True):
                 axpy(record.num_examples * record.scale, w, share)
         return shares, weight
+
+
+Records = dict[str, ClientRecord]
+
+
+def absorb_one(sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply) -> None:
+    """Fold one checked reply into S_w and store it; `NonFiniteReplyError` if not finite."""
+    # asarray(order="C"), not ascontiguousarray: that one turns 0-d tensors into (1,)
+    w = [np.asarray(t, dtype=np.float64, order="C") for t in reply.w]
+    n = int(reply.num_examples)
+    if rnd.mode == "recompute":
+        sq_norm = finite_sq_norm(w) if reply.sq_norm is None else reply.sq_norm
+    else:
+        replaced = records.get(reply.key) if rnd.mode == "incremental" else None
+        sq_norm = sums.fold(w, n, replaced, rnd.shares)  # S_w += n_i' w_i' (- n_i w_i)
+        if sq_norm is None:
+            sums.roll_back(rnd, records)
+    if sq_norm is None or not math.isfinite(sq_norm):
+        raise NonFiniteReplyError(f"reply {reply.key!r}: {NON_FINITE}")
+    store(sums, records, rnd, reply, w, sq_norm)
+
+
+def absorb_many(
+    sums: RunningSums, records: Records, rnd: OpenRound, replies: Sequence[Reply]
+) -> list[str]:
+    """Absorb checked replies in order, as `absorb_one` each; return the refused keys."""
+    refused = []
+    for reply in replies:
+        try:
+            absorb_one(sums, records, rnd, reply)
+        except NonFiniteReplyError:
+            refused.append(reply.key)
+    return refused
+
+
+def store(
+    sums: RunningSums, records: Records, rnd: OpenRound, reply: Reply, w: Arrays, sq_norm: float
+) -> None:
+    """Keep a folded reply's w_i, n_i (S_y += dn_i y_i) and s_i, and note it in the round.
+
+    The arrays are kept, not copied (read-only views into a reply's bytes are fine:
+    the state never writes into w_i).
+    """
+    n = int(reply.num_examples)
+    record = records.get(reply.key)
+    if record is None:
+        records[reply.key] = record = ClientRecord(w, [np.zeros_like(t) for t in w], n)
+    else:
+        if n != record.num_examples:
+            sums.reweight_dual(record.y, n - record.num_examples)  # S_y += dn_i y_i
+        record.w, record.num_examples = w, n
+    if reply.scale is not None:  # client_rho="reported": rho_i = rho s_i from this reply
+        record.scale = reply.scale
+    rnd.absorbed.append(Reply(reply.key, [], n, reply.loss, sq_norm))
+    rnd.keys.add(reply.key)

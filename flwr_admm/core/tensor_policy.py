@@ -19,13 +19,13 @@ core's `ConsensusADMM`, which sees the consensus tensors only.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import NON_FINITE, Arrays, Reply
+from flwr_admm.core.types import NON_FINITE, Arrays
 
 ROLES = ("consensus", "average", "keep")
 VARIANCE = "*running_var"  # an averaged variance must stay >= 0 (BatchNorm divides by it)
@@ -38,7 +38,6 @@ __all__ = [
     "VARIANCE",
     "Rules",
     "TensorSplit",
-    "absorb_together",
     "check_rules",
     "nonnegative_of",
     "roles_of",
@@ -162,24 +161,3 @@ class TensorSplit:
 def nonnegative_of(names: Sequence[str]) -> tuple[int, ...]:
     """Return the indices of the tensors named as variances (``*running_var``)."""
     return tuple(i for i, name in enumerate(names) if fnmatch.fnmatchcase(name, VARIANCE))
-
-
-def absorb_together(
-    absorb_all: Callable[[Sequence[Reply]], list[str]],
-    split: TensorSplit,
-    replies: Sequence[tuple[Reply, Sequence[NDArray[Any]]]],
-    refuse: Callable[[str], object],
-) -> list[bool]:
-    """Absorb the replies' consensus parts at once, then each accepted one's averaged tensors.
-
-    `absorb_all` is `ConsensusADMM.absorb_all` (it returns the keys refused as
-    non-finite, which go to `refuse`); each pair is (consensus part, all the arrays).
-    Return which replies were absorbed, in order.
-    """
-    refused = set(absorb_all([reply for reply, _ in replies]))
-    for reply, arrays in replies:
-        if reply.key in refused:
-            refuse(reply.key)
-        else:
-            split.absorb(arrays, reply.num_examples)  # FedAvg of the averaged tensors
-    return [reply.key not in refused for reply, _ in replies]

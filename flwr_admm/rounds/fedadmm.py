@@ -6,11 +6,23 @@ consensus variables), the start marks of stock FedProx handlers (`StartMarks`) a
 the uplink channel (compression, local DP), and turns them into instructions and
 folds. Every center a node was sent is recomputed, never stored: z, the duals and
 the dtypes do not change within a round.
+
+Start marks (`StartMarks`). Our client helpers (`TorchADMM`, `ADMMTrainStep`,
+`ADMMClient`) mark every reply with ``admm-started-at-z``: 1 when the local solve
+started at the received z, 0 when it started elsewhere (its own last w_i, or v_i, as
+asked). A reply without the mark comes from a stock FedProx handler, which starts at
+the received center v_i = z - u_i and uses it as its prox center. Started there,
+w_i ~ v_i + d_i (d_i the node's plain local drift), so the next dual u_i ~ d_i - mean(d)
+puts the next start opposite that drift: with momentum SGD on a CNN the gain per round
+exceeds 1 and the run diverges (docs/torch.md). Such a client's dual is therefore held
+at 0: its center is z and its step FedProx's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from logging import WARNING
 from typing import Any, Literal
@@ -23,11 +35,9 @@ from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.linearized import Form, budget_scale, dual_tensors
 from flwr_admm.core.settings import ConsensusSettings
 from flwr_admm.core.snapshot import restore, snapshot
-from flwr_admm.core.start_marks import StartMarks
 from flwr_admm.core.tensor_policy import (
     Rules,
     TensorSplit,
-    absorb_together,
     nonnegative_of,
     roles_of,
 )
@@ -43,16 +53,17 @@ from flwr_admm.protocol import (
     NUM_STOCK_REPLIES,
     PROXIMAL_MU,
     RHO,
+    START_MARK,
     START_RECORD,
     START_TENSORS,
 )
-from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout
+from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, read_block
 from flwr_admm.rounds.layer import Tally
 from flwr_admm.rounds.report import report_metrics
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import parameters_problem
 
-__all__ = ["FedADMMRound", "StartPolicy"]
+__all__ = ["FedADMMRound", "StartMarks", "StartPolicy"]
 
 # Where the start z goes with the center: to every node with rho_i > 0 (the Message
 # API's helpers read it), or only to nodes whose replies said they start there (legacy).
@@ -90,9 +101,11 @@ class FedADMMRound:
         start: StartPolicy = "always",
     ) -> None:
         self.settings, self.form, self.channel = settings, form, channel
+        self.uplink = channel if channel.active else None  # None: plain replies, nothing to do
         self.tensor_rules, self.start = tensor_rules, start
         self.admm: ConsensusADMM | None = None
         self.tensors: TensorSplit | None = None  # the non-consensus tensors, from the first z
+        self._held: TensorSplit | None = None  # `tensors`, unless every tensor is consensus
         self.layout: Layout | None = None
         self.marks = StartMarks()  # stock FedProx handlers: their duals are held at 0
         self.sent_key: dict[str, str | None] = {}  # node -> key whose center it got
@@ -104,26 +117,38 @@ class FedADMMRound:
         self.layout = layout
         if self.admm is None or self.tensors is None:
             roles = roles_of(self.tensor_rules, layout.names, layout.dtypes)
-            self.tensors = TensorSplit(roles, z, nonnegative_of(layout.names))
-            self.admm = self.settings.new_admm(self.tensors.consensus(z))
+            self._split(TensorSplit(roles, z, nonnegative_of(layout.names)))
+            self.admm = self.settings.new_admm(self._consensus(z))
         else:
-            self.tensors.adopt(z)
-            self.admm.adopt_consensus(self.tensors.consensus(z))
+            if self._held is not None:
+                self._held.adopt(z)
+            self.admm.adopt_consensus(self._consensus(z))
+
+    def _split(self, tensors: TensorSplit) -> None:
+        self.tensors, self._held = tensors, None if tensors.trivial else tensors
+
+    def _consensus(self, arrays: Sequence[NDArray[Any]]) -> list[NDArray[Any]]:
+        """Return the consensus tensors of a full tensor list (what the core holds)."""
+        return list(arrays) if self._held is None else self._held.consensus(arrays)
+
+    def _merge(self, consensus: Arrays) -> Arrays:
+        """Return the full tensor list: the core's consensus tensors and the held ones."""
+        return consensus if self._held is None else self._held.merge(consensus)
 
     def model(self) -> Arrays | None:
         """Return z' with the held tensors (None before the first round)."""
-        if self.admm is None or self.tensors is None:
-            return None
-        return self.tensors.merge(self.admm.z)
+        return None if self.admm is None else self._merge(self.admm.z)
 
     # ----------------------------------------------------------- instructions
     def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
         """Return the uplink entries; fix this round's start (z, or the momentum start)."""
-        admm, split = self._core()
-        self.channel.sampled(sampled, population)
+        admm, _ = self._core()
         x = admm.start_point()  # z, or the linearized form's momentum start
-        self._start = AS_RECEIVED if x is admm.z else split.merge(x)
-        return self.channel.config()
+        self._start = AS_RECEIVED if x is admm.z else self._merge(x)
+        if self.uplink is None:
+            return {}
+        self.uplink.sampled(sampled, population)
+        return self.uplink.config()
 
     def instruction(self, node: str, key: str | None) -> Instruction:
         """Prox form: v_i = z - y_i / rho_i, rho_i and z; linearized: the start and y_i."""
@@ -133,7 +158,7 @@ class FedADMMRound:
             linear: dict[str, Scalar] = {FORM: FORM_LINEARIZED, PROXIMAL_MU: 0.0}
             return Instruction(self._start, linear, {DUAL_RECORD: dual_tensors(admm, split, key)})
         center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
-        arrays = AS_RECEIVED if center is admm.z else split.merge(center)
+        arrays = AS_RECEIVED if center is admm.z else self._merge(center)
         config: dict[str, Scalar] = {RHO: rho_i, PROXIMAL_MU: rho_i}
         if self.start == "always":
             blocks = {START_RECORD: AS_RECEIVED} if rho_i > 0 else {}
@@ -150,52 +175,62 @@ class FedADMMRound:
         NaN/inf entries are left to `ConsensusADMM.absorb_all`, which finds them in the
         pass that folds the reply in.
         """
-        _, split = self._core()
-        problem = self.channel.attestation_problem(reply.metrics)  # local DP
-        if problem is not None or reply.arrays is None:
-            return None, problem or "no model in the reply"
-        shapes = [tuple(s) for s in split.shapes]
-        problem = parameters_problem(reply.arrays, shapes)  # sizes, before any copy
+        assert self.layout is not None
+        shapes, uplink = self.layout.shapes, self.uplink
+        if reply.arrays is None:
+            return None, "no model in the reply"
+        if uplink is None:
+            arrays, problem = read_block(reply.arrays, shapes)  # sizes first, then views
+        else:
+            problem = uplink.attestation_problem(reply.metrics)  # local DP
+            problem = problem or parameters_problem(reply.arrays, shapes)  # before any copy
+            if problem is None:  # views, or v_i + decode(payload)
+                arrays = uplink.decode(reply.arrays, partial(self._sent_center, reply.node))
         if problem is not None:
             return None, problem
-        sent = partial(self._sent_center, reply.node)
-        arrays = self.channel.decode(reply.arrays, sent)  # views, or v_i + decode(payload)
         problem, sq_norm = check_reply(arrays, reply.num_examples, shapes, finite=False)
         return (None if problem else (list(arrays), sq_norm)), problem
 
     def _sent_center(self, node: str) -> Arrays:
         """Return the center `node` was sent this round, as it received it."""
-        admm, split = self._core()
+        admm, _ = self._core()
         assert self.layout is not None
         key = self.sent_key.get(node)
         center = admm.center(key)  # z, y_i and rho do not change within a round
-        return self.layout.as_sent(split.merge(center))
+        return self.layout.as_sent(self._merge(center))
 
     def fold(
         self, replies: list[tuple[Incoming, Any]], server_round: int, tally: Tally
     ) -> list[bool]:
         """Absorb w_i, n_i, f_i(w_i) of the admitted replies (NaN/inf found here: rejected)."""
-        admm, split = self._core()
+        admm, _ = self._core()
         admm.begin([reply.key for reply, _ in replies])
-        split.begin()
+        if self._held is not None:
+            self._held.begin()
         self.marks.begin()
         prepared = [self._prepared(reply, read, tally) for reply, read in replies]
         usable = [p for p in prepared if p is not None]
-        refuse = partial(tally.reject, problem=NON_FINITE)
-        folded = iter(absorb_together(admm.absorb_all, split, usable, refuse))
+        # the consensus parts together, then FedAvg of each accepted reply's averaged tensors
+        refused = set(admm.absorb_all([reply for reply, _ in usable]))
+        for reply, arrays in usable:
+            if reply.key in refused:
+                tally.reject(reply.key, NON_FINITE)
+            elif self._held is not None:
+                self._held.absorb(arrays, reply.num_examples)
+        folded = iter(reply.key not in refused for reply, _ in usable)
         return [p is not None and next(folded) for p in prepared]
 
     def _prepared(
         self, reply: Incoming, read: tuple[list[NDArray[Any]], float | None], tally: Tally
     ) -> tuple[Reply, list[NDArray[Any]]] | None:
         """Return a reply's consensus part and all its arrays; None if skipped or rejected."""
-        admm, split = self._core()
+        admm, _ = self._core()
         key, (arrays, sq_norm) = reply.key, read
         if admm.rho > 0 and key in admm.records and self.sent_key.get(reply.node) != key:
             # trained around another center (key_binding="reported", new node id): resync
             tally.resync(key, reply.node)
             return None
-        why = split.problem(arrays)  # the core checks the consensus tensors only
+        why = None if self._held is None else self._held.problem(arrays)  # the held tensors
         if why is not None:
             tally.reject(key, why)
             return None
@@ -210,26 +245,31 @@ class FedADMMRound:
         loss = reply.metrics.get(LOSS)
         real = isinstance(loss, int | float) and not isinstance(loss, bool)
         objective = float(loss) if real and math.isfinite(loss) else None  # type: ignore[arg-type]
-        norm = sq_norm if split.trivial else None
+        norm = sq_norm if self._held is None else None
         n = int(reply.num_examples)
-        return Reply(key, split.consensus(arrays), n, objective, norm, scale), arrays
+        return Reply(key, self._consensus(arrays), n, objective, norm, scale), arrays
 
     def finish(self, server_round: int) -> tuple[dict[str, Scalar], bool]:
         """Take the z-step and the dual step; return the residuals and the next rho."""
-        admm, split = self._core()
+        admm, _ = self._core()
         report = admm.finish(server_round)
-        split.finish()
+        if self._held is not None:
+            self._held.finish()
         stock = self.marks.settle(admm, partial(log, WARNING, "FedADMM: %s"))  # y_i = 0
         metrics = {**report_metrics(report), NUM_STOCK_REPLIES: stock}
-        return {**metrics, **self.channel.round_metrics(aggregated=True)}, report.converged
+        if self.uplink is not None:
+            metrics.update(self.uplink.round_metrics(aggregated=True))
+        return metrics, report.converged
 
     def discard(self) -> dict[str, Scalar]:
         """Cancel the open round; return rho and the cached count, unchanged."""
-        admm, split = self._core()
+        admm, _ = self._core()
         admm.cancel()
-        split.begin()
+        if self._held is not None:
+            self._held.begin()
         idle = {RHO: admm.rho, NUM_CLIENTS_CACHED: len(admm.records)}
-        return {**idle, **self.channel.round_metrics(aggregated=False)}
+        uplink = {} if self.uplink is None else self.uplink.round_metrics(aggregated=False)
+        return {**idle, **uplink}
 
     def evict(self, keys: list[str]) -> int:
         """Forget `keys`: w_i, y_i, n_i leave the sums, re-summed exactly in key order."""
@@ -262,7 +302,8 @@ class FedADMMRound:
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
     ) -> None:
         """Restore `state_dict` (the core, the split, the sent keys, the ledger)."""
-        self.admm, self.tensors = restore(self.settings, arrays, manifest)
+        self.admm, tensors = restore(self.settings, arrays, manifest)
+        self._split(tensors)
         self.layout = layout
         self.sent_key = dict(manifest.get("sent_key", {}))
         if self.channel.ledger is not None:
@@ -271,3 +312,60 @@ class FedADMMRound:
     def _core(self) -> tuple[ConsensusADMM, TensorSplit]:
         assert self.admm is not None and self.tensors is not None
         return self.admm, self.tensors
+
+
+@dataclass
+class StartMarks:
+    """The marks of one strategy's clients: stock ones this round, those starting at z.
+
+    Attributes
+    ----------
+    stock : set of str
+        Keys whose reply this round carried no mark (with rho > 0).
+    at_z : set of str
+        Keys whose last accepted reply started at z (mark 1).
+    warned : set of str
+        Stock keys already logged.
+
+    """
+
+    stock: set[str] = field(default_factory=set)
+    at_z: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)
+
+    def begin(self) -> None:
+        """Open a round: no stock reply seen yet."""
+        self.stock = set()
+
+    def read(self, key: str, metrics: Mapping[str, Any], rho: float) -> None:
+        """Note the mark of `key`'s reply (a FedADMM round with rho > 0 only)."""
+        if rho <= 0:
+            return
+        mark = metrics.get(START_MARK)
+        if mark is None:
+            self.stock.add(key)
+        if mark == 1:
+            self.at_z.add(key)
+        else:
+            self.at_z.discard(key)
+
+    def settle(self, admm: ConsensusADMM, warn: Callable[[str], None]) -> int:
+        """Hold the stock clients' duals at 0 (after the round); warn once per key.
+
+        Returns how many replies of the round were stock ones.
+        """
+        held = admm.reset_duals(self.stock)
+        for key in sorted(set(held) - self.warned):
+            warn(
+                f"{key} replied without {START_MARK!r} (a stock FedProx handler, which "
+                "starts at its center): its dual is held at 0, so it runs FedProx's step "
+                "around z; flwr_admm.torch.TorchADMM or flwr_admm.clientapp.ADMMTrainStep "
+                "run the ADMM step"
+            )
+            self.warned.add(key)
+        return len(self.stock)
+
+    def forget(self, keys: set[str]) -> None:
+        """Drop evicted keys."""
+        self.at_z -= keys
+        self.warned -= keys

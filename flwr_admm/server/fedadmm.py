@@ -20,8 +20,8 @@ from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
+from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import check_rules
-from flwr_admm.core.z_average import ZAverage
 from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.server.strategy import RoundStrategy
@@ -51,7 +51,7 @@ class FedADMM(RoundStrategy):
         by ``client-key`` or ``partition-id`` in the fit metrics, else the cid); the
         start point z follows the center as a second block of tensors (config
         ``admm-start = 1``) for clients whose replies say they start there
-        (`flwr_admm.core.start_marks`). Under ``form="linearized"`` the parameters
+        (`flwr_admm.rounds.fedadmm.StartMarks`). Under ``form="linearized"`` the parameters
         are z followed by y_i, the config holds ``admm-form = "linearized"`` and
         ``proximal_mu = 0``, and a reply without ``admm-step-budget`` is rejected.
     tensor_names : sequence of str, optional

@@ -14,8 +14,8 @@ from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
+from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import check_rules
-from flwr_admm.core.z_average import ZAverage
 from flwr_admm.protocol import NUM_EXAMPLES
 from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
@@ -57,7 +57,7 @@ class FedADMM(RoundStrategy):
     A reply without it comes from a stock FedProx handler, which starts at v_i: with
     momentum SGD that start feeds the dual back into the drift and diverges, so such
     a node's dual is held at 0 and it runs FedProx's step around z
-    (`flwr_admm.core.start_marks`, ``num_stock_replies``).
+    (`flwr_admm.rounds.fedadmm.StartMarks`, ``num_stock_replies``).
 
     Robustness: error replies count as ``num_failures``; replies with missing or extra
     records, other tensor names, shapes or non-numeric dtypes, NaN/inf, or a bad
