@@ -18,7 +18,7 @@ from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleratio
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, RoundResiduals, ScheduleState
+from flwr_admm.core.schedules import Constant, RhoSchedule, ScheduleState
 from flwr_admm.core.start_momentum import StartMomentum, check_momentum
 from flwr_admm.core.steps import (
     DualStats,
@@ -212,11 +212,9 @@ class ConsensusADMM:
 
     # ------------------------------------------------------------------ update
     def step(self, replies: Sequence[Reply], server_round: int) -> RoundReport:
-        """Run the z-step and the dual step on the accepted replies of one round.
+        """Run one round on `replies`: `begin`, `absorb_all` in key order, `finish`.
 
-        Equivalent to `begin` + `absorb_all` of the replies in key order + `finish`. A
-        non-finite reply raises `NonFiniteReplyError` (the others are absorbed, the
-        round stays open: `finish` it without that reply).
+        A non-finite reply raises `NonFiniteReplyError` (the round stays open).
         """
         if not replies:
             raise ValueError("replies: need at least one reply to aggregate")
@@ -229,35 +227,23 @@ class ConsensusADMM:
         return self.finish(server_round)
 
     def begin(self, keys: Collection[str]) -> None:
-        """Open a round whose replies will come from (at most) `keys`.
-
-        Replies are then folded in one at a time with `absorb` (a server never holds
-        more than one reply besides its state) or together with `absorb_all`. How S_w
-        is kept meanwhile ("full", "incremental" or "recompute") is told in
-        `RunningSums.open_round`.
-        """
+        """Open a round whose replies come from (at most) `keys` (`RunningSums.open_round`)."""
         uniform, relaxed = self.client_rho == "uniform", self._shares_needed
         self._round = self.sums.open_round(keys, self.records, self.z, uniform, relaxed)
 
     def absorb(self, reply: Reply) -> None:
-        """Store w_i, n_i of one replying client and fold it into S_w.
+        """Store w_i, n_i of one replying client and fold it into S_w (`absorb_one`).
 
-        The arrays are kept, not copied (read-only views into a reply's bytes are
-        fine: the state never writes into w_i). S_y = sum n_i y_i is corrected when
-        n_i changes. The order of the absorb calls fixes the order of summation.
-        Unless the reply brings ||w_i||^2, it is computed in the same pass that folds
-        w_i into S_w; NaN/inf entries (or a squared norm that overflows) raise
-        `NonFiniteReplyError` and leave the state as it was.
+        The order of the absorb calls fixes the order of summation; NaN/inf entries
+        raise `NonFiniteReplyError` and leave the state as it was.
         """
         rnd = self._open_for([reply])
         absorb_one(self.sums, self.records, rnd, reply)
 
     def absorb_all(self, replies: Sequence[Reply]) -> list[str]:
-        """Absorb `replies` in order, as `absorb` one after the other; return the refused keys.
+        """Absorb `replies` in order, as `absorb` each; return the keys refused as non-finite.
 
-        A non-finite reply is refused (its key returned) and the state left as if it
-        had never arrived; the others are absorbed. Bad shapes, n_i or keys raise
-        ValueError before any state changes.
+        Bad shapes, n_i or keys raise ValueError before any state changes.
         """
         rnd = self._open_for(replies)
         return absorb_many(self.sums, self.records, rnd, replies)
@@ -348,7 +334,9 @@ class ConsensusADMM:
                 regularizer=self.regularizer,
                 num_clients_cached=len(self.records),
             )
-        self.rho = self._next_rho(report, server_round)
+        self.rho, self.schedule_state = self.schedule.step(
+            self.schedule_state, report, server_round
+        )
         if self.momentum is not None:  # the restart test on z_k -> z_{k+1}
             self.momentum.step(z_hat, self.z)
         if self.fast is not None and rho > 0.0:
@@ -395,21 +383,6 @@ class ConsensusADMM:
         with single_thread_blas():
             changed = self.rho != rho
             self.z = self.fast.step(self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=changed)
-
-    def _next_rho(self, report: RoundReport, server_round: int) -> float:
-        """Return the schedule's rho for the next round; advance its state."""
-        residuals = RoundResiduals(
-            server_round=server_round,
-            primal_residual=report.primal_residual,
-            dual_residual=report.dual_residual,
-            objective=report.objective,
-            primal_scale=report.primal_scale,
-            dual_scale=report.dual_scale,
-        )
-        next_rho, self.schedule_state = self.schedule.update(
-            report.rho, self.schedule_state, residuals
-        )
-        return check_rho(next_rho, "rho_schedule output")
 
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> tuple[StateArrays, dict[str, Any]]:

@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from flwr_admm.core.types import RoundReport, check_rho
+
 ScheduleState = dict[str, Any]
 
 
@@ -64,6 +66,21 @@ class RhoSchedule(ABC):
     def describe(self) -> dict[str, Any]:
         """Name and parameters, for config fingerprints."""
         return {"name": type(self).__name__, **vars(self)}
+
+    def step(
+        self, state: ScheduleState, report: RoundReport, server_round: int
+    ) -> tuple[float, ScheduleState]:
+        """Return the next rho (checked) and state after a round's `report`."""
+        residuals = RoundResiduals(
+            server_round=server_round,
+            primal_residual=report.primal_residual,
+            dual_residual=report.dual_residual,
+            objective=report.objective,
+            primal_scale=report.primal_scale,
+            dual_scale=report.dual_scale,
+        )
+        rho, state = self.update(report.rho, state, residuals)
+        return check_rho(rho, "rho_schedule output"), state
 
 
 class Constant(RhoSchedule):

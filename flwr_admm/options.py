@@ -1,0 +1,135 @@
+"""The strategies' options, as small checked values.
+
+`Checkpointing` (where, how often, whether to resume), `ClientPolicy` (who may speak for
+a client key, and how long an unheard key is kept), `Convergence` (Boyd's stopping
+tolerances, and whether to stop sampling once they are met) and `Uplink` (compression
+and local DP of the clients' updates). Each checks itself when built and raises a
+ValueError naming the field and its allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr_admm.core.types import check_tolerances
+from flwr_admm.rounds.checkpoint import checkpoint_every_value
+from flwr_admm.rounds.identity import KEY_BINDINGS, optional_count
+from flwr_admm.uplink.compression import Compressor
+from flwr_admm.uplink.privacy import LocalDP
+
+__all__ = ["Checkpointing", "ClientPolicy", "Convergence", "Uplink"]
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Write the server state to `directory` every `every` aggregations; `resume` from it.
+
+    The files are atomic and checksummed; a checkpoint written under other settings is
+    refused with a `CheckpointError` naming the fields that differ, never silently
+    replaced by a fresh start (docs/checkpoints.md).
+    """
+
+    directory: str | os.PathLike[str]
+    every: int = 1
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "directory", Path(self.directory))
+        object.__setattr__(self, "every", checkpoint_every_value(self.every))
+        if not isinstance(self.resume, bool):
+            raise ValueError(f"resume: must be True or False, got {self.resume!r}")
+
+    @property
+    def path(self) -> Path:
+        """Return `directory` as a `Path`."""
+        return Path(self.directory)
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """Client identity and eviction (`flwr_admm.rounds.identity.KeyBinding`).
+
+    Parameters
+    ----------
+    key_binding : {"node", "authenticated", "reported"}
+        ``"node"`` (default): a key is accepted only from the node it was first
+        accepted from, until that node leaves the federation; ``"authenticated"``:
+        never rebound (SuperNode authentication); ``"reported"``: reported keys are
+        trusted (trusted deployments only).
+    max_age : int, optional
+        Evict a key not heard for more than this many rounds (its state leaves the sums).
+    max_count : int, optional
+        Keep at most this many keys, evicting the least recently heard.
+
+    """
+
+    key_binding: str = "node"
+    max_age: int | None = None
+    max_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.key_binding not in KEY_BINDINGS:
+            raise ValueError(
+                f"key_binding: must be one of {list(KEY_BINDINGS)}, got {self.key_binding!r}"
+            )
+        object.__setattr__(self, "max_age", optional_count(self.max_age, "max_age"))
+        object.__setattr__(self, "max_count", optional_count(self.max_count, "max_count"))
+
+    def describe(self) -> dict[str, Any]:
+        """Return the policy as JSON (fingerprinted)."""
+        return {
+            "key_binding": self.key_binding,
+            "max_client_age": self.max_age,
+            "max_clients": self.max_count,
+        }
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Boyd's stopping thresholds, and whether to sample no node once they are met.
+
+    eps_pri = sqrt(n) eps_abs + eps_rel max(sqrt(sum p_i ||w_i||^2), ||z'||) and
+    eps_dual = sqrt(n) eps_abs + eps_rel sqrt(sum p_i ||y_i||^2) (Boyd et al. 2011,
+    3.3.1); a round with r <= eps_pri and s <= eps_dual reports ``converged = 1``.
+    """
+
+    eps_abs: float = 1e-6
+    eps_rel: float = 1e-4
+    stop: bool = False
+
+    def __post_init__(self) -> None:
+        check_tolerances(self.eps_abs, self.eps_rel)
+        if not isinstance(self.stop, bool):
+            raise ValueError(f"stop: must be True or False, got {self.stop!r}")
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """What clients do to their updates before sending them.
+
+    Parameters
+    ----------
+    compressor : Compressor, optional
+        `StochasticQuantizer` or `TopK` of the update, with error feedback.
+    local_dp : LocalDP, optional
+        Clip and noise each update on the client; epsilon is reported every round.
+    residual : {"update", "dual"}
+        Where a client's compression residual goes: into its next update (error
+        feedback) or into its share of the dual (FedADMM only).
+
+    """
+
+    compressor: Compressor | None = None
+    local_dp: LocalDP | None = None
+    residual: str = "update"
+
+    def __post_init__(self) -> None:
+        if self.compressor is not None and not isinstance(self.compressor, Compressor):
+            raise ValueError(f"compressor: must be a Compressor or None, got {self.compressor!r}")
+        if self.local_dp is not None and not isinstance(self.local_dp, LocalDP):
+            raise ValueError(f"local_dp: must be a LocalDP or None, got {self.local_dp!r}")
+        if self.residual not in ("update", "dual"):
+            raise ValueError(f"residual: must be one of ['update', 'dual'], got {self.residual!r}")
