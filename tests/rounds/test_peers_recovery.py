@@ -16,9 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_faults import run_legacy, run_message
+from flwr.common import parameters_to_ndarrays
+from peer_faults import LR, OPTIONS, SIZES, STEPS, D, data, run_legacy, run_message
+from peer_reference import client_fn_for, common_kwargs
 
 from flwr_admm.protocol import FEDDYN_STATE_GRAD, SCAFFOLD_STATE_C
+from flwr_admm.server import SCAFFOLD, FedDyn, FedNova
+from flwr_admm.testing import make_proxies, run_rounds
 
 PEERS = ["scaffold", "feddyn"]
 RUNS = {"legacy": run_legacy, "message": run_message}
@@ -61,3 +65,44 @@ def test_a_node_replying_under_another_nodes_key_is_a_conflict(
     assert abs(gap - clean[api, peer]) < 1e-8
     assert [h["num_key_conflicts"] for h in strategy.history[1:]] == [1] * 119
     assert all(h["num_replies"] == 4 for h in strategy.history)
+
+
+PEER_CLASSES = {"scaffold": SCAFFOLD, "feddyn": FedDyn, "fednova": FedNova}
+
+
+@pytest.mark.parametrize("peer", list(PEER_CLASSES))
+def test_a_run_resumed_from_its_checkpoint_continues_bit_for_bit(peer: str, tmp_path) -> None:
+    """The round layer's checkpoint: x, the per-key states, n_i, a_i and the bindings."""
+    options = {**common_kwargs(D, fraction=0.5), **OPTIONS.get(peer, {})}
+    client_fn = client_fn_for(data(), STEPS, LR)
+    whole = PEER_CLASSES[peer](**options)
+    expected = run_rounds(whole, make_proxies(client_fn, len(SIZES)), 8)
+    proxies = make_proxies(client_fn, len(SIZES))  # the clients outlive the server
+    first = PEER_CLASSES[peer](**options, checkpoint_dir=tmp_path, checkpoint_every=5)
+    run_rounds(first, proxies, 6)  # round 6 is lost with the server
+    resumed = PEER_CLASSES[peer](**options, checkpoint_dir=tmp_path)
+    result = run_rounds(resumed, proxies, 3)
+    assert [h["round"] for h in resumed.history] == [6, 7, 8]
+    assert resumed.history == whole.history[5:]
+    got, want = (parameters_to_ndarrays(r.parameters)[0] for r in (result, expected))
+    np.testing.assert_array_equal(got, want)
+    if peer != "fednova":
+        state = "control" if peer == "scaffold" else "h"
+        np.testing.assert_array_equal(getattr(resumed, state)()[0], getattr(whole, state)()[0])
+
+
+def test_max_clients_evicts_the_least_recently_heard_share() -> None:
+    """2 of 4 clients a round, max_clients=2: c is the n-weighted mean of the two held c_i."""
+    strategy = SCAFFOLD(**common_kwargs(D, fraction=0.5), max_clients=2)
+    proxies = make_proxies(client_fn_for(data(), STEPS, LR), len(SIZES))
+    run_rounds(strategy, proxies, 12)
+    assert all(h["num_clients_cached"] == 2 for h in strategy.history)
+    assert sum(h["num_evicted"] for h in strategy.history) > 0
+    held = [int(key.split(":")[1]) for key in strategy.algorithm.examples]
+    kept = [
+        proxies[i].context.state.array_records[SCAFFOLD_STATE_C].to_numpy_ndarrays()[0]
+        for i in held
+    ]
+    n = np.array([SIZES[i] for i in held], dtype=float)
+    mean = (n[:, None] * np.array(kept)).sum(axis=0) / n.sum()
+    np.testing.assert_allclose(strategy.control()[0], mean, rtol=1e-10, atol=1e-14)
