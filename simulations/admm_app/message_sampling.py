@@ -29,7 +29,6 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 
 from flwr_admm.protocol import MESSAGE_SERVER_ROUND, PARTITION_ID
 from flwr_admm.rounds.sampling import sample_ids
-from flwr_admm.serverapp import SCAFFOLD, FedDyn, FedNova
 
 __all__ = [
     "PARTITION_QUERY",
