@@ -67,11 +67,15 @@ def peer_configs(algorithm: str, grid: Any) -> list[dict[str, float]]:
 
 
 def make_peer(algorithm: str, config: dict[str, float], common: dict[str, Any]) -> Strategy:
-    """SCAFFOLD with eta_g = the configuration's server step, or FedDyn with alpha."""
+    """SCAFFOLD with eta_g = the configuration's server step, or FedDyn with alpha.
+
+    sampling_seed=None: Flower's ClientManager.sample, the baselines' and FedADMM's draw.
+    """
     if algorithm == "SCAFFOLD":
-        return SCAFFOLD(server_learning_rate=float(config.get("server_step", 1.0)), **common)
+        eta = float(config.get("server_step", 1.0))
+        return SCAFFOLD(server_learning_rate=eta, sampling_seed=None, **common)
     if algorithm == "FedDyn":
-        return FedDyn(alpha=float(config["penalty"]), **common)
+        return FedDyn(alpha=float(config["penalty"]), sampling_seed=None, **common)
     raise ValueError(f"algorithm: must be one of {list(PEERS)}, got {algorithm!r}")
 
 

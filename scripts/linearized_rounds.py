@@ -1,8 +1,9 @@
 """Rounds to a 1e-6 relative gap on seed-logreg: FedADMM's forms and recipes, and SCAFFOLD.
 
 Message API on the in-process grid, the task's local settings (20 full-batch steps of
-lr 1), all 10 clients and 3 of 10 a round; Python's `random` (SCAFFOLD's sampler)
-seeded 0 before every run. Run from the repository root (prints a Markdown table):
+lr 1), all 10 clients and 3 of 10 a round; every strategy draws its nodes with its
+default ``sampling_seed=0`` (the same draws). Run from the repository root (prints a
+Markdown table):
 
     python scripts/linearized_rounds.py
 """

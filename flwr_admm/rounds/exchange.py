@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.types import Arrays
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_problem, parameters_to_views
 
-__all__ = ["AS_RECEIVED", "Incoming", "Instruction", "Layout", "read_block"]
+__all__ = ["AS_RECEIVED", "Incoming", "Instruction", "Layout", "read_block", "read_blocks"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +141,24 @@ def read_block(
     if problem is not None:
         return [], problem
     return list(parameters_to_views(block)), None
+
+
+def read_blocks(
+    reply: Incoming, shapes: Sequence[tuple[int, ...]], names: Sequence[str] = ()
+) -> tuple[list[NDArray[Any]], str | None]:
+    """Return the model block, then each block of `names` (all required), as `read_block` does.
+
+    One list of read-only views in that order, or why the reply cannot be read.
+    """
+    if reply.arrays is None:
+        return [], "no model in the reply"
+    arrays, problem = read_block(reply.arrays, shapes)
+    for name in names:
+        if problem is not None:
+            return [], problem
+        if name not in reply.blocks:
+            return [], f"missing the {name!r} block"
+        block, problem = read_block(reply.blocks[name], shapes)
+        arrays += block
+        problem = None if problem is None else f"{name}: {problem}"
+    return (arrays, None) if problem is None else ([], problem)

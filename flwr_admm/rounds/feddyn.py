@@ -12,22 +12,25 @@ linear term (zero at first), h the server state (zero at first), S the round's c
 p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i and every client seen this is the paper's). At a fixed point w_i = x and
 grad_i = grad f_i(x), so h = 0 = sum_i p_i grad f_i(x): the pooled optimum, like
-ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients). The client
-commits grad_i only once the server acknowledges the reply (`flwr_admm.rounds.peers`),
-so h stays the mean of the clients' grad_i through lost and rejected replies.
+ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients). The wire is
+FedAvg's, with ``feddyn-alpha`` in the config. The client commits grad_i only once
+the server acknowledges the reply (`flwr_admm.rounds.peers`), so h stays the mean of
+the clients' grad_i through lost and rejected replies.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from flwr.common import NDArrays, Scalar
+from flwr.common import Scalar
 
+from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import FEDDYN_ALPHA, PEER_FEDDYN
-from flwr_admm.rounds.peers import PeerRound, Reply
+from flwr_admm.rounds.peers import PeerRound, PeerViews, Reply
 
-__all__ = ["FedDynRound"]
+__all__ = ["FedDynRound", "FedDynViews"]
 
 
 class FedDynRound(PeerRound):
@@ -36,12 +39,12 @@ class FedDynRound(PeerRound):
     Sent: x (and ``feddyn-alpha`` in the config); a reply: w_i.
 
     Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
-    `key_binding` is the `KeyBinding` policy (`PeerRound`).
     """
 
+    label = "FedDyn"
     peer = PEER_FEDDYN
 
-    def __init__(self, alpha: float, key_binding: str = "node") -> None:
+    def __init__(self, alpha: float) -> None:
         if (
             isinstance(alpha, bool)
             or not isinstance(alpha, int | float)
@@ -49,23 +52,20 @@ class FedDynRound(PeerRound):
             or alpha <= 0
         ):
             raise ValueError(f"alpha: must be a finite number > 0, got {alpha!r}")
-        super().__init__(key_binding)
+        super().__init__()
         self.alpha = float(alpha)
 
-    def h(self) -> NDArrays:
+    def h(self) -> Arrays:
         """Return the server state h = sum_held n_i grad_i / sum_held n_i (0 at first)."""
         return self.state_mean()
-
-    def _outgoing(self, x: NDArrays) -> NDArrays:
-        return x
-
-    def _blocks(self) -> int:
-        return 1
 
     def _config(self) -> dict[str, Scalar]:
         return {FEDDYN_ALPHA: self.alpha}
 
-    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
+    def _settings(self) -> dict[str, Any]:
+        return {"alpha": self.alpha}
+
+    def _update(self, x: Arrays, replies: list[Reply]) -> tuple[Arrays, dict[str, Scalar]]:
         """Sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha."""
         mean = [np.zeros_like(t) for t in x]
         h_sum = self.sums()
@@ -77,3 +77,21 @@ class FedDynRound(PeerRound):
                 grad_i[k] = grad_i[k] - self.alpha * (wk - xk)  # as the client computes it
         h = self.h()
         return [m - hk / self.alpha for m, hk in zip(mean, h, strict=True)], {}
+
+
+class FedDynViews(PeerViews):
+    """What both APIs' `FedDyn` show of their `FedDynRound`."""
+
+    algorithm: FedDynRound
+
+    @property
+    def alpha(self) -> float:
+        """The penalty alpha."""
+        return self.algorithm.alpha
+
+    def h(self) -> Arrays:
+        """Return the server state h (float64, model order; 0 at first)."""
+        return self.algorithm.h()
+
+    def __repr__(self) -> str:
+        return f"FedDyn(alpha={self.alpha!r})"

@@ -12,18 +12,35 @@ round, w_i client i's returned model and p_i = n_i / sum_j n_j over the replies,
 When every tau_i is equal this is FedAvg's x' = sum_i p_i w_i; when they differ it
 removes the objective inconsistency of FedAvg, which over-weights clients that take
 more steps.
+
+`FedNovaRound` is the `flwr_admm.rounds.layer.Algorithm` both APIs' `FedNova` run:
+FedAvg's wire (x as received, w_i back with the integer metric ``local_steps``), the
+round layer's sampling, client keys and admission, the replies summed in key order.
+It holds no per-client state: x is the model each round is configured with.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from flwr.common import NDArrays
+from flwr.common import NDArrays, Scalar
+from numpy.typing import NDArray
 
-from flwr_admm.protocol import LOCAL_STEPS
+from flwr_admm.core.types import Arrays
+from flwr_admm.core.validation import reply_problem
+from flwr_admm.protocol import LOCAL_STEPS, NUM_REPLIES, TAU_EFF
+from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, read_blocks
+from flwr_admm.rounds.layer import Tally
 
-__all__ = ["MAX_LOCAL_STEPS", "local_steps_problem", "normalized_average"]
+__all__ = [
+    "MAX_LOCAL_STEPS",
+    "FedNovaRound",
+    "FedNovaViews",
+    "local_steps_problem",
+    "normalized_average",
+]
 
 # tau_eff scales the whole update: one reply claiming 1e300 steps would ruin x for
 # good. No local loop of a federated round takes more steps than this.
@@ -61,3 +78,107 @@ def normalized_average(
         for d, xk, wk in zip(direction, x, w, strict=True):
             d += (p / tau) * (xk - np.asarray(wk, dtype=np.float64))
     return [xk - tau_eff * d for xk, d in zip(x, direction, strict=True)], tau_eff
+
+
+class FedNovaRound:
+    """FedNova's server round: x' from the round's replies (w_i, n_i, tau_i)."""
+
+    label = "FedNova"
+    counters: tuple[str, ...] = ()
+    reply_blocks: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.x: Arrays | None = None  # the model sent this round (float64), then x'
+        self.shapes: tuple[tuple[int, ...], ...] = ()
+        self._folded: list[tuple[NDArrays, int, int]] = []  # (w_i, n_i, tau_i), key order
+
+    def adopt(self, z: Arrays, layout: Layout) -> None:
+        """Take x, the model this round sends."""
+        self.x, self.shapes = list(z), layout.shapes
+
+    def model(self) -> Arrays | None:
+        """Return x' after an aggregation, else x (None before the first round)."""
+        return self.x
+
+    def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
+        """FedNova adds nothing to the config."""
+        return {}
+
+    def instruction(self, node: str, key: str | None) -> Instruction:
+        """Send x as received."""
+        return Instruction(AS_RECEIVED, {})
+
+    def read(self, reply: Incoming) -> tuple[tuple[NDArrays, int, int] | None, str | None]:
+        """Return (w_i, n_i, tau_i), or why the reply is unusable.
+
+        Refused: other shapes, NaN/inf, n_i <= 0, a missing or bad ``local_steps``, and
+        0 steps with a model other than x.
+        """
+        assert self.x is not None
+        arrays, problem = read_blocks(reply, self.shapes)
+        problem = problem or reply_problem(arrays, reply.num_examples, list(self.shapes))
+        tau = reply.metrics.get(LOCAL_STEPS)
+        problem = problem or local_steps_problem(tau)
+        if problem is not None:
+            return None, problem
+        steps = int(tau)  # type: ignore[arg-type]
+        if steps == 0 and not all(
+            np.array_equal(w, x) for w, x in zip(arrays, self.x, strict=True)
+        ):
+            return None, "local_steps is 0 but the parameters changed"
+        return (arrays, int(reply.num_examples), steps), None
+
+    def fold(
+        self,
+        replies: list[tuple[Incoming, tuple[NDArrays, int, int]]],
+        server_round: int,
+        tally: Tally,
+    ) -> list[bool]:
+        """Keep every admitted reply for the update (in key order)."""
+        self._folded = [read for _, read in replies]
+        return [True] * len(replies)
+
+    def finish(self, server_round: int) -> tuple[dict[str, Scalar], bool]:
+        """X' = x - tau_eff * sum_i p_i (x - w_i) / tau_i; report tau_eff."""
+        assert self.x is not None
+        replies, self._folded = self._folded, []
+        self.x, tau_eff = normalized_average(self.x, replies)
+        return {TAU_EFF: tau_eff, NUM_REPLIES: len(replies)}, False
+
+    def discard(self) -> dict[str, Scalar]:
+        """Close a round without a usable reply: x unchanged."""
+        self._folded = []
+        return {}
+
+    def evict(self, keys: list[str]) -> int:
+        """FedNova holds nothing per client."""
+        return 0
+
+    def configuration(self) -> dict[str, Any]:
+        """Return the strategy's name (JSON; fingerprinted)."""
+        return {"strategy": self.label}
+
+    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return x (float64)."""
+        assert self.x is not None
+        return {f"x.{j}": t for j, t in enumerate(self.x)}, {}
+
+    def load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
+    ) -> None:
+        """Restore x, checked against the layout's shapes."""
+        x = [np.asarray(arrays[f"x.{j}"], dtype=np.float64) for j in range(len(layout.shapes))]
+        if tuple(t.shape for t in x) != layout.shapes:
+            raise ValueError("x: shapes differ from the layout's")
+        self.x, self.shapes = x, layout.shapes
+
+
+class FedNovaViews:
+    """What both APIs' `FedNova` show of their `FedNovaRound`."""
+
+    algorithm: FedNovaRound
+
+    @property
+    def current(self) -> Arrays | None:
+        """Return x in float64: the model sent this round, x' once aggregated."""
+        return self.algorithm.x

@@ -1,10 +1,12 @@
-"""The round the peer baselines `SCAFFOLD` and `FedDyn` share, without Flower's types.
+"""The round the peer baselines `SCAFFOLD` and `FedDyn` share, wire neutral.
 
-Both keep the global model x in float64 between rounds, send it (SCAFFOLD with its
-control variate appended) under a ``peer-algorithm`` config, check every reply
-before it may touch the server state, file it under the client's key (``client-key``,
-else ``partition-id``, else the node id) and fold the accepted replies in sorted key
-order. What differs is a hook each: what is sent, the reply's layout, the update.
+`PeerRound` is the `flwr_admm.rounds.layer.Algorithm` both APIs' `SCAFFOLD` and
+`FedDyn` run: the round layer samples, binds client keys, admits and evicts; this
+round keeps the global model x in float64 between rounds, sends it (SCAFFOLD with its
+control variate as a further block) under a ``peer-algorithm`` config, checks every
+reply (finite, the model's shapes, num_examples > 0) and folds the admitted ones in
+natural key order. What differs is a hook each: the further blocks sent, the config,
+the update (`flwr_admm.rounds.scaffold`, `flwr_admm.rounds.feddyn`).
 
 Both weight clients by examples: p_i = n_i / sum_{j in S} n_j over the round's
 accepted replies for the model step, and n_i / sum_{j held} n_j over every client
@@ -38,53 +40,40 @@ i's state after every instruction, so Sigma / N is exactly (up to rounding) the
 n-weighted mean of the clients' states, as in a run without the fault, and the fixed
 point is the fault-free one. A reply without ``admm-previous-round`` (a handler that
 ignores the acknowledgement) is folded as in sync.
-
-Identity: a `flwr_admm.rounds.identity.KeyBinding` (``key_binding``, as FedADMM's)
-settles which node may speak for a key; a conflicting claim is rejected and counted
-(``num_key_conflicts``); a key whose node left is freed: its share leaves Sigma.
-
-Both hand every round to the divergence watchdog (``health``, `flwr_admm.core.health`):
-a NaN/inf or exploding x, a rising update norm or rounds without an accepted reply
-raise `RunDivergedError` from the aggregation. One `PeerRound` serves each API's
-translator (legacy `flwr_admm.server.peer_base.PeerStrategy`, Message API
-`flwr_admm.serverapp.peer_base.PeerFedAvg`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-from flwr.common import NDArrays, Scalar
+from flwr.common import Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.health import PEER_ADVICE, HealthCheck, RunHealth
-from flwr_admm.core.types import natural_key
+from flwr_admm.core.types import Arrays, natural_key
+from flwr_admm.core.validation import reply_problem
 from flwr_admm.protocol import (
     ACK_ROUND,
     NUM_CLIENTS_CACHED,
-    NUM_EVICTED,
     NUM_REPLIES,
     NUM_RESYNCED,
     NUM_STATE_MISMATCH,
     PEER,
     PREVIOUS_ROUND,
-    SERVER_ROUND,
 )
-from flwr_admm.rounds.identity import KeyBinding, Reject
-from flwr_admm.rounds.report import watch_round
+from flwr_admm.rounds.exchange import Incoming, Instruction, Layout, read_blocks
+from flwr_admm.rounds.layer import Tally
 
-__all__ = ["PeerRound", "Reply", "previous_round"]
+__all__ = ["PeerRound", "PeerViews", "Reply", "previous_round"]
 
 
 class Reply(NamedTuple):
-    """One readable reply: its key, arrays (float64), n_i, node and reported round q."""
+    """One readable reply: its key, blocks (float64, model then further), n_i, round q."""
 
     key: str
-    arrays: NDArrays
+    arrays: Arrays
     num_examples: int
-    cid: str  # the sending node (legacy cid, Message-API node id)
     previous: int | None  # ``admm-previous-round`` (None: not reported)
 
 
@@ -99,115 +88,103 @@ def previous_round(metrics: Mapping[str, Any]) -> int | None:
 
 
 class PeerRound:
-    """x in float64, the per-key states and three hooks: one peer baseline's server round.
+    """x in float64, the per-key states and three hooks: one peer baseline's round.
 
-    Subclasses set `peer` and implement `_outgoing` (the arrays sent with x),
-    `_blocks` (how many model-shaped blocks a reply holds) and `_update` (x' and the
-    round metrics from the accepted replies; it adds each client's state change to
-    `state_sum` and to `held`). The translator holding it sets the divergence
-    watchdog (`watch_with`) and ``num_sent``. `key_binding` is the `KeyBinding` policy.
+    Subclasses set `label`, `peer` and `reply_blocks` and implement `_blocks_down`
+    (the further blocks sent with x), `_config` (config entries besides
+    ``peer-algorithm``) and `_update` (x' and the round metrics from the folded
+    replies; it adds each client's state change to `sums` and to `held`).
     """
 
-    peer: str = ""
+    label = ""
+    peer = ""
+    counters: tuple[str, ...] = (NUM_STATE_MISMATCH, NUM_RESYNCED)
+    reply_blocks: tuple[str, ...] = ()
 
-    def __init__(self, key_binding: str = "node") -> None:
-        self.current: NDArrays | None = None  # x, float64
-        self.dtypes: list[np.dtype[Any]] = []
+    def __init__(self) -> None:
+        self.x: Arrays | None = None  # float64, from the first model received
+        self.shapes: tuple[tuple[int, ...], ...] = ()
         self.examples: dict[str, int] = {}  # n_i of every client held, by key
         self.acked: dict[str, int] = {}  # a_i: round of the last reply folded, by key
-        self.states: dict[str, NDArrays] = {}  # s_i^S: each client's state as folded
-        self.state_sum: NDArrays | None = None  # Sigma = sum_{i held} n_i s_i^S
-        self.binding = KeyBinding(key_binding)
-        self.health: HealthCheck | None = None
-        self.health_state: RunHealth | None = None
-        self.num_sent = 0  # instructions of this round (replies may never come)
-        self.departed = 0  # keys evicted at this round's configure step (their nodes left)
-
-    def watch_with(self, health: HealthCheck | None, name: str) -> None:
-        """Take the divergence watchdog's thresholds (None: off); `name` labels its errors."""
-        self.health = health
-        self.health_state = RunHealth.of(health, name, PEER_ADVICE)
+        self.states: dict[str, Arrays] = {}  # s_i^S: each client's state as folded
+        self.state_sum: Arrays | None = None  # Sigma = sum_{i held} n_i s_i^S
+        self._down: dict[str, Arrays] = {}  # this round's further blocks
+        self._folded: list[Reply] = []  # this round's replies, in key order
 
     # ------------------------------------------------------------------ hooks
-    def _outgoing(self, x: NDArrays) -> NDArrays:
-        raise NotImplementedError
-
-    def _blocks(self) -> int:
-        raise NotImplementedError
-
-    def _config(self) -> dict[str, Scalar]:
-        """Return the algorithm's own fit-config entries besides ``peer-algorithm``."""
+    def _blocks_down(self) -> dict[str, Arrays]:
         return {}
 
-    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
+    def _config(self) -> dict[str, Scalar]:
+        return {}
+
+    def _update(self, x: Arrays, replies: list[Reply]) -> tuple[Arrays, dict[str, Scalar]]:
         raise NotImplementedError
 
-    # -------------------------------------------------------------- the round
-    def begin(self, received: NDArrays) -> None:
-        """Take x (kept in float64) and the model's dtypes from the first model received."""
-        if self.current is None:
-            self.dtypes = [np.asarray(t).dtype for t in received]
-            self.current = [np.asarray(t, dtype=np.float64) for t in received]
+    def _settings(self) -> dict[str, Any]:
+        return {}
 
-    def sent(self) -> NDArrays:
-        """Return what every sampled client receives (x, then the hook's blocks).
+    # ------------------------------------------------------------------ model
+    def adopt(self, z: Arrays, layout: Layout) -> None:
+        """Take x from the first model received; later ones are x as sent (x stays float64)."""
+        if self.x is None:
+            self.x, self.shapes = list(z), layout.shapes
 
-        In the model's own dtypes: a float32 model costs float32 bytes on the wire.
+    def model(self) -> Arrays | None:
+        """Return x (float64; None before the first round)."""
+        return self.x
+
+    # ----------------------------------------------------------- instructions
+    def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
+        """Return ``peer-algorithm`` and the hook's entries; fix this round's blocks."""
+        self._down = self._blocks_down()
+        return {PEER: self.peer, **self._config()}
+
+    def instruction(self, node: str, key: str | None) -> Instruction:
+        """Send x, the round's blocks and ``admm-ack-round`` a_i of the node's key (0: none)."""
+        assert self.x is not None
+        ack = 0 if key is None else self.acked.get(key, 0)
+        return Instruction(self.x, {ACK_ROUND: ack}, self._down)
+
+    # ---------------------------------------------------------------- replies
+    def read(self, reply: Incoming) -> tuple[Reply | None, str | None]:
+        """Read x-shaped blocks (model, then `reply_blocks`): finite, n_i > 0, q an int >= 0."""
+        arrays, problem = read_blocks(reply, self.shapes, self.reply_blocks)
+        blocks = 1 + len(self.reply_blocks)
+        problem = problem or reply_problem(arrays, reply.num_examples, list(self.shapes) * blocks)
+        if problem is not None:
+            return None, problem
+        try:
+            previous = previous_round(reply.metrics)
+        except ValueError as error:
+            return None, str(error)
+        floats = [np.asarray(a, dtype=np.float64) for a in arrays]
+        return Reply(reply.key, floats, int(reply.num_examples), previous), None
+
+    def fold(
+        self, replies: list[tuple[Incoming, Reply]], server_round: int, tally: Tally
+    ) -> list[bool]:
+        """Settle each reply's acknowledgement, then keep it for the update (key order).
+
+        q neither a_i nor 0: rejected (``num_state_mismatch``); q == 0 for a key held:
+        its share leaves Sigma first (``num_resynced``). A kept key gets n_i (first
+        reply only) and a_i := the round.
         """
-        assert self.current is not None
-        outgoing = self._outgoing(self.current)
-        dtypes = self.dtypes * (len(outgoing) // len(self.dtypes))
-        return [a.astype(d, copy=False) for a, d in zip(outgoing, dtypes, strict=True)]
-
-    def own_config(self, server_round: int) -> dict[str, Scalar]:
-        """Return the config entries this strategy sets (``peer-algorithm``, the round, ...)."""
-        return {PEER: self.peer, SERVER_ROUND: server_round, **self._config()}
-
-    def connected(self, cids: Iterable[str]) -> None:
-        """Remember the nodes connected at this round's configure step (`KeyBinding`).
-
-        Keys whose nodes have left (`KeyBinding.stale`: absent for more than
-        ``ABSENT_GRACE`` samplings) are evicted, so node-id churn leaves bounded state.
-        """
-        self.binding.connected(cids)
-        gone = sorted(self.binding.departed(), key=natural_key)
-        self.departed = self.evict(gone)
-        self.binding.forget(gone)
-
-    def instruction(self, cid: str) -> dict[str, Scalar]:
-        """Return node `cid`'s own config: ``admm-ack-round`` a_i of its key (0: none held)."""
-        key = self.binding.key_of.get(cid)
-        return {ACK_ROUND: 0 if key is None else self.acked.get(key, 0)}
-
-    def reply_shapes(self) -> list[tuple[int, ...]]:
-        """Return the shapes a reply must have: the model's, `_blocks` times."""
-        assert self.current is not None
-        return [t.shape for t in self.current] * self._blocks()
-
-    def admit(self, replies: Sequence[Reply], reject: Reject) -> tuple[list[int], dict[str, int]]:
-        """Return the indices of the replies that may be folded, and the round's counts.
-
-        The binding judges every claim (`KeyBinding.admit`: conflicts and shared keys
-        go to `reject`; the keys of nodes that left are evicted); then a reply whose
-        reported round q is neither a_i nor 0 is rejected (``num_state_mismatch``), and
-        one with q == 0 for a key the server holds resyncs it (its share is evicted).
-        """
-        keyed = [(reply.key, reply, i) for i, reply in enumerate(replies)]
-        admitted, freed = self.binding.admit(keyed, reject)
-        evicted, self.departed = self.departed + self.evict(freed), 0
-        counts = {NUM_EVICTED: evicted, NUM_STATE_MISMATCH: 0, NUM_RESYNCED: 0}
-        self.binding.forget(freed)
-        kept = []
-        for key, reply, i in admitted:
-            held = self.acked.get(key, 0)
+        self._folded = []
+        for _, reply in replies:
+            held = self.acked.get(reply.key, 0)
             if reply.previous is not None and reply.previous not in (held, 0):
-                reject(key, self._mismatch(reply.previous, held), False)
-                counts[NUM_STATE_MISMATCH] += 1
+                tally.reject(reply.key, self._mismatch(reply.previous, held))
+                tally.add(NUM_STATE_MISMATCH)
                 continue
-            if reply.previous == 0 and key in self.acked:
-                counts[NUM_RESYNCED] += self.evict([key])  # a fresh state replaces s_i^S
-            kept.append(i)
-        return kept, counts
+            if reply.previous == 0 and reply.key in self.acked:
+                tally.add(NUM_RESYNCED, self.evict([reply.key]))  # a fresh s_i replaces s_i^S
+            self._folded.append(reply)
+        for reply in self._folded:
+            self.examples.setdefault(reply.key, reply.num_examples)
+            self.acked[reply.key] = server_round
+        kept = {reply.key for reply in self._folded}
+        return [reply.key in kept for _, reply in replies]
 
     def _mismatch(self, previous: int, held: int) -> str:
         return (
@@ -215,22 +192,17 @@ class PeerRound:
             f"server folded its reply of round {held}); the next acknowledgement brings it back"
         )
 
-    def fold(self, replies: list[Reply], server_round: int) -> dict[str, Scalar]:
-        """Fold admitted replies (one per key) in key order into x and the state.
+    def finish(self, server_round: int) -> tuple[dict[str, Scalar], bool]:
+        """Take the hook's update of x and the state; return the round metrics."""
+        assert self.x is not None
+        replies, self._folded = self._folded, []
+        self.x, own = self._update(self.x, replies)
+        return {**own, NUM_REPLIES: len(replies), NUM_CLIENTS_CACHED: len(self.examples)}, False
 
-        Each client's n_i is remembered from its first accepted reply, a_i := the
-        round, and its key bound to its node; returns the round's metrics (the hook's,
-        ``num_replies``, ``num_clients_cached``).
-        """
-        assert self.current is not None
-        replies = sorted(replies, key=lambda reply: natural_key(reply.key))
-        for reply in replies:
-            self.examples.setdefault(reply.key, reply.num_examples)
-        self.current, own = self._update(self.current, replies)
-        for reply in replies:
-            self.acked[reply.key] = server_round
-            self.binding.bind(reply.key, reply.cid, server_round)
-        return {**own, NUM_REPLIES: len(replies), NUM_CLIENTS_CACHED: len(self.examples)}
+    def discard(self) -> dict[str, Scalar]:
+        """Close a round without a folded reply: nothing changed."""
+        self._folded = []
+        return {}
 
     def evict(self, keys: Iterable[str]) -> int:
         """Forget `keys`: Sigma -= n_i s_i^S, drop n_i, a_i, s_i^S; return how many were held."""
@@ -244,32 +216,7 @@ class PeerRound:
             self.state_sum = [total - n * s for total, s in zip(self.state_sum, held, strict=True)]
         return evicted
 
-    def model(self) -> NDArrays:
-        """Return x in the model's own dtypes."""
-        assert self.current is not None
-        return [a.astype(d, copy=False) for a, d in zip(self.current, self.dtypes, strict=True)]
-
-    def watch(
-        self,
-        server_round: int,
-        tally: tuple[int, int, int],
-        before: NDArrays | None = None,
-        metrics: dict[str, Any] | None = None,
-    ) -> None:
-        """Hand a round to the watchdog: replies accepted/rejected/failed, x sent, x' now.
-
-        `before` is x as sent (float64, as `current` was), None when nothing was
-        aggregated; both are measured in the model's dtypes, a tensor at a time.
-        """
-        if self.health_state is not None:
-            after = None if before is None else self._in_dtypes(self.current)
-            sent = None if before is None else self._in_dtypes(before)
-            watch_round(self.health_state, server_round, tally, sent, after, metrics)
-
-    def _in_dtypes(self, x: NDArrays | None) -> Iterator[NDArray[Any]]:
-        assert x is not None
-        return (a.astype(d, copy=False) for a, d in zip(x, self.dtypes, strict=True))
-
+    # ----------------------------------------------------- the update's state
     def weights(self, replies: list[Reply]) -> list[float]:
         """Return p_i = n_i / sum_{j in S} n_j for the model step."""
         total = float(sum(reply.num_examples for reply in replies))
@@ -279,24 +226,71 @@ class PeerRound:
         """Return n_i (first accepted) of client `key`: its weight in the running state."""
         return float(self.examples[key])
 
-    def held(self, key: str) -> NDArrays:
+    def held(self, key: str) -> Arrays:
         """Return s_i^S of client `key` (zeros, now held, for a new key), to update in place."""
-        assert self.current is not None
+        assert self.x is not None
         if key not in self.states:
-            self.states[key] = [np.zeros_like(t) for t in self.current]
+            self.states[key] = [np.zeros_like(t) for t in self.x]
         return self.states[key]
 
-    def sums(self) -> NDArrays:
+    def sums(self) -> Arrays:
         """Return Sigma (zeros, now kept, before the first fold), to update in place."""
-        assert self.current is not None
+        assert self.x is not None
         if self.state_sum is None:
-            self.state_sum = [np.zeros_like(t) for t in self.current]
+            self.state_sum = [np.zeros_like(t) for t in self.x]
         return self.state_sum
 
-    def state_mean(self) -> NDArrays:
+    def state_mean(self) -> Arrays:
         """Return Sigma / N, the server's running state (0 before the first fold)."""
-        assert self.current is not None
+        assert self.x is not None
         total = float(sum(self.examples.values()))
         if self.state_sum is None or total == 0:
-            return [np.zeros_like(t) for t in self.current]
+            return [np.zeros_like(t) for t in self.x]
         return [s / total for s in self.state_sum]
+
+    # ------------------------------------------------------------------ state
+    def configuration(self) -> dict[str, Any]:
+        """Return the strategy and its settings (JSON; fingerprinted)."""
+        return {"strategy": self.label, **self._settings()}
+
+    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return x, Sigma and every s_i^S (clients in key order) with their n_i and a_i."""
+        assert self.x is not None
+        arrays = {f"x.{j}": t for j, t in enumerate(self.x)}
+        for j, t in enumerate(self.state_sum or []):
+            arrays[f"sum.{j}"] = t
+        keys = sorted(self.examples, key=natural_key)
+        for i, key in enumerate(keys):
+            arrays.update({f"state.{i}.{j}": t for j, t in enumerate(self.states[key])})
+        clients = [[key, self.examples[key], self.acked[key]] for key in keys]
+        return arrays, {"peers": {"clients": clients, "sum": self.state_sum is not None}}
+
+    def load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
+    ) -> None:
+        """Restore `state_dict`, checked against the layout's shapes."""
+        saved, count = manifest["peers"], len(layout.shapes)
+
+        def block(prefix: str) -> Arrays:
+            out = [np.asarray(arrays[f"{prefix}.{j}"], dtype=np.float64) for j in range(count)]
+            if tuple(t.shape for t in out) != layout.shapes:
+                raise ValueError(f"{prefix}: shapes differ from the layout's")
+            return out
+
+        self.x, self.shapes = block("x"), layout.shapes
+        self.state_sum = block("sum") if saved["sum"] else None
+        self.examples, self.acked, self.states = {}, {}, {}
+        for i, (key, n, acked) in enumerate(saved["clients"]):
+            self.examples[str(key)], self.acked[str(key)] = int(n), int(acked)
+            self.states[str(key)] = block(f"state.{i}")
+
+
+class PeerViews:
+    """What both APIs' peer strategies show of their round (read-only)."""
+
+    algorithm: PeerRound
+
+    @property
+    def current(self) -> Arrays | None:
+        """Return x in float64 (None before the first round)."""
+        return self.algorithm.x

@@ -11,38 +11,42 @@ c the server's control variate, c_i client i's (zero at first), S the round's cl
 p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
 equal n_i this is the paper's mean over S and, once every client has been seen,
 its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
-carry two model-sized blocks: twice FedAvg's bytes per round. The client commits
-c_i+ only once the server acknowledges the reply (`flwr_admm.rounds.peers`), so c
-stays the mean of the clients' c_i through lost and rejected replies.
+carry two model-sized blocks, x then c down and y_i then c_i+ - c_i up (the block
+``scaffold-control``: its own ArrayRecord on the Message API, the second half of the
+legacy parameters): twice FedAvg's bytes per round. The client commits c_i+ only once
+the server acknowledges the reply (`flwr_admm.rounds.peers`), so c stays the mean of
+the clients' c_i through lost and rejected replies.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from flwr.common import NDArrays, Scalar
+from flwr.common import Scalar
 
-from flwr_admm.protocol import PEER_SCAFFOLD, SERVER_STEP
-from flwr_admm.rounds.peers import PeerRound, Reply
+from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import PEER_SCAFFOLD, SCAFFOLD_CONTROL_RECORD, SERVER_STEP
+from flwr_admm.rounds.peers import PeerRound, PeerViews, Reply
 
-__all__ = ["ScaffoldRound"]
+__all__ = ["ScaffoldRound", "ScaffoldViews"]
 
 
 class ScaffoldRound(PeerRound):
     """SCAFFOLD's server round: option II control variates, server step size eta_g.
 
     `server_learning_rate` is eta_g (> 0; default 1, the paper's choice with full
-    participation). Sent: x followed by c; a reply: y_i followed by c_i+ - c_i (two
-    blocks of the model's shapes).
+    participation). Sent: x and c (``scaffold-control``); a reply: y_i and c_i+ - c_i.
 
     Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
-    `key_binding` is the `KeyBinding` policy (`PeerRound`).
     """
 
+    label = "SCAFFOLD"
     peer = PEER_SCAFFOLD
+    reply_blocks: tuple[str, ...] = (SCAFFOLD_CONTROL_RECORD,)
 
-    def __init__(self, server_learning_rate: float = 1.0, key_binding: str = "node") -> None:
+    def __init__(self, server_learning_rate: float = 1.0) -> None:
         if (
             isinstance(server_learning_rate, bool)
             or not isinstance(server_learning_rate, int | float)
@@ -52,20 +56,20 @@ class ScaffoldRound(PeerRound):
             raise ValueError(
                 f"server_learning_rate: must be a finite number > 0, got {server_learning_rate!r}"
             )
-        super().__init__(key_binding)
+        super().__init__()
         self.server_learning_rate = float(server_learning_rate)
 
-    def control(self) -> NDArrays:
+    def control(self) -> Arrays:
         """Return the server control variate c = sum_held n_i c_i / sum_held n_i (0 at first)."""
         return self.state_mean()
 
-    def _outgoing(self, x: NDArrays) -> NDArrays:
-        return [*x, *self.control()]
+    def _blocks_down(self) -> dict[str, Arrays]:
+        return {SCAFFOLD_CONTROL_RECORD: self.control()}
 
-    def _blocks(self) -> int:
-        return 2
+    def _settings(self) -> dict[str, Any]:
+        return {"server_learning_rate": self.server_learning_rate}
 
-    def _update(self, x: NDArrays, replies: list[Reply]) -> tuple[NDArrays, dict[str, Scalar]]:
+    def _update(self, x: Arrays, replies: list[Reply]) -> tuple[Arrays, dict[str, Scalar]]:
         """X' = x + eta_g sum_S p_i (y_i - x); sum_held n_i c_i += n_i (c_i+ - c_i)."""
         half = len(x)
         step = [np.zeros_like(t) for t in x]
@@ -78,3 +82,21 @@ class ScaffoldRound(PeerRound):
                 c_i[k] = c_i[k] + dck  # c_i+, as the client computes it
         eta = self.server_learning_rate
         return [xk + eta * s for xk, s in zip(x, step, strict=True)], {SERVER_STEP: eta}
+
+
+class ScaffoldViews(PeerViews):
+    """What both APIs' `SCAFFOLD` show of their `ScaffoldRound`."""
+
+    algorithm: ScaffoldRound
+
+    @property
+    def server_learning_rate(self) -> float:
+        """The server step size eta_g."""
+        return self.algorithm.server_learning_rate
+
+    def control(self) -> Arrays:
+        """Return the server control variate c (float64, model order; 0 at first)."""
+        return self.algorithm.control()
+
+    def __repr__(self) -> str:
+        return f"SCAFFOLD(server_learning_rate={self.server_learning_rate!r})"

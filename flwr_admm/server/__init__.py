@@ -11,9 +11,7 @@ keys, checkpoints) and override only its hooks.
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
 from flwr_admm.server.fedadmm import FedADMM
-from flwr_admm.server.feddyn import FedDyn
-from flwr_admm.server.fednova import FedNova
-from flwr_admm.server.scaffold import SCAFFOLD
+from flwr_admm.server.peers import SCAFFOLD, FedDyn, FedNova
 
 __all__ = [
     "SCAFFOLD",

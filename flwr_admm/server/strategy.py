@@ -108,6 +108,11 @@ class RoundStrategy(FedAvg):
         return self.round.binding
 
     @property
+    def key_binding(self) -> str:
+        """Who may speak for a client key: "node", "authenticated" or "reported"."""
+        return self.round.clients.key_binding
+
+    @property
     def converged(self) -> bool:
         """Whether the last aggregation met the stopping thresholds."""
         return self.round.converged

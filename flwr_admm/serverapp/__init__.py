@@ -12,8 +12,6 @@ The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run the rounds of
 
 from flwr_admm.serverapp.client_duals import FedADMMClientDuals
 from flwr_admm.serverapp.fedadmm import FedADMM
-from flwr_admm.serverapp.feddyn import FedDyn
-from flwr_admm.serverapp.fednova import FedNova
-from flwr_admm.serverapp.scaffold import SCAFFOLD
+from flwr_admm.serverapp.peers import SCAFFOLD, FedDyn, FedNova
 
 __all__ = ["SCAFFOLD", "FedADMM", "FedADMMClientDuals", "FedDyn", "FedNova"]

@@ -35,6 +35,7 @@ from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, max_payload_bytes, tensor_p
 __all__ = [
     "MetricsAggrFn",
     "array_problem",
+    "check_overwritten",
     "copy_config",
     "has_weight",
     "incoming",
@@ -198,6 +199,17 @@ def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:
                     f"{list(RESERVED_CONFIG_PREFIXES)}); rename it"
                 )
     return copied
+
+
+def check_overwritten(user: Mapping[str, Any], sent: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a given config key whose value the strategy replaced in a node's config.
+
+    `copy_config` refuses the reserved keys; this catches a strategy's own (e.g.
+    ``peer-algorithm``), as the legacy `check_user_config` does (ValueError naming it).
+    """
+    for key in sorted(user):
+        if any(key not in config or config[key] != user[key] for config in sent):
+            raise ValueError(f"train_config: key {key!r} is set by the strategy itself; rename it")
 
 
 def plain_metrics(values: Mapping[str, Any]) -> MetricRecord:

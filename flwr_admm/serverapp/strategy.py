@@ -43,6 +43,7 @@ from flwr_admm.rounds.layer import Algorithm, RoundLayer
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.sampling import check_sizes, unconfigured
 from flwr_admm.serverapp.records import (
+    check_overwritten,
     copy_config,
     has_weight,
     incoming,
@@ -130,6 +131,11 @@ class RoundStrategy(FedAvg):
         return self.round.binding
 
     @property
+    def key_binding(self) -> str:
+        """Who may speak for a client key: "node", "authenticated" or "reported"."""
+        return self.round.clients.key_binding
+
+    @property
     def converged(self) -> bool:
         """Whether the last aggregation met the stopping thresholds."""
         return self.round.converged
@@ -170,6 +176,7 @@ class RoundStrategy(FedAvg):
             return []
         sampled = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, True)
         instructions = layer.instructions(sampled, server_round, user)
+        check_overwritten(user, [ins.config for ins in instructions])
         cache: dict[int, ArrayRecord] = {}
         return [
             self._train_message(node, ins, arrays, server_round, cache)

@@ -12,9 +12,8 @@ once with a ``query`` message (`PARTITION_QUERY`), as the legacy manager asks on
 with ``get_properties``; full participation asks nothing.
 
 `SeededFedAvg` / `SeededFedProx` are Flower's strategies with only the node sample
-replaced (same messages, same aggregation code); `SeededFedNova`, `SeededSCAFFOLD`
-and `SeededFedDyn` are `flwr_admm.serverapp`'s FedNova, SCAFFOLD and FedDyn with this
-sample.
+replaced (same messages, same aggregation code); the package's strategies take it
+through their `_sample` (`message_server.PartitionSampled`).
 """
 
 from __future__ import annotations
@@ -30,17 +29,12 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 
 from flwr_admm.protocol import MESSAGE_SERVER_ROUND, PARTITION_ID
 from flwr_admm.rounds.sampling import sample_ids
-from flwr_admm.serverapp import SCAFFOLD, FedDyn
-from flwr_admm.serverapp.fednova import FedNova
 
 __all__ = [
     "PARTITION_QUERY",
     "PartitionSampler",
     "SeededFedAvg",
-    "SeededFedDyn",
-    "SeededFedNova",
     "SeededFedProx",
-    "SeededSCAFFOLD",
 ]
 
 PARTITION_QUERY = "partition-query"  # the ConfigRecord of the query message
@@ -129,15 +123,3 @@ class SeededFedAvg(FedAvg):
 
 class SeededFedProx(FedProx, SeededFedAvg):
     """Flower's Message-API `FedProx` (adds ``proximal-mu``) with the seeded sample."""
-
-
-class SeededFedNova(FedNova, SeededFedAvg):
-    """`flwr_admm.serverapp.fednova.FedNova` with the seeded sample."""
-
-
-class SeededSCAFFOLD(SCAFFOLD, SeededFedAvg):
-    """`flwr_admm.serverapp.SCAFFOLD` with the seeded sample (c still travels along)."""
-
-
-class SeededFedDyn(FedDyn, SeededFedAvg):
-    """`flwr_admm.serverapp.FedDyn` with the seeded sample."""

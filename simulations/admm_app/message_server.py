@@ -3,7 +3,7 @@
 `run_message_api` builds `flwr_admm.serverapp.FedADMM` (``fedadmm``),
 `flwr_admm.serverapp.FedADMMClientDuals` (``fedadmm-client-duals``), Flower's
 Message-API `FedAvg` / `FedProx` (``fedavg`` / ``fedprox``) or
-`flwr_admm.serverapp.fednova.FedNova` (``fednova``), `flwr_admm.serverapp.SCAFFOLD`
+`flwr_admm.serverapp.FedNova` (``fednova``), `flwr_admm.serverapp.SCAFFOLD`
 (``scaffold``) or `flwr_admm.serverapp.FedDyn` (``feddyn``), all drawing their train nodes
 with `message_sampling.PartitionSampler` (the legacy path's clients, by partition-id,
 seeded), with the same sampling sizes, fit config, initial model and centralized
@@ -26,19 +26,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.data import Task
-from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 
 from . import form_config as forms
 from .checkpoint_config import remaining_rounds
 from .evaluation import Evaluator
-from .message_sampling import (
-    PartitionSampler,
-    SeededFedAvg,
-    SeededFedDyn,
-    SeededFedNova,
-    SeededFedProx,
-    SeededSCAFFOLD,
-)
+from .message_sampling import PartitionSampler, SeededFedAvg, SeededFedProx
 from .recorder import (
     FIT_FIELDS,
     STATUS_FAILED,
@@ -100,7 +93,7 @@ class RecordingMixin:
 
     recorder: RunRecorder
     _round_start: float
-    _sent: list[Any]
+    _sent_model: list[Any]  # not `_sent`: the RoundStrategy translator has its own
 
     def _fail(self, message: str) -> None:
         if self.recorder.status != STATUS_FAILED:
@@ -112,7 +105,7 @@ class RecordingMixin:
     ) -> list[Message]:
         """Delegate; record what is sent down. No node sampled is an error."""
         self._round_start = time.perf_counter()
-        self._sent = list(arrays.to_numpy_ndarrays())
+        self._sent_model = list(arrays.to_numpy_ndarrays())
         messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
         if not messages:
             self._fail(f"round {server_round}: no node sampled")
@@ -157,7 +150,7 @@ class RecordingMixin:
                     for m in ordered
                 ],
             ),
-            "model_change": distance(z, self._sent),
+            "model_change": distance(z, self._sent_model),
             "fit_metrics": fit,
         }
         if failures:
@@ -206,16 +199,16 @@ class RecordingFedProx(RecordingMixin, SeededFedProx):
     """Flower's Message-API `FedProx` (seeded sample), recorded."""
 
 
-class RecordingFedNova(RecordingMixin, SeededFedNova):
-    """`flwr_admm.serverapp.fednova.FedNova` (seeded sample), recorded."""
+class RecordingFedNova(PartitionSampled, FedNova):
+    """`flwr_admm.serverapp.FedNova`, recorded; sampled as `RecordingFedADMM`."""
 
 
-class RecordingSCAFFOLD(RecordingMixin, SeededSCAFFOLD):
-    """`flwr_admm.serverapp.SCAFFOLD` (seeded sample), recorded (drift: y_i, the first record)."""
+class RecordingSCAFFOLD(PartitionSampled, SCAFFOLD):
+    """`flwr_admm.serverapp.SCAFFOLD`, recorded (drift: y_i, the first record)."""
 
 
-class RecordingFedDyn(RecordingMixin, SeededFedDyn):
-    """`flwr_admm.serverapp.FedDyn` (seeded sample), recorded."""
+class RecordingFedDyn(PartitionSampled, FedDyn):
+    """`flwr_admm.serverapp.FedDyn`, recorded; sampled as `RecordingFedADMM`."""
 
 
 def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecorder) -> Strategy:

@@ -35,10 +35,9 @@ from flwr.server.strategy import FedAvg, FedProx, Strategy
 from flwr.serverapp import Grid
 
 from flwr_admm.data import Task
-from flwr_admm.server import SCAFFOLD, FedADMM, FedDyn
+from flwr_admm.server import SCAFFOLD, FedADMM, FedDyn, FedNova
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
-from flwr_admm.server.fednova import FedNova
 
 from . import form_config as forms
 from .checkpoint_config import remaining_rounds
@@ -168,13 +167,15 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
         return FedADMMClientDuals(**duals, **admm_common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
+    # The peers sample through the client manager too (sampling_seed=None)
     if settings.strategy == "fednova":
-        return FedNova(**common)
+        return FedNova(sampling_seed=None, **common)
     # SCAFFOLD / FedDyn send server_round themselves, like the ADMM strategies
     peer_common = {
         **common,
         "on_fit_config_fn": admm_common["on_fit_config_fn"],
         "key_binding": settings.key_binding,
+        "sampling_seed": None,
     }
     if settings.strategy == "scaffold":
         return SCAFFOLD(server_learning_rate=settings.server_learning_rate, **peer_common)

@@ -76,12 +76,11 @@ def test_three_rounds_match_the_papers_loop():
 def test_converges_to_the_pooled_optimum_where_fedavg_does_not(fraction, prox_step):
     data = ridge_clients([5, 12, 8, 20], d=4, seed=3)
     optimum = pooled_optimum(data)
-    random.seed(0)  # Flower's ClientManager.sample draws from the global generator
     proxies = make_proxies(client_fn_for(data, 5, 0.1, prox_step), 4)
     feddyn = FedDyn(alpha=1.0, **common_kwargs(4, fraction))
     x = parameters_to_ndarrays(run_rounds(feddyn, proxies, 150).parameters)[0]
     assert _rel(x, optimum) < 1e-8
-    random.seed(0)
+    random.seed(0)  # Flower's ClientManager.sample draws from the global generator
     fedavg = FedAvg(**common_kwargs(4, fraction))
     proxies = make_proxies(client_fn_for(data, 5, 0.1, prox_step), 4)
     x_avg = parameters_to_ndarrays(run_rounds(fedavg, proxies, 150).parameters)[0]

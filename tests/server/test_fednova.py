@@ -17,7 +17,7 @@ from flwr.server.strategy import FedAvg
 from flwr_admm.client.admm_client import ADMMClient
 from flwr_admm.models import LogisticRegression
 from flwr_admm.rounds.fednova import local_steps_problem, normalized_average
-from flwr_admm.server.fednova import FedNova
+from flwr_admm.server import FedNova
 from flwr_admm.testing import make_proxies, run_rounds
 
 

@@ -92,12 +92,11 @@ def test_three_rounds_match_the_papers_loop(prox_step):
 def test_converges_to_the_pooled_optimum_where_fedavg_does_not(fraction):
     data = ridge_clients([5, 12, 8, 20], d=4, seed=3)
     optimum = pooled_optimum(data)
-    random.seed(0)  # Flower's ClientManager.sample draws from the global generator
     proxies = make_proxies(client_fn_for(data, 5, 0.1), 4)
     scaffold = SCAFFOLD(**common_kwargs(4, fraction))
     x = parameters_to_ndarrays(run_rounds(scaffold, proxies, 150).parameters)[0]
     assert _rel(x, optimum) < 1e-8
-    random.seed(0)
+    random.seed(0)  # Flower's ClientManager.sample draws from the global generator
     fedavg = FedAvg(**common_kwargs(4, fraction))
     proxies = make_proxies(client_fn_for(data, 5, 0.1), 4)
     x_avg = parameters_to_ndarrays(run_rounds(fedavg, proxies, 150).parameters)[0]
@@ -145,7 +144,8 @@ def test_bad_server_learning_rate_names_the_field(value):
 
 @pytest.mark.parametrize("key", ["peer-algorithm", "server_round", "rho"])
 def test_a_user_config_may_not_set_the_strategys_keys(key):
-    strategy = SCAFFOLD(on_fit_config_fn=lambda r: {key: 1}, min_available_clients=2)
+    # round 1: a server_round of 0 clashes (the round itself is accepted, as by FedADMM)
+    strategy = SCAFFOLD(on_fit_config_fn=lambda r: {key: 0}, min_available_clients=2)
     with pytest.raises(ValueError, match=key):
         _configured(strategy, [np.zeros(2)])
 

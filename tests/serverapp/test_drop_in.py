@@ -16,8 +16,7 @@ from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.core.settings import DEFAULT_RHO
-from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
-from flwr_admm.serverapp.fednova import FedNova
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
 CONSENSUS = [FedADMM, FedADMMClientDuals]

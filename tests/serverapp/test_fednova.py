@@ -10,8 +10,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server.client_manager import SimpleClientManager
 from message_replies import FakeGrid, error_reply, named, raw_reply, reply
 
-from flwr_admm.server.fednova import FedNova as LegacyFedNova
-from flwr_admm.serverapp.fednova import FedNova
+from flwr_admm.server import FedNova as LegacyFedNova
+from flwr_admm.serverapp import FedNova
 from flwr_admm.serverapp.testing import flower_task_identity
 from flwr_admm.testing import make_proxies
 

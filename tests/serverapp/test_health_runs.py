@@ -21,8 +21,7 @@ from message_apps import ZRecorder, plain_app, warm_app, zeros
 
 from flwr_admm.clientapp import ADMMTrainStep
 from flwr_admm.core import HealthCheck, RunDivergedError
-from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
-from flwr_admm.serverapp.fednova import FedNova
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
 NODES = 4

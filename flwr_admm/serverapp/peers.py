@@ -1,0 +1,116 @@
+"""The peer baselines SCAFFOLD, FedDyn and FedNova on Flower's Message API.
+
+Keyword front-ends over their rounds (`flwr_admm.rounds.scaffold`, `.feddyn`,
+`.fednova`), which the legacy classes of `flwr_admm.server` run too, through the
+Message-API translator `flwr_admm.serverapp.strategy.RoundStrategy`: the same replies
+give the same iterates. Wire (docs/peers.md): x under ``arrays`` with the model's
+tensor names and dtypes, SCAFFOLD's c under ``scaffold-control`` (same names), the
+config with ``peer-algorithm`` (FedDyn: ``feddyn-alpha``), ``server-round`` and the
+node's ``admm-ack-round``; a reply carries the same records and one MetricRecord
+with ``num-examples`` (and ``admm-previous-round``). FedNova's messages are FedAvg's;
+its replies add the integer metric ``local_steps``. A reply Flower's FedAvg would
+abort the run on, or that the round refuses, is logged and counted in
+``num_rejected``: never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
+from flwr_admm.rounds.feddyn import FedDynRound, FedDynViews
+from flwr_admm.rounds.fednova import FedNovaRound, FedNovaViews
+from flwr_admm.rounds.layer import Algorithm
+from flwr_admm.rounds.options import Checkpointing, ClientPolicy
+from flwr_admm.rounds.scaffold import ScaffoldRound, ScaffoldViews
+from flwr_admm.serverapp.strategy import RoundStrategy
+
+__all__ = ["SCAFFOLD", "FedDyn", "FedNova"]
+
+
+class PeerStrategy(RoundStrategy):
+    """The keywords every peer baseline takes besides its own and Flower's `FedAvg`'s.
+
+    Flower's Message-API `FedAvg` keywords are keyword-only here. The others are the
+    legacy `flwr_admm.server.peers.PeerStrategy`'s: ``sampling_seed`` (the node
+    sample, as `FedADMM`'s), ``checkpoint_dir``, ``checkpoint_every``, ``resume``,
+    ``key_binding``, ``max_client_age``, ``max_clients`` and ``health``.
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        *,
+        sampling_seed: int | None = 0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = True,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            algorithm,
+            fedavg_kwargs,
+            sampling_seed=sampling_seed,
+            clients=ClientPolicy(key_binding, max_client_age, max_clients),
+            checkpoint=None
+            if checkpoint_dir is None
+            else Checkpointing(checkpoint_dir, checkpoint_every, resume),
+            health=health,
+            advice=PEER_ADVICE,
+        )
+
+
+class SCAFFOLD(ScaffoldViews, PeerStrategy):
+    """SCAFFOLD with option II control variates and server step size eta_g.
+
+    Takes `PeerStrategy`'s keywords and `server_learning_rate` (eta_g > 0, default 1).
+    Nodes MUST follow the ``peer-algorithm = "scaffold"`` contract (the module
+    docstring; the round: `flwr_admm.rounds.scaffold`) and commit c_i+ only once
+    acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
+    `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping c_i in
+    ``context.state`` (a user's handler: `flwr_admm.clientapp.received_control` and
+    `build_scaffold_reply`).
+
+    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
+    """
+
+    def __init__(self, *, server_learning_rate: float = 1.0, **keywords: Any) -> None:
+        self.algorithm = ScaffoldRound(server_learning_rate)
+        super().__init__(self.algorithm, **keywords)
+
+
+class FedDyn(FedDynViews, PeerStrategy):
+    """FedDyn with penalty alpha and server state h.
+
+    Takes `PeerStrategy`'s keywords and `alpha` (> 0, required). Nodes MUST follow the
+    ``peer-algorithm = "feddyn"`` contract (the round: `flwr_admm.rounds.feddyn`) and
+    commit grad_i only once acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
+    `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping grad_i
+    in ``context.state``.
+
+    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    """
+
+    def __init__(self, *, alpha: float, **keywords: Any) -> None:
+        self.algorithm = FedDynRound(alpha)
+        super().__init__(self.algorithm, **keywords)
+
+
+class FedNova(FedNovaViews, PeerStrategy):
+    """Federated normalized averaging for nodes running plain local (S)GD.
+
+    Takes `PeerStrategy`'s keywords. Nodes MUST run plain gradient steps from the
+    received arrays (no proximal term) and report the number of steps as the integer
+    metric ``"local_steps"`` (`flwr_admm.clientapp`'s app around an `ADMMClient` does).
+
+    Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
+    """
+
+    def __init__(self, **keywords: Any) -> None:
+        self.algorithm = FedNovaRound()
+        super().__init__(self.algorithm, **keywords)
