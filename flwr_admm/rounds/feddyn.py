@@ -28,9 +28,9 @@ from flwr.common import Scalar
 
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import FEDDYN_ALPHA, PEER_FEDDYN
-from flwr_admm.rounds.peers import PeerRound, PeerViews, Reply
+from flwr_admm.rounds.peers import PeerRound, Reply
 
-__all__ = ["FedDynRound", "FedDynViews"]
+__all__ = ["FedDynRound"]
 
 
 class FedDynRound(PeerRound):
@@ -77,21 +77,3 @@ class FedDynRound(PeerRound):
                 grad_i[k] = grad_i[k] - self.alpha * (wk - xk)  # as the client computes it
         h = self.h()
         return [m - hk / self.alpha for m, hk in zip(mean, h, strict=True)], {}
-
-
-class FedDynViews(PeerViews):
-    """What both APIs' `FedDyn` show of their `FedDynRound`."""
-
-    algorithm: FedDynRound
-
-    @property
-    def alpha(self) -> float:
-        """The penalty alpha."""
-        return self.algorithm.alpha
-
-    def h(self) -> Arrays:
-        """Return the server state h (float64, model order; 0 at first)."""
-        return self.algorithm.h()
-
-    def __repr__(self) -> str:
-        return f"FedDyn(alpha={self.alpha!r})"

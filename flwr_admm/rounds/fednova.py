@@ -37,7 +37,6 @@ from flwr_admm.rounds.layer import Tally
 __all__ = [
     "MAX_LOCAL_STEPS",
     "FedNovaRound",
-    "FedNovaViews",
     "local_steps_problem",
     "normalized_average",
 ]
@@ -171,14 +170,3 @@ class FedNovaRound:
         if tuple(t.shape for t in x) != layout.shapes:
             raise ValueError("x: shapes differ from the layout's")
         self.x, self.shapes = x, layout.shapes
-
-
-class FedNovaViews:
-    """What both APIs' `FedNova` show of their `FedNovaRound`."""
-
-    algorithm: FedNovaRound
-
-    @property
-    def current(self) -> Arrays | None:
-        """Return x in float64: the model sent this round, x' once aggregated."""
-        return self.algorithm.x

@@ -65,7 +65,7 @@ from flwr_admm.protocol import (
 from flwr_admm.rounds.exchange import Incoming, Instruction, Layout, read_blocks
 from flwr_admm.rounds.layer import Tally
 
-__all__ = ["PeerRound", "PeerViews", "Reply", "previous_round"]
+__all__ = ["PeerRound", "Reply", "previous_round"]
 
 
 class Reply(NamedTuple):
@@ -283,14 +283,3 @@ class PeerRound:
         for i, (key, n, acked) in enumerate(saved["clients"]):
             self.examples[str(key)], self.acked[str(key)] = int(n), int(acked)
             self.states[str(key)] = block(f"state.{i}")
-
-
-class PeerViews:
-    """What both APIs' peer strategies show of their round (read-only)."""
-
-    algorithm: PeerRound
-
-    @property
-    def current(self) -> Arrays | None:
-        """Return x in float64 (None before the first round)."""
-        return self.algorithm.x

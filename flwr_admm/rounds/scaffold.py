@@ -28,9 +28,9 @@ from flwr.common import Scalar
 
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import PEER_SCAFFOLD, SCAFFOLD_CONTROL_RECORD, SERVER_STEP
-from flwr_admm.rounds.peers import PeerRound, PeerViews, Reply
+from flwr_admm.rounds.peers import PeerRound, Reply
 
-__all__ = ["ScaffoldRound", "ScaffoldViews"]
+__all__ = ["ScaffoldRound"]
 
 
 class ScaffoldRound(PeerRound):
@@ -82,21 +82,3 @@ class ScaffoldRound(PeerRound):
                 c_i[k] = c_i[k] + dck  # c_i+, as the client computes it
         eta = self.server_learning_rate
         return [xk + eta * s for xk, s in zip(x, step, strict=True)], {SERVER_STEP: eta}
-
-
-class ScaffoldViews(PeerViews):
-    """What both APIs' `SCAFFOLD` show of their `ScaffoldRound`."""
-
-    algorithm: ScaffoldRound
-
-    @property
-    def server_learning_rate(self) -> float:
-        """The server step size eta_g."""
-        return self.algorithm.server_learning_rate
-
-    def control(self) -> Arrays:
-        """Return the server control variate c (float64, model order; 0 at first)."""
-        return self.algorithm.control()
-
-    def __repr__(self) -> str:
-        return f"SCAFFOLD(server_learning_rate={self.server_learning_rate!r})"

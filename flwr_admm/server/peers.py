@@ -13,11 +13,12 @@ import os
 from typing import Any
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
-from flwr_admm.rounds.feddyn import FedDynRound, FedDynViews
-from flwr_admm.rounds.fednova import FedNovaRound, FedNovaViews
+from flwr_admm.core.types import Arrays
+from flwr_admm.rounds.feddyn import FedDynRound
+from flwr_admm.rounds.fednova import FedNovaRound
 from flwr_admm.rounds.layer import Algorithm
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
-from flwr_admm.rounds.scaffold import ScaffoldRound, ScaffoldViews
+from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.server.strategy import RoundStrategy
 
 __all__ = ["SCAFFOLD", "FedDyn", "FedNova"]
@@ -69,8 +70,13 @@ class PeerStrategy(RoundStrategy):
             **fedavg_kwargs,
         )
 
+    @property
+    def current(self) -> Arrays | None:
+        """Return x in float64 (None before the first round)."""
+        return self.round.algorithm.model()
 
-class SCAFFOLD(ScaffoldViews, PeerStrategy):
+
+class SCAFFOLD(PeerStrategy):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
     Takes Flower's `FedAvg` keywords, `PeerStrategy`'s and `server_learning_rate`
@@ -91,8 +97,15 @@ class SCAFFOLD(ScaffoldViews, PeerStrategy):
         self.algorithm = ScaffoldRound(server_learning_rate)
         super().__init__(self.algorithm, **keywords)
 
+    def __repr__(self) -> str:
+        return f"SCAFFOLD(server_learning_rate={self.algorithm.server_learning_rate!r})"
 
-class FedDyn(FedDynViews, PeerStrategy):
+    def control(self) -> Arrays:
+        """Return the server control variate c (float64, model order; 0 at first)."""
+        return self.algorithm.control()
+
+
+class FedDyn(PeerStrategy):
     """FedDyn with penalty alpha and server state h.
 
     Takes Flower's `FedAvg` keywords, `PeerStrategy`'s and `alpha` (> 0, required:
@@ -112,8 +125,15 @@ class FedDyn(FedDynViews, PeerStrategy):
         self.algorithm = FedDynRound(alpha)
         super().__init__(self.algorithm, **keywords)
 
+    def __repr__(self) -> str:
+        return f"FedDyn(alpha={self.algorithm.alpha!r})"
 
-class FedNova(FedNovaViews, PeerStrategy):
+    def h(self) -> Arrays:
+        """Return the server state h (float64, model order; 0 at first)."""
+        return self.algorithm.h()
+
+
+class FedNova(PeerStrategy):
     """Federated normalized averaging for clients running plain local (S)GD.
 
     Takes Flower's `FedAvg` keywords and `PeerStrategy`'s. Clients MUST run plain

@@ -19,11 +19,12 @@ import os
 from typing import Any
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
-from flwr_admm.rounds.feddyn import FedDynRound, FedDynViews
-from flwr_admm.rounds.fednova import FedNovaRound, FedNovaViews
+from flwr_admm.core.types import Arrays
+from flwr_admm.rounds.feddyn import FedDynRound
+from flwr_admm.rounds.fednova import FedNovaRound
 from flwr_admm.rounds.layer import Algorithm
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
-from flwr_admm.rounds.scaffold import ScaffoldRound, ScaffoldViews
+from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.serverapp.strategy import RoundStrategy
 
 __all__ = ["SCAFFOLD", "FedDyn", "FedNova"]
@@ -64,8 +65,13 @@ class PeerStrategy(RoundStrategy):
             advice=PEER_ADVICE,
         )
 
+    @property
+    def current(self) -> Arrays | None:
+        """Return x in float64 (None before the first round)."""
+        return self.round.algorithm.model()
 
-class SCAFFOLD(ScaffoldViews, PeerStrategy):
+
+class SCAFFOLD(PeerStrategy):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
     Takes `PeerStrategy`'s keywords and `server_learning_rate` (eta_g > 0, default 1).
@@ -83,8 +89,15 @@ class SCAFFOLD(ScaffoldViews, PeerStrategy):
         self.algorithm = ScaffoldRound(server_learning_rate)
         super().__init__(self.algorithm, **keywords)
 
+    def __repr__(self) -> str:
+        return f"SCAFFOLD(server_learning_rate={self.algorithm.server_learning_rate!r})"
 
-class FedDyn(FedDynViews, PeerStrategy):
+    def control(self) -> Arrays:
+        """Return the server control variate c (float64, model order; 0 at first)."""
+        return self.algorithm.control()
+
+
+class FedDyn(PeerStrategy):
     """FedDyn with penalty alpha and server state h.
 
     Takes `PeerStrategy`'s keywords and `alpha` (> 0, required). Nodes MUST follow the
@@ -100,8 +113,15 @@ class FedDyn(FedDynViews, PeerStrategy):
         self.algorithm = FedDynRound(alpha)
         super().__init__(self.algorithm, **keywords)
 
+    def __repr__(self) -> str:
+        return f"FedDyn(alpha={self.algorithm.alpha!r})"
 
-class FedNova(FedNovaViews, PeerStrategy):
+    def h(self) -> Arrays:
+        """Return the server state h (float64, model order; 0 at first)."""
+        return self.algorithm.h()
+
+
+class FedNova(PeerStrategy):
     """Federated normalized averaging for nodes running plain local (S)GD.
 
     Takes `PeerStrategy`'s keywords. Nodes MUST run plain gradient steps from the

@@ -141,11 +141,6 @@ class RoundStrategy(FedAvg):
         return self.round.converged
 
     @property
-    def key_binding(self) -> str:
-        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
-        return self.round.clients.key_binding
-
-    @property
     def last_round(self) -> int:
         """The round of the last aggregation (continued after a resume)."""
         return self.round.last_round
