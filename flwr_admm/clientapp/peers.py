@@ -32,11 +32,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Context, Message
 from numpy.typing import NDArray
 
-from flwr_admm.clientapp.records import Named, build_reply, key_metrics, received_arrays
+from flwr_admm.clientapp.records import (
+    Named,
+    build_reply,
+    key_metrics,
+    named,
+    ordered,
+    received_arrays,
+    received_block,
+)
 from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
 
 __all__ = ["build_scaffold_reply", "received_control"]
@@ -48,18 +55,12 @@ def received_control(message: Message, arrayrecord_key: str = "arrays") -> Named
     Raises
     ------
     ValueError
-        When ``scaffold-control`` is missing or its names differ from the model's.
+        When ``scaffold-control`` is missing or its names or shapes differ from the model's.
 
     """
-    model = received_arrays(message, arrayrecord_key)
-    record = message.content.array_records.get(SCAFFOLD_CONTROL_RECORD)
-    if record is None or set(record.keys()) != set(model):
-        found = None if record is None else list(record.keys())
-        raise ValueError(
-            f"{SCAFFOLD_CONTROL_RECORD}: expected an ArrayRecord of tensors {list(model)}, "
-            f"got {found}"
-        )
-    return {name: record[name].numpy() for name in model}
+    return received_block(
+        message, SCAFFOLD_CONTROL_RECORD, received_arrays(message, arrayrecord_key)
+    )
 
 
 def build_scaffold_reply(
@@ -81,17 +82,6 @@ def build_scaffold_reply(
     reported = {**(key_metrics(context) if context is not None else {}), **(metrics or {})}
     reply = build_reply(message, y, num_examples, reported, arrayrecord_key=arrayrecord_key)
     c = received_control(message, arrayrecord_key)
-    names = list(c)
-    values = (
-        [control_change[n] for n in names]
-        if isinstance(control_change, Mapping)
-        else list(control_change)
-    )
-    if len(values) != len(names):
-        raise ValueError(
-            f"control_change: expected {len(names)} tensors {names}, got {len(values)}"
-        )
-    reply.content[SCAFFOLD_CONTROL_RECORD] = ArrayRecord(
-        {n: Array(np.asarray(v, dtype=c[n].dtype)) for n, v in zip(names, values, strict=True)}
-    )
+    values = ordered(control_change, list(c), "control_change")
+    reply.content[SCAFFOLD_CONTROL_RECORD] = named(list(c), values, like=c)
     return reply

@@ -19,7 +19,7 @@ from flower_run import D, seed_data, seed_model
 from flwr.common import Context, RecordDict, Scalar
 
 from flwr_admm.client import ADMMClient
-from flwr_admm.client.client_duals import load_states
+from flwr_admm.node.records import load_states
 from flwr_admm.core.client_duals import DualState, acknowledged
 from flwr_admm.uplink import StochasticQuantizer
 from flwr_admm.uplink.wire import ndarray_view
