@@ -1,13 +1,9 @@
 """Helpers for a train handler under the Message-API `SCAFFOLD` (and what `FedDyn` needs).
 
 `flwr_admm.serverapp.SCAFFOLD` sends x under ``arrays`` and the server control
-variate c under ``scaffold-control`` (same tensor names), with ``peer-algorithm =
-"scaffold"`` in the config. A node with control variate c_i (zero at first, kept in
-``context.state``) runs K steps of size lr on grad f_i(y) - c_i + c from y = x, sets
-
-    c_i+ = c_i - c + (x - y_i) / (K lr)
-
-and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
+variate c under ``scaffold-control`` (same tensor names); the node's round is
+`flwr_admm.node.peers` (K steps on grad f_i - c_i + c, then c_i+ - c_i), and its reply
+y_i under ``arrays``, c_i+ - c_i under ``scaffold-control``::
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -18,13 +14,10 @@ and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
 
 `flwr_admm.serverapp.FedDyn` needs nothing extra: x under ``arrays``, alpha under
 ``feddyn-alpha``, and the reply is `build_reply` of w_i (grad_i kept by the node).
-
-Both servers send each node ``admm-ack-round``, the round of its last reply they
-folded. A handler keeping c_i / grad_i itself should train from the state that round
-names (else from zero) and report the round of the state it trained from as the
-metric ``admm-previous-round`` (`flwr_admm.rounds.peers` has the rule; the ready
-`make_client_app` does it): a reply without it is folded as in sync, and a lost or
-rejected reply then leaves the node's state ahead of the server's.
+A handler keeping c_i / grad_i itself should train from the state the config's
+``admm-ack-round`` names and report that state's round as ``admm-previous-round``
+(`flwr_admm.node.peers` has the rule; `make_client_app` does it): a reply without it
+is folded as in sync, so a lost reply would leave the node's state ahead of the server's.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from flwr.common import RecordDict
 
 from flwr_admm.core.linearized import check_form, scale_of_budget
 from flwr_admm.core.types import Arrays
@@ -92,7 +93,7 @@ class NodeRound:
         cls,
         received: Arrays,
         config: Mapping[str, Any],
-        records: Any,
+        records: RecordDict,
         *,
         second: Arrays | None = None,
         previous: Arrays | None = None,
@@ -103,7 +104,7 @@ class NodeRound:
         `records` is ``context.state`` (client-held duals keep their states there),
         `previous` the node's warm start under server-held duals.
         """
-        rho, admm, form = read_rho(config), RHO in config, check_form(config.get(FORM, "prox"))
+        rho, form, admm = read_rho(config), check_form(config.get(FORM, "prox")), RHO in config
         if client_held(config):
             if rho <= 0 or server_round is None:
                 raise ValueError(
@@ -111,19 +112,23 @@ class NodeRound:
                     f"got rho={rho!r}, server round={server_round!r}"
                 )
             duals = DualsRound.open(records, received, config, server_round, second)
-            own = duals.own.w if duals.own is not None else None  # a restored state has no w_i
-            if form == "linearized":  # from z^k, y_i = u_i / b_i kept by the node
-                return cls(
-                    received, rho, admm, server_round, own, received, form, duals.correction, duals
-                )
-            return cls(duals.center, rho, admm, server_round, own, received, form, None, duals)
-        if form == "linearized":
+            linear = form == "linearized"  # from z^k, y_i = u_i / b_i kept by the node
+            return cls(
+                center=received if linear else duals.center,  # z^k - u_i
+                rho=rho,
+                admm=admm,
+                server_round=server_round,
+                previous=None if duals.own is None else duals.own.w,  # restored: no w_i
+                consensus=received,
+                form=form,
+                correction=duals.correction if linear else None,
+                duals=duals,
+            )
+        if form == "linearized":  # z, then y_i; no prox term
             if second is None:
-                raise ValueError(
-                    f"{DUAL_RECORD}: the linearized form sends y_i next to z; none came"
-                )
+                raise ValueError(f"{DUAL_RECORD}: the linearized form sends y_i next to z")
             return cls(received, 0.0, False, server_round, previous, received, form, second)
-        return cls(received, rho, admm, server_round, previous, second)
+        return cls(received, rho, admm, server_round, previous, consensus=second)  # z: admm-start
 
     def start(self, init: str | None = None) -> tuple[Arrays, bool]:
         """Return where the local solve starts (copies), and whether `init` starts at z."""
