@@ -40,7 +40,7 @@ from flwr_admm.clientapp.records import (
 from flwr_admm.core.linearized import step_budget
 from flwr_admm.core.types import Arrays
 from flwr_admm.node.blocks import companion
-from flwr_admm.node.config import client_held, server_round_of
+from flwr_admm.node.config import client_held, read_rho, server_round_of
 from flwr_admm.node.duals import DualsRound
 from flwr_admm.node.records import message_previous
 from flwr_admm.node.start import LocalInit, start_of
@@ -55,7 +55,15 @@ from flwr_admm.protocol import (
     UPLINK,
 )
 
-__all__ = ["ADMMTrainStep", "build_reply", "received_arrays", "refuse_uplink", "step_budget"]
+__all__ = [
+    "ADMMTrainStep",
+    "build_reply",
+    "read_rho",
+    "received_arrays",
+    "refuse_uplink",
+    "step_budget",
+    "warm_start",
+]
 
 
 def refuse_uplink(config: Mapping[str, Any]) -> None:
@@ -76,42 +84,31 @@ def refuse_uplink(config: Mapping[str, Any]) -> None:
             )
 
 
+def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | None:
+    """Return the w_i this node last replied with, if it has the names and shapes of `like`."""
+    return message_previous(context.state, like)
+
+
 @dataclass(frozen=True)
 class ADMMTrainStep:
     """What a train handler needs for one local ADMM step, read from the message.
 
-    The attributes are `NodeRound`'s, by tensor name (float64), plus the message.
+    The round's values are `flwr_admm.node.step.NodeRound`'s (see there), by tensor
+    name and in float64: `center` (v_i; z^k - u_i under client-held duals; z under
+    the linearized form), `rho`, `admm` (FedADMM in the prox form), `server_round`,
+    `previous` (the node's last w_i, else None), `consensus` (the received z, else
+    None), `form`, `correction` (the linearized form's y_i) and `duals` (the
+    client-held-dual round). Under the linearized form run K steps w <- w - lr
+    (grad f_i(w) + y_i) from `start` (z), no prox term, and pass
+    ``step_budget=step_budget(K, lr)`` (``step_budget(K, lr, momentum)`` with
+    momentum SGD) to `reply`: rho_i = 1 / b_i.
 
     Attributes
     ----------
     message : Message
         The received message (the reply answers it).
-    center : dict
-        v_i (the received arrays; z^k - u_i under client-held duals; z under the
-        linearized form).
-    rho : float
-        rho_i (``rho``, else ``proximal-mu``, else 0; 0 under the linearized form).
-    admm : bool
-        True when the server is FedADMM in the prox form (``rho`` in the config).
-    server_round : int or None
-        ``server-round`` of the config.
     config : dict
         The received config (a copy).
-    previous : dict or None
-        The node's last w_i (``context.state``, names and shapes match; under
-        client-held duals the acknowledged state's), else None.
-    duals : DualsRound or None
-        Under client-held duals (``admm-duals = "client"``): the acknowledged state and
-        the updated dual u_i; `reply` sends Delta_i and keeps the states.
-    form : {"prox", "linearized"}
-        ``admm-form`` of the config. Linearized: run K steps w <- w - lr (grad f_i(w) +
-        y_i) from `start` (z), no prox term, and pass ``step_budget=step_budget(K, lr)``
-        (``step_budget(K, lr, momentum)`` with momentum) to `reply`: rho_i = 1 / b_i.
-    correction : dict or None
-        y_i under the linearized form (``admm-dual``, or u_i / b_i kept by the node).
-    consensus : dict or None
-        The received z (``admm-start`` under FedADMM, the model under client-held
-        duals), where ``init="consensus"`` starts; None when the message carries none.
 
     """
 
@@ -151,7 +148,7 @@ class ADMMTrainStep:
         if second == SCAFFOLD_CONTROL_RECORD:  # c is `received_control`'s, not this step's
             second = None
         block = None if second is None else received_block(message, second, center)
-        previous = message_previous(context.state, center)
+        previous = warm_start(context, center)
         server_round = server_round_of(config)
         node = NodeRound.open(
             list(center.values()),

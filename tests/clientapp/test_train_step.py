@@ -10,8 +10,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
 from flwr_admm.clientapp import ADMMTrainStep, build_reply
+from flwr_admm.clientapp.step import warm_start
 from flwr_admm.core.client_duals import restore_payload
-from flwr_admm.node.records import load_states, message_previous
+from flwr_admm.node.records import load_states
 from flwr_admm.uplink import LocalDP
 
 CENTER = {
@@ -94,11 +95,11 @@ def test_warm_start_is_the_last_reply_under_fedadmm_only() -> None:
 def test_warm_start_needs_the_same_names_and_shapes() -> None:
     ctx = context()
     build_reply(train_message(rho=0.3), trained(1.0), 3, context=ctx)
-    assert message_previous(ctx.state, CENTER) is not None
+    assert warm_start(ctx, CENTER) is not None
     renamed = {("x." + k): v for k, v in CENTER.items()}
-    assert message_previous(ctx.state, renamed) is None
+    assert warm_start(ctx, renamed) is None
     reshaped = {**CENTER, "fc.bias": np.zeros(3)}
-    assert message_previous(ctx.state, reshaped) is None
+    assert warm_start(ctx, reshaped) is None
 
 
 def test_a_non_finite_w_is_not_kept_as_warm_start() -> None:
@@ -106,7 +107,7 @@ def test_a_non_finite_w_is_not_kept_as_warm_start() -> None:
     build_reply(train_message(rho=0.3), trained(1.0), 3, context=ctx)
     poisoned = {**trained(1.0), "fc.bias": np.array([np.nan, 0.0])}
     build_reply(train_message(rho=0.3), poisoned, 3, context=ctx)  # still replied
-    kept = message_previous(ctx.state, CENTER)
+    kept = warm_start(ctx, CENTER)
     assert kept is not None
     np.testing.assert_array_equal(kept["fc.bias"], trained(1.0)["fc.bias"])
 
