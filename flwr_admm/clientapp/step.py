@@ -44,13 +44,12 @@ from flwr_admm.node.config import client_held, read_rho, server_round_of
 from flwr_admm.node.duals import DualsRound
 from flwr_admm.node.records import message_previous
 from flwr_admm.node.start import LocalInit, start_of
-from flwr_admm.node.step import NodeRound
+from flwr_admm.node.step import NodeRound, start_mark
 from flwr_admm.protocol import (
     DP_CLIP,
     DP_NOISE,
     NUM_EXAMPLES,
     SCAFFOLD_CONTROL_RECORD,
-    START_MARK,
     START_RECORD,
     UPLINK,
 )
@@ -201,15 +200,9 @@ class ADMMTrainStep:
         return {name: a.copy() for name, a in source.items()}
 
     def mark(self, metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Return `metrics` with START_MARK under server-held FedADMM (1: started at z).
-
-        A FedADMM reply without the mark comes from a stock FedProx handler, whose dual
-        the server holds at 0 (`flwr_admm.core.start_marks`).
-        """
-        marked = dict(metrics or {})
-        if self.admm and self.duals is None:
-            marked[START_MARK] = int(self.started.get("at_z", False))
-        return marked
+        """Return `metrics` with `start_mark`'s entry under server-held FedADMM."""
+        at_z = self.started.get("at_z", False)
+        return {**(metrics or {}), **start_mark(self.admm and self.duals is None, at_z)}
 
     def reply(
         self,

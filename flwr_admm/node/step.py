@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import RecordDict
+from flwr.common import RecordDict, Scalar
 
 from flwr_admm.core.linearized import check_form, scale_of_budget
 from flwr_admm.core.types import Arrays
@@ -35,7 +35,7 @@ from flwr_admm.node.start import start_of
 from flwr_admm.protocol import DUAL_RECORD, FORM, RHO, START_MARK, STEP_BUDGET
 from flwr_admm.uplink.compression import Compressor
 
-__all__ = ["NodeRound", "budget_given"]
+__all__ = ["NodeRound", "budget_given", "start_mark"]
 
 
 def budget_given(step_budget: float | None) -> float:
@@ -47,6 +47,15 @@ def budget_given(step_budget: float | None) -> float:
         )
     scale_of_budget(step_budget, "step_budget")  # ValueError unless finite and > 0
     return float(step_budget)
+
+
+def start_mark(admm: bool, at_z: bool) -> dict[str, Scalar]:
+    """Return a prox-form reply's ``admm-started-at-z`` (FedADMM only; 1: started at z).
+
+    A FedADMM reply without it comes from a stock FedProx handler, whose dual the
+    server holds at 0 (`flwr_admm.core.start_marks`).
+    """
+    return {START_MARK: int(at_z)} if admm else {}
 
 
 @dataclass(frozen=True)
@@ -165,7 +174,7 @@ class NodeRound:
         if self.duals is not None:
             reply = self.duals.close(w, num_examples, budget=budget, compressor=compressor, rng=rng)
         else:
-            reply = Reply(w, {START_MARK: int(at_z)} if self.admm else {})
+            reply = Reply(w, start_mark(self.admm, at_z))
         if budget is not None:
             reply.metrics[STEP_BUDGET] = budget
         return reply
