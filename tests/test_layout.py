@@ -5,6 +5,8 @@
   nothing from each other; what they share is the wire-neutral round layer
   (`rounds`), which imports neither API: only the core, the protocol and Flower's
   shared type aliases and logger;
+- on the node side, the wire-neutral `node` imports no front end, and `clientapp`
+  (Message API) nothing from `client` (legacy);
 - no module of `flwr_admm` is longer than 450 lines;
 - no class is built from two or more of the package's own classes (composition, not
   mixins).
@@ -65,6 +67,25 @@ def test_server_and_serverapp_import_nothing_from_each_other() -> None:
         for module, targets in package_arrows(package).items()
         if targets & {other, "flwr_admm"}
     }
+    assert crossing == {}
+
+
+NODE_FRONT_ENDS = {"client", "clientapp", "torch", "server", "serverapp", "testing", "flwr_admm"}
+
+
+def test_node_imports_no_front_end_and_clientapp_not_the_legacy_client() -> None:
+    crossing = {
+        module: sorted(targets & NODE_FRONT_ENDS)
+        for module, targets in package_arrows("node").items()
+        if targets & NODE_FRONT_ENDS
+    }
+    crossing.update(
+        {
+            module: sorted(targets & {"client", "flwr_admm"})
+            for module, targets in package_arrows("clientapp").items()
+            if targets & {"client", "flwr_admm"}
+        }
+    )
     assert crossing == {}
 
 

@@ -1,4 +1,4 @@
-"""Legacy `NumPyClient` side: `ADMMClient` and the client half of client-held duals."""
+"""Legacy ``NumPyClient`` front end: `ADMMClient`, on the node rounds of `flwr_admm.node`."""
 
 from flwr_admm.client.admm_client import ADMMClient
 

@@ -6,11 +6,15 @@ The client reads the server's fit config:
   run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
 - only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
 - neither: FedAvg. Plain local gradient steps from the received parameters.
-- ``admm-duals = "client"`` (`FedADMMClientDuals`): the dual u_i is kept here; receive z
-  (and z_k under fast ADMM), update u_i, train around z - u_i, reply with the change of
-  n_i (w_i + u_i), compressed with error feedback on ``uplink*`` entries (no local DP).
-- ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.client.peers`).
-- ``admm-form = "linearized"``: FedADMM's linearized form (`flwr_admm.client.linearized`).
+- ``admm-duals = "client"`` (`FedADMMClientDuals`): the dual u_i is kept here
+  (`flwr_admm.node.duals`); the reply is the change of n_i (w_i + u_i), compressed with
+  error feedback on ``uplink*`` entries (no local DP), or SecAgg+'s (`client.secagg`).
+- ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.node.peers`).
+- ``admm-form = "linearized"``: FedADMM's linearized form (`flwr_admm.node.step`).
+
+Each protocol's node half is `flwr_admm.node`'s; this class runs the numpy local loop
+(`penalized_local_solve`) between opening and closing a round, and translates the
+legacy wire (one flat list of tensors, `flwr_admm.node.blocks`).
 
 ``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
 override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
@@ -24,41 +28,35 @@ import math
 
 import numpy as np
 from flwr.client import Client, NumPyClient
-from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Parameters, Scalar
+from flwr.common import Context, NDArrays, Parameters, RecordDict, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.client import client_duals, linearized, peers
 from flwr_admm.client.evaluation import evaluate_model
-from flwr_admm.client.local_init import LOCAL_INITS, LocalInit, resolved_init
 from flwr_admm.client.secagg import SecureRound, secure_reply
-from flwr_admm.core import client_duals as dual_math
-from flwr_admm.core.local_solver import LocalPlan, ProxStep, penalized_local_solve
-from flwr_admm.models.base import Model, Params
+from flwr_admm.core.linearized import step_budget
+from flwr_admm.core.local_solver import LocalPlan, LocalResult, ProxStep, penalized_local_solve
+from flwr_admm.core.types import Arrays
+from flwr_admm.models.base import Model
+from flwr_admm.node import records
+from flwr_admm.node.blocks import split
+from flwr_admm.node.config import server_round_of
+from flwr_admm.node.duals import check_uplink
+from flwr_admm.node.peers import PeerRound
+from flwr_admm.node.start import LOCAL_INITS, LocalInit, resolved_init
+from flwr_admm.node.step import NodeRound
 from flwr_admm.protocol import (
     BATCH_SIZE,
     CLIENT_KEY,
     FORM,
-    FORM_LINEARIZED,
     GRAD_NORM,
     LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
     LOSS,
-    META_FITS,
-    META_ROUND,
-    MODE_CLIENT,
-    MODE_KEY,
     PARTITION_ID,
     PEER,
-    PROXIMAL_MU,
-    REBUILD,
     RHO,
     SECAGG_SCALE,
-    SERVER_ROUND,
-    START_MARK,
-    STATE_META,
-    STATE_RESIDUAL,
-    STATE_W,
     STEP_BUDGET,
 )
 from flwr_admm.uplink.channel import ClientUplink, UplinkClient
@@ -154,11 +152,9 @@ class ADMMClient(NumPyClient):
         node_config = context.node_config if context is not None else {}
         self.partition_id = node_config.get(PARTITION_ID)
         self.client_key = client_key
-        self._w: Params | None = None  # used only without a context
-        self._residual: Params | None = None  # used only without a context
-        self._duals = client_duals.KeptDuals(None, None)  # used only without a context
-        self._peers = peers.PeerState(context, {})  # SCAFFOLD's c_i / FedDyn's grad_i
-        self._fits = 0
+        # what the node keeps between rounds (`flwr_admm.node.records`): its context's
+        # state, else this object's own
+        self.state = context.state if context is not None else RecordDict()
         self.uplink_payload: Parameters | None = None  # set by fit, sent by to_client()
 
     def to_client(self) -> Client:
@@ -178,141 +174,152 @@ class ADMMClient(NumPyClient):
         Returns what the server will rebuild from the reply (after local DP and
         compression, if the config asks for them).
         """
-        received = [np.asarray(p, dtype=np.float64) for p in parameters]
+        self.uplink_payload = None
         plan = self._plan(config)
         uplink = ClientUplink.from_config(config)
-        server_round = int(config.get(SERVER_ROUND, self._fit_count() + 1))
-        if PEER in config:  # SCAFFOLD or FedDyn: flwr_admm.client.peers
-            return peers.client_fit(self, received, config, plan, server_round, uplink)
-        server_held = config.get(MODE_KEY) != MODE_CLIENT
-        if config.get(FORM) == FORM_LINEARIZED and server_held:  # z, y_i: client.linearized
-            return linearized.client_fit(self, received, plan, server_round, uplink)
-        received, z_k = client_duals.split_accelerated(received, config)  # fast ADMM: z_k
+        server_round = server_round_of(config)
+        server_round = records.fit_count(self.state) + 1 if server_round is None else server_round
+        names = [str(i) for i in range(len(self.model.shapes))]
+        received, second = split(parameters, config, names)
         self.model.check_params(received, field="parameters")
-        if config.get(MODE_KEY) == MODE_CLIENT:
-            client_duals.check_uplink(uplink, secure=SECAGG_SCALE in config)
-            fast = client_duals.extrapolation(config, received, z_k, SECAGG_SCALE in config)
-            return self._fit_client_duals(received, config, plan, server_round, uplink, fast)
-        if RHO in config:
-            rho = _nonnegative(config[RHO], RHO)
-            # rho = 0: no penalty ties w to the center, so a warm start would ignore z;
-            # FedAvg's step starts at the received z (v_i = z when y_i = 0).
-            init = resolved_init(self.local_init, z_received=False)
-            if init == "consensus" and rho > 0:  # server-held duals send no z
-                raise ValueError("local_init: 'consensus' needs z: FedADMMClientDuals only")
-            warm = init == "previous" and rho > 0
-            start = self._previous(server_round) if warm else None
-            start = received if start is None else start
-        else:
-            rho = _nonnegative(config.get(PROXIMAL_MU, 0.0), PROXIMAL_MU)
-            start = received
-        stream = [self.seed, int(self.partition_id or 0), server_round]
-        residual = self._residual_kept(received) if uplink.keeps_residual else None
-        center = uplink.center(received, residual)
-        rng = np.random.default_rng(stream)
-        result = penalized_local_solve(
-            self.model, start, self.X, self.y, plan, center=center, rho=rho, rng=rng
-        )
-        reply = uplink.reply(
+        if PEER in config:  # SCAFFOLD or FedDyn
+            if uplink.compressor is not None or uplink.local_dp is not None:
+                raise ValueError(
+                    f"{PEER}: uplink compression and local DP are not supported with "
+                    f"{config[PEER]!r}; drop the uplink*/dp-* entries"
+                )
+            peer = PeerRound.open(self.state, received, second, config)
+            result = self._solve(received, plan, server_round, received, peer.rho, peer.linear)
+            reply = peer.close(result.params, result.steps, plan.learning_rate, server_round)
+            metrics = {**_result_metrics(result), **reply.metrics, **self._key_metrics()}
+            reply.commit(self.state)
+            return reply.flat(), self.num_examples, metrics
+        previous = records.legacy_previous(self.state, [t.shape for t in received])
+        node = NodeRound.open(
             received,
+            config,
+            self.state,
+            second=second,
+            previous=previous,
+            server_round=server_round,
+        )
+        if node.duals is not None:
+            return self._fit_client_duals(node, config, plan, uplink)
+        if node.form == "linearized":  # z, y_i: w <- w - lr (grad f_i(w) + y_i), K steps from z
+            if uplink.compressor is not None or uplink.local_dp is not None:
+                raise ValueError(
+                    f"{FORM}: uplink compression and local DP are not supported with the "
+                    "linearized form; drop the uplink*/dp-* entries"
+                )
+            result = self._solve(node.center, plan, server_round, linear=node.correction)
+            reply = node.close(result.params, self.num_examples, step_budget=_budget(result, plan))
+            metrics = {**_result_metrics(result), **reply.metrics, **self._key_metrics()}
+            return reply.arrays, self.num_examples, metrics
+        return self._fit_prox(node, config, plan, uplink)
+
+    def _fit_prox(
+        self, node: NodeRound, config: dict[str, Scalar], plan: LocalPlan, uplink: ClientUplink
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Run FedADMM's w-step around v_i (FedProx's around w_t, FedAvg's plain steps).
+
+        Starts where `local_init` says (this client asks for no z: "auto" is "previous");
+        with uplink entries the reply is privatized and compressed (`ClientUplink`).
+        """
+        init = resolved_init(self.local_init, z_received=False)
+        if init == "consensus" and node.admm and node.rho > 0:  # server-held duals send no z
+            raise ValueError("local_init: 'consensus' needs z: FedADMMClientDuals only")
+        server_round = int(node.server_round or 0)
+        start, _ = node.start(init)
+        residual = None
+        if uplink.keeps_residual:
+            residual = records.legacy_residual(self.state, [t.shape for t in node.center])
+        center = uplink.center(node.center, residual)
+        result = self._solve(start, plan, server_round, center, node.rho)
+        reply = node.close(result.params, self.num_examples)  # at_z: this client asks for none
+        sent = uplink.reply(
+            node.center,
             result.params,
             residual,
             self._noise_rng(server_round),
-            np.random.default_rng([*stream, 1]),
+            np.random.default_rng([*self._stream(server_round), 1]),
         )
-        keep = RHO in config and resolved_init(self.local_init, False) == "previous"
-        self._remember(result.params if keep else None, server_round, reply.residual)
-        self.uplink_payload = reply.parameters
-        metrics: dict[str, Scalar] = {
-            LOSS: float(result.loss),
-            LOCAL_STEPS: int(result.steps),
-            GRAD_NORM: float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0,
-        }
-        metrics.update({**self._key_metrics(), **reply.attestation})  # local DP: attested
-        metrics.update({START_MARK: 0} if RHO in config else {})  # solves FedADMM's step
-        return list(reply.arrays), int(self.X.shape[0]), metrics
+        grad_norm = float(result.grad_norm) if math.isfinite(result.grad_norm) else -1.0
+        metrics = {**_result_metrics(result), GRAD_NORM: grad_norm, **self._key_metrics()}
+        metrics.update({**sent.attestation, **reply.metrics})  # local DP attested; START_MARK
+        keep = RHO in config and init == "previous"  # the warm start, written last
+        records.keep_legacy(self.state, result.params if keep else None, server_round)
+        records.keep_residual(self.state, sent.residual)
+        self.uplink_payload = sent.parameters
+        return list(sent.arrays), self.num_examples, metrics
 
     def _fit_client_duals(
+        self, node: NodeRound, config: dict[str, Scalar], plan: LocalPlan, uplink: ClientUplink
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Run one round of `FedADMMClientDuals` around z^k - u_i; reply with Delta_i.
+
+        Compresses x = Delta_i + e_i; ``admm-rebuild = 1``: sigma_i' follows Delta_i;
+        under SecAgg+ the reply is `secure_reply`'s.
+        """
+        check_uplink(uplink, secure=SECAGG_SCALE in config)
+        secure = SecureRound.from_config(config)
+        duals, server_round = node.duals, int(node.server_round or 0)
+        assert duals is not None
+        budget = None
+        if node.form == "linearized":  # from z^k on f_i + <u_i / b_i, w>
+            result = self._solve(node.center, plan, server_round, linear=node.correction)
+            budget = _budget(result, plan)
+        else:
+            start, _ = node.start(resolved_init(self.local_init, z_received=True))
+            result = self._solve(start, plan, server_round, node.center, node.rho)
+        w = [np.asarray(t, dtype=np.float64) for t in result.params]
+        n, steps = self.num_examples, {LOCAL_STEPS: int(result.steps)}
+        if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
+            sums = secure_reply(
+                secure,
+                duals.state,
+                duals.start,
+                w,
+                n,
+                duals.change(w, n),
+                rebuild=duals.rebuild,
+                resync=duals.resync,
+                loss=float(result.loss),
+            )
+            pending = duals.start.kept(w, n, server_round, sums.residual, budget)
+            records.save_states(self.state, duals.kept(pending))  # last: after all can fail
+            metrics = {**self._key_metrics(), **sums.metrics, **steps}
+            metrics.update({} if budget is None else {STEP_BUDGET: budget})  # in the clear
+            return sums.arrays, sums.num_examples, metrics
+        rounding = np.random.default_rng([*self._stream(server_round), 1])
+        reply = node.close(w, n, step_budget=budget, compressor=uplink.compressor, rng=rounding)
+        metrics = {**self._key_metrics(), **reply.metrics, **_result_metrics(result)}
+        reply.commit(self.state)  # last: after all can fail
+        self.uplink_payload = reply.flat_payload()
+        return reply.flat(), n, metrics
+
+    @property
+    def num_examples(self) -> int:
+        """Return n_i, the number of local training rows."""
+        return int(self.X.shape[0])
+
+    def _stream(self, server_round: int) -> list[int]:
+        """Return the seed of this round's minibatches: [seed, partition-id, round]."""
+        return [self.seed, int(self.partition_id or 0), server_round]
+
+    def _solve(
         self,
-        z: Params,
-        config: dict[str, Scalar],
+        start: Arrays,
         plan: LocalPlan,
         server_round: int,
-        uplink: ClientUplink,
-        fast: dual_math.Extrapolation | None = None,
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """Run one round of `FedADMMClientDuals`: dual update, local solve, change.
-
-        Trains from the state ``admm-ack-round`` names (pending, committed or fresh);
-        compresses x = Delta_i + e_i; ``admm-rebuild = 1``: sigma_i' follows Delta_i.
-        """
-        rho = _nonnegative(config.get(RHO, 0.0), RHO)
-        if rho <= 0:
-            raise ValueError(f"rho: must be > 0 with client-held duals, got {rho!r}")
-        kept = self._kept_duals([t.shape for t in z])
-        base = dual_math.opened(config, z, kept.committed, kept.pending)
-        state = base.state
-        gamma = dual_math.dual_step_of(config)
-        begin = dual_math.start_round(state, z, fast, gamma)  # fast ADMM: extrapolates u_i too
-        stream = [self.seed, int(self.partition_id or 0), server_round]
-        rng = np.random.default_rng(stream)
-        budget = None
-        if config.get(FORM) == FORM_LINEARIZED:  # from z^k on f_i + <u_i / b_i, w>
-            linear = dual_math.linear_term(state, begin)
-            result = penalized_local_solve(
-                self.model, z, self.X, self.y, plan, rng=rng, linear=linear
-            )
-            budget = linearized.budget_of(result.steps, plan)
-        else:
-            init = resolved_init(self.local_init, z_received=True)
-            own = base.own  # a restored state has no w_i
-            previous = own.w if own is not None and init == "previous" else None
-            origin = z if init == "consensus" else begin.center  # z: FedDyn's start
-            start = [t.copy() for t in previous] if previous is not None else origin
-            result = penalized_local_solve(
-                self.model, start, self.X, self.y, plan, center=begin.center, rho=rho, rng=rng
-            )
-        w = [np.asarray(t, dtype=np.float64) for t in result.params]
-        n = int(self.X.shape[0])
-        change = dual_math.contribution_change(state, w, begin.dual, n)
-        secure = SecureRound.from_config(config)
-        if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
-            rebuild, loss = _flag(config, REBUILD), float(result.loss)
-            reply = secure_reply(
-                secure, state, begin, w, n, change, rebuild=rebuild, resync=base.resync, loss=loss
-            )
-            pending = begin.kept(w, n, server_round, reply.residual, budget)
-            self._keep_duals(client_duals.KeptDuals(state, pending))  # last: after all can fail
-            self.uplink_payload = None
-            metrics = {**self._key_metrics(), **reply.metrics, LOCAL_STEPS: int(result.steps)}
-            metrics.update({} if budget is None else {STEP_BUDGET: budget})  # in the clear
-            return reply.arrays, reply.num_examples, metrics
-        residual = None if state is None else state.residual
-        rounding = np.random.default_rng([*stream, 1])
-        sent = client_duals.uplink_change(change, residual, uplink.compressor, rounding)
-        pending = begin.kept(w, n, server_round, sent.residual, budget)
-        if _flag(config, REBUILD):
-            sent = client_duals.with_share(sent, pending.share)
-        metrics = self._key_metrics()
-        metrics.update(client_duals.reply_metrics(state, begin, w, n, base.resync, base.restored))
-        metrics.update({LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)})
-        metrics.update({} if budget is None else {STEP_BUDGET: budget})
-        self._keep_duals(client_duals.KeptDuals(base.own, pending))  # last; an offer is not kept
-        self.uplink_payload = sent.payload
-        return list(sent.arrays), n, metrics
-
-    def _kept_duals(self, shapes: list[tuple[int, ...]]) -> client_duals.KeptDuals:
-        """Return the committed and pending states (context.state, else this object)."""
-        if self.context is None:
-            return self._duals
-        return client_duals.load_states(self.context.state, shapes)
-
-    def _keep_duals(self, kept: client_duals.KeptDuals) -> None:
-        """Store both states (a failed fit never gets here: it leaves them as they were)."""
-        if self.context is None:
-            self._duals = kept
-        else:
-            client_duals.save_states(self.context.state, kept)
+        center: Arrays | None = None,
+        rho: float = 0.0,
+        linear: Arrays | None = None,
+    ) -> LocalResult:
+        """Run the local loop min f_i(w) + <linear, w> + rho/2 ||w - center||^2 from `start`."""
+        rng = np.random.default_rng(self._stream(server_round))
+        return penalized_local_solve(
+            self.model, start, self.X, self.y, plan, center=center, rho=rho, rng=rng, linear=linear
+        )
 
     def _key_metrics(self) -> dict[str, Scalar]:
         """``partition-id`` / ``client-key``: the key the server files this client under."""
@@ -359,71 +366,17 @@ class ADMMClient(NumPyClient):
             grad_tol=plan.grad_tol,
         )
 
-    def _fit_count(self) -> int:
-        if self.context is not None and STATE_META in self.context.state.config_records:
-            return int(self.context.state.config_records[STATE_META][META_FITS])  # type: ignore[arg-type]
-        return self._fits
 
-    def _previous(self, server_round: int) -> Params | None:
-        """Last local w_i, if any and if it matches the model's shapes."""
-        if self.context is None:
-            return None if self._w is None else [p.copy() for p in self._w]
-        record = self.context.state.array_records.get(STATE_W)
-        if record is None:
-            return None
-        previous = [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
-        try:
-            self.model.check_params(previous)
-        except ValueError:
-            return None
-        return previous
+def _result_metrics(result: LocalResult) -> dict[str, Scalar]:
+    """Return f_i at the returned w_i and the steps taken."""
+    return {LOSS: float(result.loss), LOCAL_STEPS: int(result.steps)}
 
-    def _residual_kept(self, received: Params) -> Params | None:
-        """Return the uplink residual kept from the last compressed reply, if shapes match."""
-        if self.context is None:
-            kept = self._residual
-        else:
-            record = self.context.state.array_records.get(STATE_RESIDUAL)
-            kept = None if record is None else list(record.to_numpy_ndarrays())
-        if kept is None or [np.shape(r) for r in kept] != [r.shape for r in received]:
-            return None
-        return [np.asarray(r, dtype=np.float64) for r in kept]
 
-    def _remember(
-        self, params: Params | None, server_round: int, residual: Params | None = None
-    ) -> None:
-        """Write state last, tagged with its round (a failed fit leaves it as it was)."""
-        self._fits = self._fit_count() + 1
-        if self.context is None:
-            if params is not None:
-                self._w = [p.copy() for p in params]
-            self._residual = residual
-            return
-        if params is not None:
-            self.context.state.array_records[STATE_W] = ArrayRecord([p.copy() for p in params])
-        records = self.context.state.array_records
-        if residual is not None:
-            records[STATE_RESIDUAL] = ArrayRecord([np.asarray(r) for r in residual])
-        elif STATE_RESIDUAL in records:
-            del records[STATE_RESIDUAL]
-        self.context.state.config_records[STATE_META] = ConfigRecord(
-            {META_ROUND: int(server_round), META_FITS: int(self._fits)}
+def _budget(result: LocalResult, plan: LocalPlan) -> float:
+    """Return b_i = K lr of a local loop; ValueError if it took no step."""
+    if result.steps == 0:
+        raise ValueError(
+            "grad_tol: the local loop took no step from z, so there is no step budget "
+            "K lr for rho_i = 1 / (K lr); lower grad_tol or drop it under the linearized form"
         )
-
-
-def _flag(config: dict[str, Scalar], field: str) -> bool:
-    """Return a 0/1 config flag (absent: 0); ValueError naming the field otherwise."""
-    value = config.get(field, 0)
-    if isinstance(value, bool) or value not in (0, 1):
-        raise ValueError(f"{field}: must be 0 or 1, got {value!r}")
-    return value == 1
-
-
-def _nonnegative(value: Scalar, field: str) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{field}: must be a number >= 0, got {value!r}") from error
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{field}: must be a finite number >= 0, got {value!r}")
-    return number
+    return step_budget(result.steps, plan.learning_rate)

@@ -1,11 +1,10 @@
-"""Flower Message-API client side: helpers for ``@app.train()`` handlers, a ready ClientApp.
+"""Flower Message-API front end: helpers for ``@app.train()`` handlers, a ready ClientApp.
 
-`ADMMTrainStep` (and, as functions, `received_arrays` and `build_reply`; `read_rho`
-and `warm_start` in `flwr_admm.clientapp.step`) serves a user's own handler;
-`make_client_app` wraps the legacy ``client_fn`` of an `ADMMClient` (the project's
-numpy models) into a ClientApp with train and evaluate handlers (also under the
-Message-API `SCAFFOLD` / `FedDyn`); `received_control` and `build_scaffold_reply`
-serve a user's own SCAFFOLD handler.
+`ADMMTrainStep` (and, as functions, `received_arrays` and `build_reply`) serves a
+user's own handler on the node rounds of `flwr_admm.node`; `make_client_app` serves
+the legacy ``client_fn`` of an `ADMMClient` (the project's numpy models) through train
+and evaluate handlers (also under the Message-API `SCAFFOLD` / `FedDyn`);
+`received_control` and `build_scaffold_reply` serve a user's own SCAFFOLD handler.
 """
 
 from flwr_admm.clientapp.app import make_client_app

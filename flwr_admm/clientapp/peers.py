@@ -1,13 +1,9 @@
 """Helpers for a train handler under the Message-API `SCAFFOLD` (and what `FedDyn` needs).
 
 `flwr_admm.serverapp.SCAFFOLD` sends x under ``arrays`` and the server control
-variate c under ``scaffold-control`` (same tensor names), with ``peer-algorithm =
-"scaffold"`` in the config. A node with control variate c_i (zero at first, kept in
-``context.state``) runs K steps of size lr on grad f_i(y) - c_i + c from y = x, sets
-
-    c_i+ = c_i - c + (x - y_i) / (K lr)
-
-and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
+variate c under ``scaffold-control`` (same tensor names); the node's round is
+`flwr_admm.node.peers` (K steps on grad f_i - c_i + c, then c_i+ - c_i), and its reply
+y_i under ``arrays``, c_i+ - c_i under ``scaffold-control``::
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -18,13 +14,10 @@ and replies y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
 
 `flwr_admm.serverapp.FedDyn` needs nothing extra: x under ``arrays``, alpha under
 ``feddyn-alpha``, and the reply is `build_reply` of w_i (grad_i kept by the node).
-
-Both servers send each node ``admm-ack-round``, the round of its last reply they
-folded. A handler keeping c_i / grad_i itself should train from the state that round
-names (else from zero) and report the round of the state it trained from as the
-metric ``admm-previous-round`` (`flwr_admm.rounds.peers` has the rule; the ready
-`make_client_app` does it): a reply without it is folded as in sync, and a lost or
-rejected reply then leaves the node's state ahead of the server's.
+A handler keeping c_i / grad_i itself should train from the state the config's
+``admm-ack-round`` names and report that state's round as ``admm-previous-round``
+(`flwr_admm.node.peers` has the rule; `make_client_app` does it): a reply without it
+is folded as in sync, so a lost reply would leave the node's state ahead of the server's.
 """
 
 from __future__ import annotations
@@ -32,11 +25,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Context, Message
 from numpy.typing import NDArray
 
-from flwr_admm.clientapp.records import Named, build_reply, key_metrics, received_arrays
+from flwr_admm.clientapp.records import (
+    Named,
+    build_reply,
+    key_metrics,
+    named,
+    ordered,
+    received_arrays,
+    received_block,
+)
 from flwr_admm.protocol import SCAFFOLD_CONTROL_RECORD
 
 __all__ = ["build_scaffold_reply", "received_control"]
@@ -48,18 +48,12 @@ def received_control(message: Message, arrayrecord_key: str = "arrays") -> Named
     Raises
     ------
     ValueError
-        When ``scaffold-control`` is missing or its names differ from the model's.
+        When ``scaffold-control`` is missing or its names or shapes differ from the model's.
 
     """
-    model = received_arrays(message, arrayrecord_key)
-    record = message.content.array_records.get(SCAFFOLD_CONTROL_RECORD)
-    if record is None or set(record.keys()) != set(model):
-        found = None if record is None else list(record.keys())
-        raise ValueError(
-            f"{SCAFFOLD_CONTROL_RECORD}: expected an ArrayRecord of tensors {list(model)}, "
-            f"got {found}"
-        )
-    return {name: record[name].numpy() for name in model}
+    return received_block(
+        message, SCAFFOLD_CONTROL_RECORD, received_arrays(message, arrayrecord_key)
+    )
 
 
 def build_scaffold_reply(
@@ -81,17 +75,6 @@ def build_scaffold_reply(
     reported = {**(key_metrics(context) if context is not None else {}), **(metrics or {})}
     reply = build_reply(message, y, num_examples, reported, arrayrecord_key=arrayrecord_key)
     c = received_control(message, arrayrecord_key)
-    names = list(c)
-    values = (
-        [control_change[n] for n in names]
-        if isinstance(control_change, Mapping)
-        else list(control_change)
-    )
-    if len(values) != len(names):
-        raise ValueError(
-            f"control_change: expected {len(names)} tensors {names}, got {len(values)}"
-        )
-    reply.content[SCAFFOLD_CONTROL_RECORD] = ArrayRecord(
-        {n: Array(np.asarray(v, dtype=c[n].dtype)) for n, v in zip(names, values, strict=True)}
-    )
+    values = ordered(control_change, list(c), "control_change")
+    reply.content[SCAFFOLD_CONTROL_RECORD] = named(list(c), values, like=c)
     return reply

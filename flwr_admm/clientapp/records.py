@@ -1,9 +1,11 @@
-"""The records a train handler reads and sends: the received tensors, the reply.
+"""Flower records <-> a node's tensors and replies: what a train handler reads and sends.
 
-`received_arrays` reads the received model (and `received_dual` the linearized form's
-y_i, ``admm-dual``); `build_reply` (FedADMM, FedProx and FedAvg replies;
-`ADMMTrainStep.reply` calls it) keeps w_i in ``context.state`` as the next warm start,
-last, after all that can fail.
+Down: `received_arrays` (the model under ``arrays``), `received_block` (the round's
+second block, `flwr_admm.node.blocks`: ``admm-start``, ``admm-dual``,
+``scaffold-control``, ``admm-accel-z``). Up: `build_reply` (w_i under the received
+names and dtypes; keeps it in ``context.state`` as the next warm start, last) and
+`node_records` (client-held duals: Delta_i in float64, or its compressed payload, and
+sigma_i' under ``admm-share``).
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
+from flwr_admm.core.types import Arrays
+from flwr_admm.node.records import keep_message
+from flwr_admm.node.reply import Reply
 from flwr_admm.protocol import (
     CLIENT_KEY,
-    DUAL_RECORD,
     MESSAGE_SERVER_ROUND,
-    MESSAGE_STATE_META,
-    MESSAGE_STATE_W,
-    META_ROUND,
     NUM_EXAMPLES,
     PARTITION_ID,
+    PAYLOAD_RECORD,
+    SHARE_RECORD,
 )
 
-__all__ = ["Named", "build_reply", "key_metrics", "plain", "received_arrays", "received_dual"]
+__all__ = [
+    "Named",
+    "build_reply",
+    "key_metrics",
+    "node_records",
+    "ordered",
+    "plain",
+    "received_arrays",
+    "received_block",
+    "reply_message",
+]
 
 Named = dict[str, NDArray[Any]]
 
@@ -47,23 +60,84 @@ def received_arrays(message: Message, arrayrecord_key: str = "arrays") -> Named:
     return {name: array.numpy() for name, array in record.items()}
 
 
-def received_dual(message: Message, names: Sequence[str]) -> Named:
-    """Return y_i (``admm-dual``, FedADMM's linearized form) by name, as float64.
+def received_block(message: Message, name: str, like: Mapping[str, NDArray[Any]]) -> Named:
+    """Return the ArrayRecord `name` in the order of `like`'s tensors, as sent.
 
-    Raises ValueError naming the record when it is missing or its tensor names are
-    not `names` (the received model's).
+    Raises ValueError naming the record when it is missing, or when its tensor names
+    or shapes are not `like`'s (the received model's).
     """
-    record = message.content.array_records.get(DUAL_RECORD)
+    record = message.content.array_records.get(name)
     if record is None:
-        raise ValueError(
-            f"{DUAL_RECORD}: FedADMM's linearized form sends y_i under this ArrayRecord; "
-            "the message has none"
-        )
-    if list(record.keys()) != list(names):
-        raise ValueError(
-            f"{DUAL_RECORD}: expected tensors {list(names)}, got {list(record.keys())}"
-        )
-    return {name: np.asarray(record[name].numpy(), dtype=np.float64) for name in names}
+        raise ValueError(f"{name}: the round sends this ArrayRecord next to the model; none came")
+    if set(record.keys()) != set(like):
+        raise ValueError(f"{name}: expected tensors {list(like)}, got {list(record.keys())}")
+    block = {n: record[n].numpy() for n in like}
+    for n, value in block.items():
+        if value.shape != np.shape(like[n]):
+            raise ValueError(
+                f"{name}[{n!r}]: expected shape {np.shape(like[n])}, got {value.shape}"
+            )
+    return block
+
+
+def ordered(
+    arrays: Mapping[str, NDArray[Any]] | Sequence[NDArray[Any]],
+    names: Sequence[str],
+    field: str = "arrays",
+) -> list[NDArray[Any]]:
+    """Return `arrays` (by name, or a list in record order) as a list in `names`' order."""
+    values = [arrays[n] for n in names] if isinstance(arrays, Mapping) else list(arrays)
+    if len(values) != len(names):
+        raise ValueError(f"{field}: expected {len(names)} tensors {list(names)}, got {len(values)}")
+    return values
+
+
+def named(
+    names: Sequence[str], arrays: Arrays, like: Mapping[str, Any] | None = None
+) -> ArrayRecord:
+    """Return an ArrayRecord of `arrays` under `names`, in `like`'s dtypes (else float64)."""
+    return ArrayRecord(
+        {
+            n: Array(np.asarray(a, dtype=np.float64 if like is None else like[n].dtype))
+            for n, a in zip(names, arrays, strict=True)
+        }
+    )
+
+
+def node_records(
+    names: Sequence[str], reply: Reply, arrayrecord_key: str
+) -> dict[str, ArrayRecord]:
+    """Return a client-held-dual reply's arrays: Delta_i (float64), or its payload, and sigma_i'.
+
+    A compressed Delta_i goes under ``admm-payload`` instead: one uint8 tensor of bytes
+    per name.
+    """
+    if reply.payload is None:
+        records = {arrayrecord_key: named(names, reply.arrays)}
+    else:
+        tensors = reply.payload.tensors[: len(names)]
+        records = {
+            PAYLOAD_RECORD: ArrayRecord(
+                {
+                    n: Array(np.frombuffer(bytes(t), dtype=np.uint8))
+                    for n, t in zip(names, tensors, strict=True)
+                }
+            )
+        }
+    if reply.second is not None:
+        records[SHARE_RECORD] = named(names, reply.second)
+    return records
+
+
+def reply_message(
+    message: Message, arrays: Mapping[str, ArrayRecord], metrics: Mapping[str, Any]
+) -> Message:
+    """Return the reply to `message` with these ArrayRecords and one MetricRecord."""
+    content: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {
+        **arrays,
+        "metrics": MetricRecord(dict(metrics)),
+    }
+    return Message(RecordDict(content), reply_to=message)
 
 
 def build_reply(
@@ -87,34 +161,21 @@ def build_reply(
     """
     received = received_arrays(message, arrayrecord_key)
     names = list(received)
-    values = [arrays[n] for n in names] if isinstance(arrays, Mapping) else list(arrays)
-    if len(values) != len(names):
-        raise ValueError(f"arrays: expected {len(names)} tensors {names}, got {len(values)}")
+    values = ordered(arrays, names)
     if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral):
         raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
     if num_examples <= 0:
         raise ValueError(f"num_examples: must be an integer > 0, got {num_examples!r}")
     w = {n: np.asarray(v, dtype=np.float64) for n, v in zip(names, values, strict=True)}
-    record = ArrayRecord({n: Array(np.asarray(w[n], dtype=received[n].dtype)) for n in names})
     reported = key_metrics(context) if context is not None else {}
     reported.update({name: plain(value, name) for name, value in (metrics or {}).items()})
     reported[weighted_by_key] = int(num_examples)
-    reply = Message(
-        RecordDict({arrayrecord_key: record, "metrics": MetricRecord(reported)}), reply_to=message
-    )
+    record = named(names, list(w.values()), like=received)
+    reply = reply_message(message, {arrayrecord_key: record}, reported)
     if context is not None:
         config = message.content.config_records.get(configrecord_key, ConfigRecord())
-        _keep_warm_start(context, w, config.get(MESSAGE_SERVER_ROUND))
+        keep_message(context.state, w, config.get(MESSAGE_SERVER_ROUND))
     return reply
-
-
-def _keep_warm_start(context: Context, w: Named, server_round: Any) -> None:
-    """Save w_i (float64, named) and its round in ``context.state``, if w_i is finite."""
-    if not all(np.all(np.isfinite(t)) for t in w.values()):
-        return  # a NaN warm start would poison every later round
-    context.state.array_records[MESSAGE_STATE_W] = ArrayRecord({n: Array(t) for n, t in w.items()})
-    if isinstance(server_round, int) and not isinstance(server_round, bool):
-        context.state.config_records[MESSAGE_STATE_META] = ConfigRecord({META_ROUND: server_round})
 
 
 def key_metrics(context: Context) -> dict[str, Any]:

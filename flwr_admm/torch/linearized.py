@@ -1,8 +1,7 @@
-"""FedADMM's linearized form under PyTorch: the step budget b_i and the legacy blocks.
+"""FedADMM's linearized form under PyTorch: the step budget b_i of the user's own loop.
 
 `TorchADMM` runs the form (`flwr_admm.core.linearized`); this module counts what
-the server needs for rho_i = 1 / b_i over the user's own optimizer steps, and reads
-the legacy API's parameters (z, then y_i).
+the server needs for rho_i = 1 / b_i over the user's own optimizer steps.
 
 The message carries z and the node's dual y_i; `start` loads z, `penalty_term` returns the
 linear term <y_i, w> (in either ``penalty`` mode, so the user's optimizer sees
@@ -19,14 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
-__all__ = ["Budget", "linearized_blocks"]
-
-Named = dict[str, np.ndarray[Any, Any]]
+__all__ = ["Budget"]
 
 
 @dataclass
@@ -103,33 +98,3 @@ def _sgd_step(optimizer: torch.optim.Optimizer, ids: frozenset[int]) -> float:
         total += count * float(group["lr"]) * damped / (1.0 - momentum)
         size += count
     return total / size if size else 0.0
-
-
-def linearized_blocks(
-    model: torch.nn.Module, parameters: Sequence[np.ndarray[Any, Any]]
-) -> tuple[Named, Named]:
-    """Return (z, y_i) by ``state_dict`` name from the legacy parameters [z, y_i] (float64).
-
-    Raises
-    ------
-    ValueError
-        Naming ``parameters`` unless they are two blocks of the model's shapes.
-
-    """
-    names = list(model.state_dict())
-    shapes = [tuple(t.shape) for t in model.state_dict().values()]
-    if len(parameters) != 2 * len(names):
-        raise ValueError(
-            f"parameters: the linearized form sends z, then y_i: expected "
-            f"{2 * len(names)} tensors ({names} twice), got {len(parameters)}"
-        )
-    z = {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, parameters, strict=False)}
-    y = parameters[len(names) :]
-    dual = {n: np.asarray(t, dtype=np.float64) for n, t in zip(names, y, strict=True)}
-    for name, shape in zip(names, shapes, strict=True):
-        if z[name].shape != shape or dual[name].shape != shape:
-            raise ValueError(
-                f"parameters: {name!r} must have shape {shape} in both blocks, got "
-                f"{z[name].shape} (z) and {dual[name].shape} (y_i)"
-            )
-    return z, dual

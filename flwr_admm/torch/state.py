@@ -10,14 +10,20 @@ non-parameter tensors for a server's ``tensor_policy``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-__all__ = ["buffer_policy", "load_arrays", "state_arrays", "trainable_names"]
+__all__ = [
+    "buffer_policy",
+    "check_trainable_only",
+    "load_arrays",
+    "state_arrays",
+    "trainable_names",
+]
 
 
 def state_arrays(model: torch.nn.Module) -> dict[str, NDArray[Any]]:
@@ -29,6 +35,20 @@ def trainable_names(model: torch.nn.Module) -> list[str]:
     """Return the names of the parameters with ``requires_grad``: the consensus variables."""
     names = set(model.state_dict())
     return [n for n, p in model.named_parameters() if p.requires_grad and n in names]
+
+
+def check_trainable_only(model: torch.nn.Module, names: Iterable[str]) -> None:
+    """Refuse client-held duals for a model with buffers (a dual on a statistic drifts).
+
+    A dual on a BatchNorm statistic would only accumulate the clients' spread: every
+    ``state_dict`` tensor must be a trainable parameter, else ValueError (use FedADMM).
+    """
+    others = sorted(set(names) - set(trainable_names(model)))
+    if others:
+        raise ValueError(
+            f"model: client-held duals (admm-duals='client') need every state_dict tensor "
+            f"to be a trainable parameter; buffers {others} found (use FedADMM)"
+        )
 
 
 def load_arrays(model: torch.nn.Module, arrays: Mapping[str, NDArray[Any]]) -> None:

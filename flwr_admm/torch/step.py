@@ -4,10 +4,9 @@ The node approximately solves, over its trainable parameters w,
 
     min_w  f_i(w) + rho/2 ||w - v||^2
 
-with v its center: v_i = z - u_i sent by `FedADMM` (server-held duals), v = z^k - u_i
-computed here from the dual kept in ``context.state`` under `FedADMMClientDuals`
-(``admm-duals = "client"``, legacy API), the received model under FedProx, and no
-penalty under FedAvg. Inside the user's own loop::
+with v its center (`flwr_admm.node.step`: v_i = z - u_i sent by `FedADMM`, z^k - u_i
+from the dual kept here under client-held duals, the received model under FedProx;
+no penalty under FedAvg). Inside the user's own loop::
 
     admm = TorchADMM.from_message(model, msg, context)      # or .from_parameters(...)
     admm.start()                       # load the start into `model` (init="auto")
@@ -35,14 +34,9 @@ is the linear term <y_i, w> in either mode, `after_step` counts the step budget 
 the reply reports (`flwr_admm.torch.linearized`).
 
 Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
-start where `start`'s ``init`` says (`ADMMClient`'s ``local_init``): the node's
-previous w_i ("previous", the warm start), v ("center") or the received z
-("consensus", as FedDyn's clients: the Message-API FedADMM sends z under
-``admm-start``, client-held duals send z itself); "auto" (default) is "consensus"
-wherever z is received, else "previous" (the legacy server-held API). Every
-other tensor (BatchNorm statistics, ``num_batches_tracked``) is loaded from the
-received model: the server's ``tensor_policy`` decides what it holds
-(`flwr_admm.core.tensor_policy`).
+start where `start`'s ``init`` says (`flwr_admm.node.start`). Every other tensor
+(BatchNorm statistics, ``num_batches_tracked``) is loaded from the received model:
+the server's ``tensor_policy`` decides what it holds (`flwr_admm.core.tensor_policy`).
 """
 
 from __future__ import annotations
@@ -54,41 +48,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from flwr.app import Context, Message
+from flwr.common import RecordDict
 
-from flwr_admm.client import client_duals
-from flwr_admm.client.admm_client import _flag
-from flwr_admm.client.local_init import LocalInit
-from flwr_admm.clientapp.step import (
-    ADMMTrainStep,
-    local_init_of,
-    refuse_uplink,
-    start_source,
-    starts_at_z,
-)
-from flwr_admm.core import client_duals as dual_math
+from flwr_admm.clientapp.step import ADMMTrainStep, refuse_uplink
 from flwr_admm.core.linearized import check_form
-from flwr_admm.protocol import (
-    ACCEL_GAMMA,
-    FORM,
-    LOCAL_STEPS,
-    MODE_CLIENT,
-    MODE_KEY,
-    PARTITION_ID,
-    REBUILD,
-    RHO,
-    SERVER_ROUND,
-    START_MARK,
-    STEP_BUDGET,
-)
-from flwr_admm.torch.legacy import (
-    check_trainable_only,
-    keep_legacy,
-    legacy_previous,
-    legacy_rho,
-    prox_blocks,
-)
-from flwr_admm.torch.linearized import Budget, linearized_blocks
-from flwr_admm.torch.state import load_arrays, state_arrays, trainable_names
+from flwr_admm.core.types import Arrays
+from flwr_admm.node.blocks import split
+from flwr_admm.node.config import client_held, server_round_of
+from flwr_admm.node.duals import DualsRound
+from flwr_admm.node.records import finite, keep_legacy, legacy_previous
+from flwr_admm.node.start import LocalInit, start_of
+from flwr_admm.node.step import NodeRound
+from flwr_admm.protocol import ACCEL_GAMMA, FORM, LOCAL_STEPS, PARTITION_ID
+from flwr_admm.torch.linearized import Budget
+from flwr_admm.torch.state import check_trainable_only, load_arrays, state_arrays, trainable_names
 
 __all__ = ["PENALTIES", "Penalty", "TorchADMM"]
 
@@ -101,14 +74,15 @@ Named = dict[str, np.ndarray[Any, Any]]
 class TorchADMM:
     """What one round of a node needs: the received model, v, rho, the warm start.
 
-    Build it with `from_message` (Message API) or `from_parameters` (legacy API).
+    Build it with `from_message` (Message API) or `from_parameters` (legacy API); the
+    round's values are `flwr_admm.node.step.NodeRound`'s, by ``state_dict`` name.
 
     Attributes
     ----------
     model : torch.nn.Module
         The node's model (changed in place by `start` and the user's loop).
     received : dict
-        The received tensors by name, float64 (z, or v_i under server-held duals).
+        The center v by name, float64 (z under the linearized form).
     rho : float
         rho_i (``rho``, else the FedProx mu, else 0).
     admm : bool
@@ -118,9 +92,10 @@ class TorchADMM:
     previous : dict or None
         The node's last w_i (all tensors, float64), if its names and shapes match.
     consensus : dict or None
-        The received z (float64): FedADMM's ``admm-start`` record, or z under
-        client-held duals (where `received` becomes v_i = z - u_i); the start of
-        ``init="consensus"``. None when no z is received.
+        The received z (float64), the start of ``init="consensus"``; None when no z
+        is received.
+    duals : DualsRound or None
+        Under client-held duals: the acknowledged state and the updated dual.
 
     """
 
@@ -135,18 +110,16 @@ class TorchADMM:
     context: Context | None = None
     message: Message | None = None
     train_step: ADMMTrainStep | None = None
-    duals: client_duals.KeptDuals | None = None  # client-held duals: C and P
-    consensus: Named | None = None  # client-held duals: the received z
+    duals: DualsRound | None = None
+    consensus: Named | None = None
     form: str = "prox"  # "linearized": FedADMM's linearized form (module docstring)
     correction: Named | None = None  # the linearized form's y_i by name
-    # set by `start` and the client-held-dual setup, not by the caller
+    # set by `start`, not by the caller
     _center: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _groups: dict[int, list[tuple[dict[str, Any], list[torch.Tensor], list[torch.Tensor]]]] = field(
         default_factory=dict, init=False, repr=False
     )
     _zero: torch.Tensor = field(default_factory=lambda: torch.zeros(()), init=False, repr=False)
-    _begin: dual_math.DualStart | None = field(default=None, init=False, repr=False)
-    _base: dual_math.Acknowledged | None = field(default=None, init=False, repr=False)
     _at_z: bool = field(default=False, init=False, repr=False)
     _linear: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _budget: Budget | None = field(default=None, init=False, repr=False)
@@ -174,7 +147,7 @@ class TorchADMM:
         step = ADMMTrainStep.from_message(
             message, context, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key
         )
-        if step.duals is not None:  # client-held duals, as `from_parameters` checks them
+        if step.duals is not None:  # a dual on a BatchNorm statistic would drift
             check_trainable_only(model, step.center)
         return cls(
             model,
@@ -188,6 +161,7 @@ class TorchADMM:
             context,
             message,
             step,
+            duals=step.duals,
             consensus=step.consensus,
             form=step.form,
             correction=step.correction,
@@ -205,75 +179,59 @@ class TorchADMM:
     ) -> TorchADMM:
         """Read a legacy ``NumPyClient.fit`` call: parameters in ``state_dict()`` order."""
         refuse_uplink(config)
-        names = list(model.state_dict())
-        server_round = config.get(SERVER_ROUND)
-        server_round = server_round if isinstance(server_round, int) else None
-        if check_form(config.get(FORM, "prox")) == "linearized":  # z, then y_i
-            if config.get(MODE_KEY) == MODE_CLIENT:
-                raise ValueError(
-                    f"{FORM}: the linearized form with client-held duals runs on the Message "
-                    "API (TorchADMM.from_message); the legacy builder supports it server-held"
-                )
-            z, y = linearized_blocks(model, parameters)
-            return cls(
-                model,
-                received=z,
-                rho=0.0,
-                admm=False,
-                penalty=penalty,
-                server_round=server_round,
-                config=dict(config),
-                context=context,
-                consensus=z,
-                form="linearized",
-                correction=y,
-            )
-        received, consensus = prox_blocks(names, parameters, config)
-        client_mode = config.get(MODE_KEY) == MODE_CLIENT
-        value = legacy_rho(config)
-        admm = cls(
-            model,
-            received,
-            value,
-            RHO in config,
-            penalty,
-            None if client_mode else legacy_previous(context, received),
-            server_round,
-            dict(config),
-            context,
-            consensus=consensus,
-        )
-        if client_mode:
-            admm._open_client_duals()
-        return admm
-
-    def _open_client_duals(self) -> None:
-        """Client-held duals: pick the acknowledged state, u_i += gamma (w_i - z), v = z - u_i."""
-        if self.rho <= 0:
-            raise ValueError(f"rho: must be > 0 with client-held duals, got {self.rho!r}")
-        check_trainable_only(self.model, self.received)
-        if self.context is None:
-            raise ValueError("context: client-held duals keep the dual in context.state")
-        if ACCEL_GAMMA in self.config:
+        names, config = list(model.state_dict()), dict(config)
+        held, form = client_held(config), check_form(config.get(FORM, "prox"))
+        if held and form == "linearized":
             raise ValueError(
-                f"{ACCEL_GAMMA}: fast ADMM with client-held duals is not supported by the "
-                "torch step yet (use acceleration=None)"
+                f"{FORM}: the linearized form with client-held duals runs on the Message "
+                "API (TorchADMM.from_message); the legacy builder supports it server-held"
             )
-        z = list(self.received.values())
-        kept = client_duals.load_states(self.context.state, [t.shape for t in z])
-        self.duals = kept
-        self._base = dual_math.opened(self.config, z, kept.committed, kept.pending)
-        gamma = dual_math.dual_step_of(self.config)
-        self._begin = dual_math.start_round(self._base.state, z, dual_step=gamma)
-        state = self._base.own  # restored: no w_i
-        self.previous = None if state is None else dict(zip(self.received, state.w, strict=True))
-        self.consensus = dict(self.received)  # z: init="consensus" starts here
-        self.received = dict(zip(self.received, self._begin.center, strict=True))
-        self.admm = True
+        if held:
+            check_trainable_only(model, names)  # a dual on a BatchNorm statistic would drift
+            if context is None:
+                raise ValueError("context: client-held duals keep the dual in context.state")
+            if ACCEL_GAMMA in config:
+                raise ValueError(
+                    f"{ACCEL_GAMMA}: fast ADMM with client-held duals is not supported by the "
+                    "legacy torch step (use acceleration=None, or TorchADMM.from_message)"
+                )
+        received, second = split(parameters, config, names)
+        state = context.state if context is not None else RecordDict()
+        previous = None
+        if context is not None and not held and form == "prox":
+            previous = legacy_previous(state, [t.shape for t in received])
+        server_round = server_round_of(config)
+        node = NodeRound.open(
+            received,
+            config,
+            state,
+            second=second,
+            previous=previous,
+            server_round=(server_round or 0) if held else server_round,
+        )
+
+        def by_name(arrays: Arrays | None) -> Named | None:
+            return None if arrays is None else dict(zip(names, arrays, strict=True))
+
+        return cls(
+            model,
+            dict(zip(names, node.center, strict=True)),
+            node.rho,
+            node.admm,
+            penalty,
+            by_name(node.previous),
+            server_round,
+            config,
+            context,
+            duals=node.duals,
+            consensus=by_name(node.consensus),
+            form=node.form,
+            correction=by_name(node.correction),
+        )
 
     # --------------------------------------------------------------- the loop
     def start(self, *, init: LocalInit | None = None) -> None:
-        """Load the starting point into the model, as `ADMMClient`'s ``local_init``.
+        """Load the starting point into the model (`flwr_admm.node.start`'s rule).
 
         Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
         (``init="previous"``; v in a first round), at v ("center") or at the received z
@@ -282,20 +240,21 @@ class TorchADMM:
         every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
         The linearized form starts at z ("auto" or "consensus"; else ValueError).
         """
-        if self.form == "linearized":
-            self._start_linearized(local_init_of(init))
-            return
-        source = start_source(
-            local_init_of(init),
+        source, at_z = start_of(
+            init,
+            form=self.form,
             admm=self.admm,
             rho=self.rho,
             center=self.received,
             previous=self.previous,
             consensus=self.consensus,
         )
-        self._at_z = starts_at_z(local_init_of(init))  # the reply's START_MARK
+        if self.form == "linearized":
+            self._start_linearized()
+            return
+        self._at_z = at_z  # the reply's START_MARK
         if self.train_step is not None:
-            self.train_step.started["at_z"] = self._at_z
+            self.train_step.started["at_z"] = at_z
         values = dict(self.received)
         for name in trainable_names(self.model):
             values[name] = source[name]
@@ -308,10 +267,8 @@ class TorchADMM:
                 center = torch.as_tensor(self.received[name]).to(dtype=p.dtype, device=p.device)
                 self._center[id(p)] = center
 
-    def _start_linearized(self, chosen: LocalInit) -> None:
+    def _start_linearized(self) -> None:
         """Load z into the model; keep y_i (and w_0, for a fitted budget) by parameter."""
-        if chosen not in ("auto", "consensus"):
-            raise ValueError(f"init: the linearized form starts at z, got {chosen!r}")
         assert self.correction is not None
         load_arrays(self.model, self.received)
         named = dict(self.model.named_parameters())
@@ -411,37 +368,27 @@ class TorchADMM:
         node_config = self.context.node_config if self.context is not None else {}
         if isinstance(node_config.get(PARTITION_ID), int):
             reported.setdefault(PARTITION_ID, int(node_config[PARTITION_ID]))
-        arrays = state_arrays(self.model)
-        if self.form == "linearized":  # the server holds y_i: no state kept
-            reported[STEP_BUDGET] = self.step_budget()  # first: it checks _budget
-            reported[LOCAL_STEPS] = self._budget.steps if self._budget else 0
-            return list(arrays.values()), num_examples, reported
-        if self._begin is not None:
-            return self._client_duals_result(arrays, num_examples, reported)
-        if self.admm:  # FedADMM: 1 = send z, this solve starts there (START_MARK)
-            reported[START_MARK] = int(self._at_z and self.rho > 0)
-        if self.admm and self.context is not None:
-            keep_legacy(self.context, arrays, self.server_round)
-        return list(arrays.values()), num_examples, reported
-
-    def _client_duals_result(
-        self, arrays: Named, n: int, reported: dict[str, Any]
-    ) -> tuple[list[np.ndarray[Any, Any]], int, dict[str, Any]]:
-        """Reply with Delta_i = n_i' (w_i' + u_i) - n_i c_i; keep C and the new pending P."""
-        assert self._begin is not None and self._base is not None and self.context is not None
-        w = [np.asarray(t, dtype=np.float64) for t in arrays.values()]
-        state = self._base.state
-        change = dual_math.contribution_change(state, w, self._begin.dual, n)
-        residual = None if state is None else state.residual
-        sent = client_duals.uplink_change(change, residual, None, np.random.default_rng(0))
-        server_round = self.server_round if self.server_round is not None else 0
-        pending = dual_math.DualState(w, self._begin.dual, n, server_round, sent.residual)
-        if _flag(self.config, REBUILD):
-            sent = client_duals.with_share(sent, pending.share)
-        base = self._base
-        reported.update(
-            client_duals.reply_metrics(state, self._begin, w, n, base.resync, base.restored)
+        arrays = list(state_arrays(self.model).values())
+        budget = self.step_budget() if self.form == "linearized" else None  # checks _budget
+        node = NodeRound(
+            list(self.received.values()),
+            self.rho,
+            self.admm,
+            self.server_round,
+            form=self.form,
+            duals=self.duals,
         )
-        kept = client_duals.KeptDuals(base.own, pending)  # an offer is made again, not kept
-        client_duals.save_states(self.context.state, kept)
-        return list(sent.arrays), n, reported
+        # START_MARK (FedADMM): 1 = send z, this solve starts there
+        answer = node.close(
+            arrays, num_examples, at_z=self._at_z and self.rho > 0, step_budget=budget
+        )
+        reported.update(answer.metrics)
+        if self._budget is not None:
+            reported[LOCAL_STEPS] = self._budget.steps
+        if self.duals is not None:  # Delta_i (and sigma_i'); C and the new pending P kept
+            assert self.context is not None
+            answer.commit(self.context.state)
+            return answer.flat(), num_examples, reported
+        if self.admm and self.context is not None and finite(answer.arrays):
+            keep_legacy(self.context.state, answer.arrays, self.server_round)
+        return arrays, num_examples, reported

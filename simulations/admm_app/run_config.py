@@ -365,7 +365,7 @@ def _framework(config: Mapping[str, Any], model: str, secure: bool, strategy: st
     if strategy in PEER_STRATEGIES and framework != "numpy":
         raise ValueError(
             f"run config 'framework': strategy={strategy!r} runs the numpy clients "
-            f"(flwr_admm.client.peers); must be 'numpy', got {framework!r}"
+            f"(flwr_admm.node.peers); must be 'numpy', got {framework!r}"
         )
     if model in TORCH_MODELS and framework != "torch":
         raise ValueError(

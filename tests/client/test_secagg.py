@@ -11,10 +11,10 @@ from flower_run import admm_client_fn
 from flwr.common import Context, RecordDict
 
 from flwr_admm.client import admm_client
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.client.secagg import NUM_STATS
 from flwr_admm.core.local_solver import penalized_local_solve
 from flwr_admm.core.secure_sum import SecureGrid, decode_stats
+from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     LOSS,

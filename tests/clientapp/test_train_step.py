@@ -9,10 +9,10 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import ADMMTrainStep, build_reply
-from flwr_admm.clientapp.step import read_rho, warm_start
+from flwr_admm.clientapp.step import warm_start
 from flwr_admm.core.client_duals import restore_payload
+from flwr_admm.node.records import load_states
 from flwr_admm.uplink import LocalDP
 
 CENTER = {
@@ -48,15 +48,6 @@ def test_reads_center_rho_round_and_config() -> None:
         np.testing.assert_array_equal(step.center[name], a)
     assert (step.rho, step.admm, step.server_round) == (0.3, True, 4)
     assert step.config["lr"] == 0.1 and step.previous is None
-
-
-def test_rho_is_rho_else_proximal_mu_else_zero() -> None:
-    assert read_rho({"rho": 0.2, "proximal-mu": 0.9}) == 0.2
-    assert read_rho({"proximal-mu": 0.9}) == 0.9
-    assert read_rho({}) == 0.0
-    for bad in (-1.0, float("nan"), "0.1", True):
-        with pytest.raises(ValueError, match="rho"):
-            read_rho({"rho": bad})
 
 
 def test_reply_keeps_names_and_dtypes_and_reports_weight_and_key() -> None:

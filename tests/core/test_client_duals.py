@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_admm.core.client_duals import DualState, Extrapolation, dual_step_of, start_round
+from flwr_admm.core.client_duals import (
+    DualState,
+    Extrapolation,
+    acknowledged,
+    dual_step_of,
+    start_round,
+)
 from flwr_admm.protocol import DUAL_STEP
 
 W = [np.array([1.0, -2.0]), np.array(3.0)]
@@ -58,3 +64,19 @@ def test_the_dual_step_is_read_from_the_config(config: dict[str, object], gamma:
 def test_a_bad_dual_step_names_the_key(value: object) -> None:
     with pytest.raises(ValueError, match=DUAL_STEP):
         dual_step_of({DUAL_STEP: value})
+
+
+def _state(server_round: int) -> DualState:
+    return DualState([np.zeros(2)], [np.zeros(2)], 10, server_round)
+
+
+def test_the_acknowledgement_picks_the_state_s_holds() -> None:
+    committed, pending = _state(2), _state(3)
+    assert acknowledged(committed, pending, 3).state is pending  # used: commit
+    assert acknowledged(committed, pending, 2).state is committed  # not used: retry
+    for ack, resync in ((0, False), (5, True)):  # S holds none / a state it lost
+        chosen = acknowledged(committed, pending, ack)
+        assert chosen.state is None and chosen.resync is resync
+    assert acknowledged(None, None, 4).resync
+    assert acknowledged(committed, pending, None).state is pending  # no ack: as before
+    assert acknowledged(committed, None, None).state is committed

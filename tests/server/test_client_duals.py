@@ -40,9 +40,9 @@ from seed_task import first_round_below, gaps
 from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.core import L1, ResidualBalancing
 from flwr_admm.models import LogisticRegression
+from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
     EXAMPLES_CHANGE,
     MODE_KEY,

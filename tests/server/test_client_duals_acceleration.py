@@ -19,8 +19,8 @@ from seed_task import first_round_below, gaps
 from server.test_client_duals_recovery import assert_recovers, run
 from textbook import textbook_fedadmm
 
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.core.client_duals import Extrapolation, start_round
+from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
     ACCEL_GAMMA,
     MODE_CLIENT,

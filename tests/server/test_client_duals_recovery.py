@@ -20,7 +20,7 @@ from flower_run import NUM_CLIENTS, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
-from flwr_admm.client.client_duals import load_states
+from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,

@@ -19,8 +19,8 @@ from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from secagg_emulation import SecureSumEmulation, faulty_proxies
 from seed_task import first_round_below, gaps
 
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.core.secure_sum import SecureGrid
+from flwr_admm.node.records import load_states
 from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg

@@ -19,8 +19,8 @@ from flwr.app import ArrayRecord
 from message_apps import ZRecorder, zeros
 from seed_task import gaps
 
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.node.records import load_states
 from flwr_admm.rounds.checkpoint import (
     MANIFEST,
     MANIFEST_SHA256,

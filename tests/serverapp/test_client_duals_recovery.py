@@ -17,8 +17,8 @@ from message_apps import ZRecorder, zeros
 from message_duals import FaultyGrid
 from seed_task import first_round_below, gaps
 
-from flwr_admm.client.client_duals import load_states
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.node.records import load_states
 from flwr_admm.serverapp import FedADMMClientDuals
 from flwr_admm.serverapp.testing import run_strategy
 from flwr_admm.uplink import StochasticQuantizer

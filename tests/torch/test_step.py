@@ -437,5 +437,7 @@ def test_both_builders_start_at_the_received_z_and_mark_the_reply() -> None:
     assert legacy.fit_result(10)[2]["admm-started-at-z"] == 1
     legacy.start(init="previous")
     assert legacy.fit_result(10)[2]["admm-started-at-z"] == 0
-    with pytest.raises(ValueError, match=r"twice \(v_i, then z"):
+    with pytest.raises(
+        ValueError, match=r"FedADMM sends v_i, then z \(admm-start = 1\): expected 4 tensors"
+    ):
         TorchADMM.from_parameters(model, list(v.values()), legacy_config, context())

@@ -49,7 +49,7 @@ from flwr.server.strategy import FedAvg, FedProx
 from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
-from flwr_admm.client.admm_client import STATE_RESIDUAL
+from flwr_admm.protocol import STATE_RESIDUAL
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import StochasticQuantizer, UplinkWrapper
 

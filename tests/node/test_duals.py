@@ -1,4 +1,4 @@
-"""The client half of client-held duals: the state it trains from, what it sends.
+"""A node's client-held-dual round (`flwr_admm.node.duals`), run by `ADMMClient`.
 
 The server acknowledges, in every fit config, the round whose contribution S holds
 for the client (``admm-ack-round``). The client keeps its committed state next to the
@@ -19,8 +19,7 @@ from flower_run import D, seed_data, seed_model
 from flwr.common import Context, RecordDict, Scalar
 
 from flwr_admm.client import ADMMClient
-from flwr_admm.client.client_duals import load_states
-from flwr_admm.core.client_duals import DualState, acknowledged
+from flwr_admm.node.records import load_states
 from flwr_admm.uplink import StochasticQuantizer
 from flwr_admm.uplink.wire import ndarray_view
 
@@ -48,22 +47,6 @@ def _fit(
         config["admm-ack-round"] = ack
     arrays, _, metrics = client.fit([np.full(D, z)], config)
     return client, arrays, metrics
-
-
-def _state(server_round: int) -> DualState:
-    return DualState([np.zeros(2)], [np.zeros(2)], 10, server_round)
-
-
-def test_the_acknowledgement_picks_the_state_s_holds() -> None:
-    committed, pending = _state(2), _state(3)
-    assert acknowledged(committed, pending, 3).state is pending  # used: commit
-    assert acknowledged(committed, pending, 2).state is committed  # not used: retry
-    for ack, resync in ((0, False), (5, True)):  # S holds none / a state it lost
-        chosen = acknowledged(committed, pending, ack)
-        assert chosen.state is None and chosen.resync is resync
-    assert acknowledged(None, None, 4).resync
-    assert acknowledged(committed, pending, None).state is pending  # no ack: as before
-    assert acknowledged(committed, None, None).state is committed
 
 
 @pytest.mark.parametrize("uplink", [{}, EIGHT_BITS], ids=["float64", "8-bit"])

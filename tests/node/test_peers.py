@@ -1,5 +1,5 @@
-"""ADMMClient's SCAFFOLD / FedDyn side: one step by hand, its state and acknowledgement,
-clear errors."""
+"""A node's SCAFFOLD / FedDyn round (`flwr_admm.node.peers`), run by `ADMMClient`: one
+step by hand, its state and acknowledgement, clear errors."""
 
 from __future__ import annotations
 
