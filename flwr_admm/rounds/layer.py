@@ -288,7 +288,9 @@ class RoundLayer:
         incoming = [key for key, _, _ in admitted]
         crowded = self.binding.stale(self.clock, None, self.clients.max_count, incoming)
         if crowded:
-            self.evict(crowded, "least recently heard beyond max_clients")
+            self.evict(
+                crowded, "stale: their nodes left, or least recently heard beyond max_clients"
+            )
         ordered = [item for _, _, item in admitted]
         with single_thread_blas():
             folded = algorithm.fold(ordered, server_round, tally)

@@ -161,7 +161,7 @@ class RecordingMixin:
 
 
 class PartitionSampled(RecordingMixin):
-    """ADMM strategies (serverapp `base`) drawing train nodes with `PartitionSampler`."""
+    """Strategies (the Message-API translator) drawing train nodes with `PartitionSampler`."""
 
     sampler: PartitionSampler
 
@@ -178,8 +178,7 @@ class PartitionSampled(RecordingMixin):
             minimum,
             self.min_available_nodes,  # type: ignore[attr-defined]
         )
-        self.binding.connected(str(n) for n in self.sampler.connected)  # type: ignore[attr-defined]
-        self.population = len(self.sampler.connected)
+        self.round.connect(list(self.sampler.connected))  # type: ignore[attr-defined]
         return sampled
 
 
