@@ -116,6 +116,7 @@ class RoundStrategy(FedAvg):
             advice=advice,
         )
         self._sent: ArrayRecord | None = None  # this round's z^k, as received
+        self._returned: ArrayRecord | None = None  # the last z' we returned
         self.round.resume()
 
     # ---------------------------------------------------------------- views
@@ -159,7 +160,9 @@ class RoundStrategy(FedAvg):
         if layer.restored:
             arrays = self._resumed(arrays)
         layout = layer.layout if layer.layout is not None else layout_of(arrays)
-        server_round = layer.configure(server_round, read_model(arrays, layout), layout)
+        kept = arrays is self._returned and getattr(layer.algorithm, "keeps_model", False)
+        z = None if kept else read_model(arrays, layout)  # kept: z' as the algorithm holds it
+        server_round = layer.configure(server_round, z, layout)
         self._sent = arrays
         if layer.stopped() or self.fraction_train == 0.0:
             return []
@@ -240,7 +243,8 @@ class RoundStrategy(FedAvg):
     def _model_record(self) -> ArrayRecord:
         model, layout = self.round.algorithm.model(), self.round.layout
         assert model is not None and layout is not None
-        return to_record(model, layout)
+        self._returned = to_record(model, layout)
+        return self._returned
 
     def _resumed(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return the checkpoint's z, after checking `arrays` has its names and shapes."""

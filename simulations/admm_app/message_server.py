@@ -100,7 +100,7 @@ class RecordingMixin:
 
     recorder: RunRecorder
     _round_start: float
-    _sent: list[Any]
+    _sent_down: list[Any]  # z^k as sent (RoundStrategy's own `_sent` is its record)
 
     def _fail(self, message: str) -> None:
         if self.recorder.status != STATUS_FAILED:
@@ -112,7 +112,7 @@ class RecordingMixin:
     ) -> list[Message]:
         """Delegate; record what is sent down. No node sampled is an error."""
         self._round_start = time.perf_counter()
-        self._sent = list(arrays.to_numpy_ndarrays())
+        self._sent_down = list(arrays.to_numpy_ndarrays())
         messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
         if not messages:
             self._fail(f"round {server_round}: no node sampled")
@@ -157,7 +157,7 @@ class RecordingMixin:
                     for m in ordered
                 ],
             ),
-            "model_change": distance(z, self._sent),
+            "model_change": distance(z, self._sent_down),
             "fit_metrics": fit,
         }
         if failures:
@@ -168,7 +168,7 @@ class RecordingMixin:
 
 
 class PartitionSampled(RecordingMixin):
-    """ADMM strategies (serverapp `base`) drawing train nodes with `PartitionSampler`."""
+    """ADMM strategies (`RoundStrategy`) drawing train nodes with `PartitionSampler`."""
 
     sampler: PartitionSampler
 
@@ -185,8 +185,7 @@ class PartitionSampled(RecordingMixin):
             minimum,
             self.min_available_nodes,  # type: ignore[attr-defined]
         )
-        self.binding.connected(str(n) for n in self.sampler.connected)  # type: ignore[attr-defined]
-        self.population = len(self.sampler.connected)
+        self.round.connect(list(self.sampler.connected))  # type: ignore[attr-defined]
         return sampled
 
 
