@@ -131,6 +131,11 @@ class RoundStrategy(FedAvg):
         return self.round.binding
 
     @property
+    def key_binding(self) -> str:
+        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
+        return self.round.clients.key_binding
+
+    @property
     def converged(self) -> bool:
         """Whether the last aggregation met the stopping thresholds."""
         return self.round.converged

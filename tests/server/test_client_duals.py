@@ -34,6 +34,7 @@ from flwr.common import (
     RecordDict,
     Status,
     ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -475,6 +476,26 @@ def _one_round(
     results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in instructions]
     _, metrics = strategy.aggregate_fit(server_round, results, [])
     return instructions, metrics
+
+
+def test_the_returned_parameters_are_not_re_read_so_z_stays_float64() -> None:
+    """A float32 model: the driver hands back what the strategy returned, and z' is
+    kept as the z-step left it; other parameters are read (rounded) as z^k."""
+    initial = ndarrays_to_parameters([np.zeros(20, dtype=np.float32)])
+    strategy = FedADMMClientDuals(rho=0.1, initial_parameters=initial)
+    result = run_rounds(strategy, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 2)
+    assert result.parameters is not None and strategy.z is not None
+    kept = strategy.z[0].copy()
+    assert kept.dtype == np.float64 and not np.array_equal(kept, kept.astype(np.float32))
+    manager = SimpleClientManager()
+    for proxy in make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS):
+        manager.register(proxy)
+    sent = strategy.configure_fit(3, result.parameters, manager)
+    np.testing.assert_array_equal(strategy.z[0], kept)
+    assert parameters_to_ndarrays(sent[0][1].parameters)[0].dtype == np.float32
+    copy = ndarrays_to_parameters(parameters_to_ndarrays(result.parameters))
+    strategy.configure_fit(3, copy, manager)
+    np.testing.assert_array_equal(strategy.z[0], kept.astype(np.float32))
 
 
 def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
