@@ -23,12 +23,14 @@ metadata, so the round's aggregate is used whole or dropped whole (``num_secure_
 = 1): dropped if any reply breaks the protocol (state mismatch, unusable key, key
 conflict, duplicate), if the aggregate is not finite or outside [-c, c], if the
 replies do not carry one common aggregate (no SecAgg+), or if a statistic's sum is
-negative. The acknowledgement then works per round instead of per reply: S holds the
-round's contributions of every client in the aggregate (their ack becomes this round)
-or of none (their ack stays, they retrain from their committed state). A round SecAgg+
-itself halts (too few shares) never reaches ``aggregate_fit``: same outcome. Clients
-that drop out before sending their masked vector are not in the sum, and not in the
-results: SecAgg+ removes their masks and the round goes on without them.
+negative; a dropped round changes nothing, not even an eviction (the round layer asks
+`SecureClientDualsRound.admits` first). The acknowledgement then works per round
+instead of per reply: S holds the round's contributions of every client in the
+aggregate (their ack becomes this round) or of none (their ack stays, they retrain
+from their committed state). A round SecAgg+ itself halts (too few shares) never
+reaches ``aggregate_fit``: same outcome. Clients that drop out before sending their
+masked vector are not in the sum, and not in the results: SecAgg+ removes their masks
+and the round goes on without them.
 
 Rebuild sweep under SecAgg+: while one is on, every sampled client gets
 ``admm-secagg-sweep`` = 1 and appends a second block: grid(sigma_i') if asked to
