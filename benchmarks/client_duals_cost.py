@@ -60,7 +60,7 @@ from flwr_admm.protocol import (
     U_SQ_NORM,
     W_SQ_NORM,
 )
-from flwr_admm.rounds.client_duals_replies import ClientEntry
+from flwr_admm.rounds.client_duals_state import ClientEntry
 from flwr_admm.server import FedADMMClientDuals
 
 SETUP_ROUND = 1

@@ -1,45 +1,39 @@
 """Server-side arithmetic of client-held duals: reply checks, round statistics, z-step.
 
 The server keeps, per client key, only n_i and the round it last took part in
-(`ClientEntry`). A reply is consistent with that record iff it reports the same
-previous round and n_i' = n_i + (its change of n), and it sends d2_i = ||w_i - z^k||^2
-exactly when it took part before (`protocol_problem`); a reply with previous round 0
-is a full contribution (a new key, or a resync of a key S holds: n_i' is all new).
-Each API's translator decodes a reply (Delta_i, and a full share sigma_i' after it)
-and checks both (shapes, finite) before they touch S (legacy
-`flwr_admm.server.client_duals.decoded_reply`, Message API
-`flwr_admm.serverapp.payloads`). `RoundStats`
-sums the accepted replies' n-weighted ||w_i'||^2, ||u_i||^2, d2_i and losses for the
-residuals: previous primal residual sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i
-||w_i'||^2) and sqrt(sum p_i ||u_i||^2) with p_i = n_i / sum of the replies' n.
-`z_step` computes z = prox_{g/rho}(S / N) in place (N: the weight S holds).
+(`flwr_admm.rounds.client_duals_state.ClientEntry`). A reply is consistent with that
+record iff it reports the same previous round and n_i' = n_i + (its change of n), and
+it sends d2_i = ||w_i - z^k||^2 exactly when it took part before (`protocol_problem`);
+a reply with previous round 0 is a full contribution (a new key, or a resync of a key
+S holds: n_i' is all new). `RoundStats` sums the accepted replies' n-weighted
+||w_i'||^2, ||u_i||^2, d2_i and losses for the residuals: previous primal residual
+sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i ||w_i'||^2) and sqrt(sum p_i ||u_i||^2)
+with p_i = n_i / sum of the replies' n. `z_round` takes the z-step
+z = prox_{g/rho}(S / N) in place (N: the weight S holds) and fast ADMM's extrapolation.
 
-The stopping test must not rest on what one client says (issue 25, item 7). The
-norms are reports, so the decision bounds them: each reply's ||w_i'||^2 and
-||u_i||^2 count at most as much as the largest report of the *other* replies of the
-round (one client cannot raise eps_pri or eps_dual beyond another client's value;
-alone, it raises neither; the ``eps_primal`` / ``eps_dual`` metrics stay the
-reported ones, as server-held FedADMM's), and the test also needs the
-server's own primal residual ``checked_primal_residual`` = sqrt(sum n_i
-||Delta_i / n_i||^2 / sum n_i) over the steady replies (took part before, same n_i),
-computed from the Delta_i the server folds: ||c_i' - c_i|| -> 0 exactly as the
-iterates settle, and a client cannot shrink it without changing S. Under SecAgg+ the
-server sees sums only (`flwr_admm.server.client_duals_secagg`): there the test is
-the reported one.
+The stopping test must not rest on what one client says. The norms are reports, so
+the decision bounds them: each reply's ||w_i'||^2 and ||u_i||^2 count at most as much
+as the largest report of the *other* replies of the round (one client cannot raise
+eps_pri or eps_dual beyond another client's value; alone, it raises neither; the
+``eps_primal`` / ``eps_dual`` metrics stay the reported ones, as server-held
+FedADMM's), and the test also needs the server's own primal residual
+``checked_primal_residual`` = sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i) over the
+steady replies (took part before, same n_i), computed from the Delta_i the server
+folds: ||c_i' - c_i|| -> 0 exactly as the iterates settle, and a client cannot shrink
+it without changing S. Under SecAgg+ the server sees sums only
+(`flwr_admm.server.client_duals_secagg`): there the test is the reported one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.common import Scalar
-from numpy.typing import NDArray
 
-from flwr_admm.core.dual_momentum import DualMomentum, RoundSums, extrapolate
+from flwr_admm.core.dual_momentum import RoundSums, extrapolate
 from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
@@ -69,33 +63,8 @@ from flwr_admm.protocol import (
     W_SQ_NORM,
 )
 
-
-@dataclass(slots=True)
-class ClientEntry:
-    """All the server keeps per client key: n_i in S, and the round it was added."""
-
-    num_examples: int
-    last_round: int
-
-
-def entry_arrays(clients: dict[str, ClientEntry]) -> dict[str, NDArray[np.int64]]:
-    """Return the entries' n_i and last rounds as two arrays, in the order of `clients`."""
-    entries = list(clients.values())
-    return {
-        "entry_examples": np.array([e.num_examples for e in entries], dtype=np.int64),
-        "entry_rounds": np.array([e.last_round for e in entries], dtype=np.int64),
-    }
-
-
-def entries_from_arrays(
-    keys: list[str], arrays: Mapping[str, NDArray[Any]]
-) -> dict[str, ClientEntry]:
-    """Rebuild the entries of `keys` from `entry_arrays` output; ValueError if they differ."""
-    examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
-    if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
-        raise ValueError("entries and keys disagree")
-    pairs = zip(keys, examples.tolist(), rounds.tolist(), strict=True)
-    return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
+if TYPE_CHECKING:
+    from flwr_admm.rounds.client_duals_state import ClientDualsState, ClientEntry
 
 
 def protocol_problem(
@@ -369,7 +338,7 @@ def fast_admm_sums(
 
 
 def z_round(
-    state: ZRoundState, stats: RoundStats, weight: int, num_clients: int, stale: bool
+    state: ClientDualsState, stats: RoundStats, weight: int, num_clients: int, stale: bool
 ) -> tuple[Arrays, dict[str, Scalar], bool]:
     """Take round k's z-step and, with fast ADMM, the extrapolation; return (z, metrics, converged).
 
@@ -391,23 +360,6 @@ def z_round(
             _, z = extrapolate(momentum, z, z_hat, dz_sq, sums, state.rho)
             metrics[NUM_RESTARTS] = momentum.restarts
     return z, metrics, converged
-
-
-class ZRoundState(Protocol):
-    """What `z_round` reads: `flwr_admm.rounds.client_duals_state.ClientDualsState`."""
-
-    @property
-    def z(self) -> Arrays | None: ...  # noqa: D102
-
-    @property
-    def contribution_sum(self) -> Arrays | None: ...  # noqa: D102
-
-    total_examples: int
-    momentum: DualMomentum | None
-    regularizer: Regularizer | None
-    rho: float
-    eps_abs: float
-    eps_rel: float
 
 
 def _screened_sums(reports: list[tuple[float, float, float]]) -> tuple[float, float]:

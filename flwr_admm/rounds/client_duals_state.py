@@ -1,20 +1,28 @@
 """The server's state with client-held duals: z, S, N, the per-key entries and the sweep.
 
-Every `FedADMMClientDuals` (legacy `flwr_admm.server`, Message API `flwr_admm.serverapp`,
-SecAgg+ `flwr_admm.server.client_duals_secagg`) holds one `ClientDualsState` and only
-translates messages; the protocol's server arithmetic lives here once (the math is in
-the legacy module's docstring, `flwr_admm.server.client_duals`):
+`flwr_admm.rounds.client_duals.ClientDualsRound` holds one `ClientDualsState`; the
+protocol's server arithmetic lives here once (the math is in the legacy module's
+docstring, `flwr_admm.server.client_duals`):
 
     fold     S += Delta_i,  N += n_i' - n_i,  entry_i = (n_i', k)
              (a resync, a full share for a key S holds: its old share is taken out
              if the server kept it, K in the sweep module, else it goes stale)
     evict    N -= n_i; the key's share is taken out, or the rebuild sweep does it
     z-round  z_k = prox_{g/rho}(S / (N + N_stale)), residuals, fast ADMM's z^_{k+1}
+
+The settings it supports (`check_settings`): the server keeps only z, S and N, so rho
+must be one constant > 0 for every client (a client's u_i = y_i / rho would change
+meaning under a new rho) and the z-step is the plain z = prox_{g/rho}(S / N) (no
+over-relaxation). Fast ADMM (``acceleration``, ``restart_eta``) is checked as for
+`FedADMM`: the server extrapolates z, each client its own dual
+(`flwr_admm.core.dual_momentum`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -22,9 +30,11 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flwr_admm.core.acceleration import check_acceleration
 from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACK_ROUND,
@@ -40,20 +50,44 @@ from flwr_admm.protocol import (
     RHO,
 )
 from flwr_admm.rounds.client_duals_replies import (
-    ClientEntry,
     RoundStats,
     budget_mismatch,
-    entries_from_arrays,
-    entry_arrays,
     protocol_problem,
     z_round,
 )
-from flwr_admm.rounds.client_duals_settings import check_client_duals_settings
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
 
-__all__ = ["STRATEGY", "ClientDualsState"]
+__all__ = ["STRATEGY", "ClientDualsState", "ClientEntry", "check_settings"]
 
 STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its checkpoints
+
+
+@dataclass(slots=True)
+class ClientEntry:
+    """All the server keeps per client key: n_i in S, and the round it was added."""
+
+    num_examples: int
+    last_round: int
+
+
+def entry_arrays(clients: dict[str, ClientEntry]) -> dict[str, NDArray[np.int64]]:
+    """Return the entries' n_i and last rounds as two arrays, in the order of `clients`."""
+    entries = list(clients.values())
+    return {
+        "entry_examples": np.array([e.num_examples for e in entries], dtype=np.int64),
+        "entry_rounds": np.array([e.last_round for e in entries], dtype=np.int64),
+    }
+
+
+def entries_from_arrays(
+    keys: list[str], arrays: Mapping[str, NDArray[Any]]
+) -> dict[str, ClientEntry]:
+    """Rebuild the entries of `keys` from `entry_arrays` output; ValueError if they differ."""
+    examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
+    if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
+        raise ValueError("entries and keys disagree")
+    pairs = zip(keys, examples.tolist(), rounds.tolist(), strict=True)
+    return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
 
 
 class ClientDualsState:
@@ -63,7 +97,7 @@ class ClientDualsState:
     ----------
     rho, regularizer, eps_abs, eps_rel, acceleration, restart_eta :
         As in `FedADMMClientDuals`; with `rho_schedule`, `client_rho` and `relaxation`
-        checked by `check_client_duals_settings` (ValueError naming the field).
+        checked by `check_settings` (ValueError naming the field).
 
     Attributes
     ----------
@@ -98,7 +132,7 @@ class ClientDualsState:
         restores: bool = True,
         linearized: bool = False,
     ) -> None:
-        check_client_duals_settings(
+        check_settings(
             rho=rho,
             rho_schedule=rho_schedule,
             client_rho=client_rho,
@@ -329,3 +363,44 @@ class ClientDualsState:
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
         if self.momentum is not None:
             self.momentum.load(arrays, manifest["acceleration"], count)
+
+
+def check_settings(
+    *,
+    rho: Any,
+    rho_schedule: Any,
+    client_rho: Any,
+    relaxation: Any,
+    acceleration: Any,
+    regularizer: Any,
+    eps_abs: Any,
+    eps_rel: Any,
+    restart_eta: Any,
+) -> None:
+    """Raise ValueError, naming the field and what is allowed, for an unsupported setting."""
+    if rho_schedule is not None and not isinstance(rho_schedule, Constant):
+        raise ValueError(
+            "rho_schedule: not supported with client-held duals (allowed: None or "
+            f"Constant(); rho must stay constant), got {rho_schedule!r}; use FedADMM"
+        )
+    if client_rho != "uniform":
+        raise ValueError(
+            "client_rho: only 'uniform' is supported with client-held duals, got "
+            f"{client_rho!r}; use FedADMM for 'data_size'"
+        )
+    if relaxation != 1.0:
+        raise ValueError(
+            f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
+        )
+    check_acceleration(acceleration, restart_eta)
+    if not _finite_number(rho) or rho <= 0:
+        raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")
+    if regularizer is not None and not isinstance(regularizer, Regularizer):
+        raise ValueError(f"regularizer: must be L1(...), L2(...) or None, got {regularizer!r}")
+    for name, value in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+        if not _finite_number(value) or value < 0:
+            raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)

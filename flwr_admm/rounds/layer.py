@@ -92,6 +92,10 @@ class Algorithm(Protocol):
     `read` checks one reply alone (it may decode it; never raises); `fold` takes the
     admitted replies of the round, in natural key order, and says which it folded
     (the others it rejected through the `Tally`); `finish` takes the server step.
+
+    Optional: ``keeps_model = True`` (its own z' is not re-read from the model it
+    returned: no `adopt` then); ``admits(replies, freed, server_round, tally)`` (False
+    drops the admitted replies whole, before any eviction: SecAgg+'s one aggregate).
     """
 
     label: str  # in logs and checkpoints
@@ -283,15 +287,20 @@ class RoundLayer:
                 readable.append((replace(reply, key=key), value))
         keyed = [(r.key, _Sender(r.node), (r, v)) for r, v in readable]
         admitted, freed = self.binding.admit(keyed, tally.reject)
+        ordered = [item for _, _, item in admitted]
+        admits = getattr(algorithm, "admits", None)
+        dropped = admits is not None and not admits(ordered, freed, server_round, tally)
+        if dropped:  # the round refused whole: nothing evicted, nothing folded
+            ordered, admitted, freed = [], [], []
         if freed:
             self.evict(freed, "their nodes left the federation; new nodes start fresh")
         incoming = [key for key, _, _ in admitted]
-        crowded = self.binding.stale(self.clock, None, self.clients.max_count, incoming)
+        stale = self.binding.stale
+        crowded = [] if dropped else stale(self.clock, None, self.clients.max_count, incoming)
         if crowded:
             self.evict(
                 crowded, "stale: their nodes left, or least recently heard beyond max_clients"
             )
-        ordered = [item for _, _, item in admitted]
         with single_thread_blas():
             folded = algorithm.fold(ordered, server_round, tally)
         accepted = []

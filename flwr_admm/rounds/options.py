@@ -15,7 +15,7 @@ from typing import Any
 from flwr_admm.rounds.checkpoint import checkpoint_every_value
 from flwr_admm.rounds.identity import KEY_BINDINGS, optional_count
 
-__all__ = ["Checkpointing", "ClientPolicy"]
+__all__ = ["Checkpointing", "ClientPolicy", "checkpointing"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,19 @@ class Checkpointing:
     def path(self) -> Path:
         """Return `directory` as a `Path`."""
         return Path(self.directory)
+
+
+def checkpointing(
+    directory: str | os.PathLike[str] | None, every: int = 1, resume: bool = True
+) -> Checkpointing | None:
+    """Return the `Checkpointing` of a strategy's flat keywords (None: no directory).
+
+    `every` is checked even without a directory (ValueError naming checkpoint_every).
+    """
+    if directory is None:
+        checkpoint_every_value(every)
+        return None
+    return Checkpointing(directory, every, resume)
 
 
 @dataclass(frozen=True)

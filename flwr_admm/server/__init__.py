@@ -2,10 +2,11 @@
 
 The baselines are FedNova, SCAFFOLD and FedDyn (their rounds: `flwr_admm.rounds`).
 
-Thin translations between Flower's FitIns/FitRes and the numpy core
-(`flwr_admm.core`). FedADMM and FedADMMClientDuals share one round skeleton
-(`flwr_admm.server.base.ConsensusStrategy`: seeded sampling, reply order, duplicate
-keys, checkpoints) and override only its hooks.
+Thin translations between Flower's FitIns/FitRes and the rounds of `flwr_admm.rounds`:
+FedADMM and FedADMMClientDuals are keyword front-ends over one translator
+(`flwr_admm.server.strategy.RoundStrategy`) driving their round
+(`flwr_admm.rounds.fedadmm`, `flwr_admm.rounds.client_duals`) through the round layer
+(`flwr_admm.rounds.layer`: seeded sampling, reply order, duplicate keys, checkpoints).
 """
 
 from flwr_admm.server.client_duals import FedADMMClientDuals

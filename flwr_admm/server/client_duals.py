@@ -82,53 +82,30 @@ unsent part waits on the client and enters S with its next reply. ``uplink_bytes
 reports the payload bytes of each round as in `FedADMM`. Local DP is not supported.
 
 Clients MUST follow the protocol above; `ADMMClient` does on ``admm-duals = "client"``.
-The client side of the protocol lives in `flwr_admm.client.client_duals`, the reply
-checks in `flwr_admm.rounds.client_duals_replies`, and the round skeleton (sampling,
-reply order, duplicate keys, checkpoints) in `flwr_admm.server.base.ConsensusStrategy`.
+The client side of the protocol lives in `flwr_admm.client.client_duals`; the round
+(`flwr_admm.rounds.client_duals.ClientDualsRound`, the same the Message API runs) and
+its state and checks in `flwr_admm.rounds.client_duals_state`; sampling, reply order,
+duplicate keys and checkpoints in `flwr_admm.rounds.layer.RoundLayer`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
-from numpy.typing import NDArray
+from typing import Any
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
-from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
-from flwr_admm.core.linearized import FormSpec, check_form, client_held_steps
+from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import given_rho
-from flwr_admm.core.types import Arrays
-from flwr_admm.core.validation import check_reply
-from flwr_admm.protocol import (
-    FORM,
-    FORM_LINEARIZED,
-    MODE_CLIENT,
-    MODE_KEY,
-    NUM_RESYNCED,
-    NUM_STATE_MISMATCH,
-    PREVIOUS_ROUND,
-    RHO,
-)
-from flwr_admm.rounds.client_duals_replies import RoundStats
-from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
-from flwr_admm.server.base import ConsensusStrategy
-from flwr_admm.server.sampling import KeyedReply
-from flwr_admm.uplink.channel import UplinkChannel
-from flwr_admm.uplink.compression import Compressor, checked_uplink
-from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views, to_parameters
+from flwr_admm.rounds.client_duals import ClientDualsRound, ClientDualsViews
+from flwr_admm.rounds.options import ClientPolicy, checkpointing
+from flwr_admm.server.strategy import RoundStrategy
+from flwr_admm.uplink.compression import Compressor
 
 __all__ = ["FedADMMClientDuals"]
 
 
-class FedADMMClientDuals(ConsensusStrategy):
+class FedADMMClientDuals(ClientDualsViews, RoundStrategy):
     """Federated consensus ADMM with client-held duals (see the module docstring).
 
     Takes Flower's `FedAvg` keywords plus these; all keyword-only, as Flower's legacy FedAvg.
@@ -175,9 +152,9 @@ class FedADMMClientDuals(ConsensusStrategy):
         ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
         fixed point).
     key_binding, max_client_age, max_clients :
-        Client identity and eviction, as in `FedADMM` (`ConsensusStrategy`): under
-        "node" (default) a key is accepted only from its node; an evicted key's share
-        leaves S through the rebuild sweep.
+        Client identity and eviction, as in `FedADMM` (`ClientPolicy`): under "node"
+        (default) a key is accepted only from its node; an evicted key's share leaves
+        S through the rebuild sweep.
     health : HealthCheck or None
         Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
     form : {"prox", "linearized"} or Linearized
@@ -186,9 +163,6 @@ class FedADMMClientDuals(ConsensusStrategy):
         ``admm-step-budget`` is rejected); under SecAgg+ b_i travels in the clear.
 
     """
-
-    label: ClassVar[str] = STRATEGY
-    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH, NUM_RESYNCED)
 
     def __init__(
         self,
@@ -210,201 +184,38 @@ class FedADMMClientDuals(ConsensusStrategy):
         checkpoint_every: int = 1,
         resume: bool = True,
         uplink: Compressor | None = None,
+        key_binding: str = "node",
+        max_client_age: int | None = None,
+        max_clients: int | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
         form: FormSpec = "prox",
         **fedavg_kwargs: Any,
     ) -> None:
-        self.form = check_form(form)
-        if self.form == "linearized":  # rho = 1: rho_i = 1 / b_i on the nodes
-            given: dict[str, object] = {"rho": rho, "proximal_mu": proximal_mu}
-            given.update(regularizer=regularizer, rho_schedule=rho_schedule, uplink=uplink)
-            given.update(client_rho=client_rho, relaxation=relaxation, dual_step=dual_step)
-            dual_step, rho = client_held_steps(form, {**given, "acceleration": acceleration})
-        super().__init__(
-            channel=UplinkChannel(checked_uplink(uplink)),
-            stop_on_convergence=stop_on_convergence,
-            sampling_seed=sampling_seed,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            health=health,
-            **fedavg_kwargs,
-        )
-        self.state = ClientDualsState(
-            rho=given_rho(rho, proximal_mu),
+        self.algorithm = self._round(
+            rho=rho,
+            proximal_mu=proximal_mu,
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            acceleration=acceleration,
-            restart_eta=restart_eta,
             rho_schedule=rho_schedule,
             client_rho=client_rho,
             relaxation=relaxation,
             dual_step=dual_step,
-            restores=self.form == "prox" and uplink is None,  # c_i is then the whole state
-            linearized=self.form == "linearized",
+            acceleration=acceleration,
+            restart_eta=restart_eta,
+            uplink=uplink,
+            form=form,
         )
-        self._broadcast: Parameters | None = None  # what we returned last (z serialized)
-        self._resume(resume)
+        super().__init__(
+            self.algorithm,
+            sampling_seed=sampling_seed,
+            clients=ClientPolicy(key_binding, max_client_age, max_clients),
+            checkpoint=checkpointing(checkpoint_dir, checkpoint_every, resume),
+            health=health,
+            stop_on_convergence=stop_on_convergence,
+            **fedavg_kwargs,
+        )
 
-    def __repr__(self) -> str:
-        state = self.state
-        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"
-
-    @property
-    def z(self) -> Arrays | None:
-        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
-        return self.state.z
-
-    # ------------------------------------------------------------------- fit
-    def _fit_instructions(
-        self, clients: list[ClientProxy], parameters: Parameters, config: dict[str, Scalar]
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        """Send z^k (one payload for all), rho, and each client's ack and rebuild flag.
-
-        ack = the round whose contribution S holds for the client's key (0: none);
-        rebuild = 1 while a sweep needs that key's full share.
-        """
-        state = self.state
-        common: dict[str, Scalar] = {**config, RHO: state.rho, MODE_KEY: MODE_CLIENT}
-        if self.form == "linearized":  # nodes start at z^k, y_i = u_i / b_i
-            common[FORM] = FORM_LINEARIZED
-        if state.momentum is not None:  # fast ADMM: g, the restart kind; z_k after z^_{k+1}
-            common.update(fast_config(state.momentum))
-            last = state.momentum.last  # none yet: z_k = z^ (g = 0)
-            z_k = (
-                parameters.tensors if last is None else to_parameters(last.z, self._dtypes).tensors
-            )
-            parameters = Parameters([*parameters.tensors, *z_k], parameters.tensor_type)
-        return [
-            (
-                client,
-                FitIns(
-                    parameters, {**common, **state.instructions(self._key_of_cid.get(client.cid))}
-                ),
-            )
-            for client in clients
-        ]
-
-    def _open_round(self, keys: list[str]) -> None:
-        self.state.stats = RoundStats()
-
-    def _fold_reply(self, keyed: KeyedReply, server_round: int, counts: dict[str, Scalar]) -> bool:
-        """Fold a reply that keeps the protocol: S += Delta_i, N += n_i' - n_i.
-
-        A full contribution (previous round 0) for a key S holds is a resync: its old
-        share goes stale and the sweep takes it out of S.
-        """
-        key, proxy, res = keyed
-        state = self.state
-        assert state.contribution_sum is not None
-        report = state.problem(key, res.metrics, res.num_examples)
-        if report is not None:
-            problem, mismatch = report
-            self._reject(key, problem, counts)
-            counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + mismatch
-            return False
-        reply = decoded_reply(self.channel, res, state.contribution_sum)
-        if reply.problem is not None:
-            self._reject(key, reply.problem, counts)
-            return False
-        full = res.metrics[PREVIOUS_ROUND] == 0
-        n = int(res.num_examples)
-        if state.fold(key, reply.change, reply.share, n, server_round, res.metrics, full=full):
-            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
-        self._key_of_cid[proxy.cid] = key
-        return True
-
-    def _evict(self, keys: list[str]) -> None:
-        """Forget `keys`: drop their entries, N -= n_i; the sweep removes their shares."""
-        self.state.evict(keys)
-
-    def _discard_round(self) -> dict[str, Scalar]:
-        return self.state.discard_metrics()
-
-    def _finish_round(self, server_round: int) -> dict[str, Scalar]:
-        """Take the z-step z = prox_{g/rho}(S / (N + N_stale)); return the residuals."""
-        metrics, self.converged = self.state.finish_round()
-        return metrics
-
-    # ----------------------------------------------------------------- state
-    def _consensus(self) -> Arrays | None:
-        return self.state.z
-
-    def _serialized_consensus(self) -> Parameters:
-        assert self.state.z is not None
-        self._broadcast = to_parameters(self.state.z, self._dtypes)
-        return self._broadcast
-
-    def _adopt(self, parameters: Parameters) -> None:
-        """Take the broadcast z as z^k (decoded unless it is what we returned)."""
-        if parameters is self._broadcast and self.state.z is not None:
-            return
-        received = parameters_to_ndarrays(parameters)
-        z = [np.array(t, dtype=np.float64) for t in received]
-        if self.state.z is None:
-            self._dtypes = [np.asarray(t).dtype for t in received]
-        elif [t.shape for t in z] != [t.shape for t in self.state.z]:
-            raise ValueError(
-                f"parameters: expected shapes {[t.shape for t in self.state.z]}, "
-                f"got {[t.shape for t in z]}"
-            )
-        self.state.adopt(z)
-
-    # ------------------------------------------------------------- checkpoints
-    def configuration(self) -> dict[str, Any]:
-        """Return the configuration a checkpoint must agree with (JSON)."""
-        form = {} if self.form == "prox" else {"form": self.form}
-        return {**self.state.configuration(STRATEGY), **form}
-
-    def _state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
-        """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
-        return self.state.state_dict()
-
-    def _load_state_dict(
-        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], dtypes: list[np.dtype[Any]]
-    ) -> None:
-        if len(dtypes) != int(manifest["num_tensors"]):
-            raise ValueError("z, S and dtypes disagree")
-        self.state.load_state_dict(arrays, manifest)
-        self._broadcast = None
-
-
-@dataclass(frozen=True)
-class DecodedReply:
-    """Delta_i of a reply, its full share sigma_i' if it sent one, or why it is unusable."""
-
-    problem: str | None
-    change: Sequence[NDArray[np.generic]]
-    share: Sequence[NDArray[np.generic]] | None
-
-
-def decoded_reply(channel: UplinkChannel, res: FitRes, like: Arrays) -> DecodedReply:
-    """Decode Delta_i (the first P tensors) and sigma_i' (P more ``.npy`` tensors, if any).
-
-    `like` gives the expected shapes (S itself: nothing is copied from it). Both
-    blocks are checked (shapes, finite) before anything touches S.
-    """
-    tensors, count = res.parameters.tensors, len(like)
-    shapes = [t.shape for t in like]
-    try:
-        change = _decoded(channel, Parameters(tensors[:count], res.parameters.tensor_type), like)
-        problem, _ = check_reply(change, res.num_examples, shapes)
-        share = None
-        if problem is None and len(tensors) == 2 * count:
-            share = channel.decode(Parameters(tensors[count:], NUMPY_TENSOR_TYPE), lambda: like)
-            problem, _ = check_reply(share, res.num_examples, shapes)
-            problem = None if problem is None else f"share: {problem}"
-        elif problem is None and len(tensors) != count:
-            problem = f"expected {count} or {2 * count} tensors, got {len(tensors)}"
-    except Exception as error:  # a malformed reply must not stop the server
-        return DecodedReply(f"unreadable reply ({error!r})", [], None)
-    return DecodedReply(problem, change, share)
-
-
-def _decoded(
-    channel: UplinkChannel, parameters: Parameters, like: Arrays
-) -> Sequence[NDArray[np.generic]]:
-    """Return Delta_i: the reply's views, or decode(payload) when compressed."""
-    if channel.compressor is None:
-        return parameters_to_views(parameters)
-    return channel.decode(parameters, lambda: like, add_center=False)
+    def _round(self, **settings: Any) -> ClientDualsRound:
+        """Return the round this strategy runs (SecAgg+: `SecureClientDualsRound`)."""
+        return ClientDualsRound(**settings)

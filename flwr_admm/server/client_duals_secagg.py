@@ -23,12 +23,14 @@ metadata, so the round's aggregate is used whole or dropped whole (``num_secure_
 = 1): dropped if any reply breaks the protocol (state mismatch, unusable key, key
 conflict, duplicate), if the aggregate is not finite or outside [-c, c], if the
 replies do not carry one common aggregate (no SecAgg+), or if a statistic's sum is
-negative. The acknowledgement then works per round instead of per reply: S holds the
-round's contributions of every client in the aggregate (their ack becomes this round)
-or of none (their ack stays, they retrain from their committed state). A round SecAgg+
-itself halts (too few shares) never reaches ``aggregate_fit``: same outcome. Clients
-that drop out before sending their masked vector are not in the sum, and not in the
-results: SecAgg+ removes their masks and the round goes on without them.
+negative; a dropped round changes nothing, not even an eviction (the round layer asks
+`SecureClientDualsRound.admits` first). The acknowledgement then works per round
+instead of per reply: S holds the round's contributions of every client in the
+aggregate (their ack becomes this round) or of none (their ack stays, they retrain
+from their committed state). A round SecAgg+ itself halts (too few shares) never
+reaches ``aggregate_fit``: same outcome. Clients that drop out before sending their
+masked vector are not in the sum, and not in the results: SecAgg+ removes their masks
+and the round goes on without them.
 
 Rebuild sweep under SecAgg+: while one is on, every sampled client gets
 ``admm-secagg-sweep`` = 1 and appends a second block: grid(sigma_i') if asked to
@@ -42,11 +44,12 @@ Not supported: uplink compression (SecAgg+ quantizes already), local DP, fast AD
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from logging import WARNING
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import FitRes, Scalar, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
@@ -68,14 +71,198 @@ from flwr_admm.protocol import (
     SECURE_DROPPED,
     STEP_BUDGET,
 )
+from flwr_admm.rounds.client_duals import ClientDualsRound
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
-from flwr_admm.rounds.identity import client_key_of
-from flwr_admm.server.base import Results
+from flwr_admm.rounds.exchange import Incoming
+from flwr_admm.rounds.layer import Tally
 from flwr_admm.server.client_duals import FedADMMClientDuals
-from flwr_admm.server.sampling import keyed_replies
 from flwr_admm.uplink.wire import parameters_problem
 
-__all__ = ["FedADMMClientDualsSecAgg"]
+__all__ = ["FedADMMClientDualsSecAgg", "SecureClientDualsRound"]
+
+Aggregate = tuple[Arrays, Arrays | None, list[float]]  # sum Delta, the S_new block's sum, stats
+
+
+class SecureClientDualsRound(ClientDualsRound):
+    """`ClientDualsRound` over SecAgg+'s one aggregate: all or nothing (module docstring).
+
+    Every reply carries the same aggregate (`FedADMMClientDualsSecAgg` reads it whole);
+    its clear metrics are checked reply by reply in `admits`, which refuses the round
+    (``num_secure_dropped`` = 1) before any key is evicted or any state changes.
+    """
+
+    label = "FedADMMClientDualsSecAgg"
+    counters: tuple[str, ...] = (NUM_STATE_MISMATCH, NUM_RESYNCED, SECURE_DROPPED)
+    reply_blocks: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        secagg_scale: float | None = None,
+        clipping_range: float = 8.0,
+        quantization_range: int = 1 << 22,
+        modulus_range: int = 1 << 32,
+        max_weight: int = 1000,
+        **settings: Any,
+    ) -> None:
+        if settings.get("acceleration") is not None:
+            raise ValueError(
+                "acceleration: not supported under SecAgg+ (only None; z_k would have to "
+                f"follow z^ to every client), got {settings['acceleration']!r}; "
+                "use FedADMMClientDuals"
+            )
+        if settings.get("uplink") is not None:
+            raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
+        if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
+            raise ValueError(f"max_weight: must be an integer >= 1, got {max_weight!r}")
+        if secagg_scale is None and isinstance(clipping_range, int | float) and clipping_range > 0:
+            secagg_scale = max_weight / clipping_range
+        self.grid = SecureGrid(clipping_range, quantization_range, secagg_scale)  # type: ignore[arg-type]
+        if (
+            isinstance(modulus_range, bool)
+            or not isinstance(modulus_range, int)
+            or modulus_range <= quantization_range
+            or modulus_range > 1 << 32
+            or bin(modulus_range).count("1") != 1
+        ):
+            raise ValueError(
+                "modulus_range: must be a power of two > quantization_range and <= 2**32, "
+                f"got {modulus_range!r}"
+            )
+        self.max_weight, self.modulus_range = max_weight, modulus_range
+        self._sweep_sent: Arrays | None = None  # the S_new the clients were told about
+        self._aggregate: Aggregate | None = None  # the round's, once `admits` read it
+        super().__init__(restores=False, **settings)  # the server never sees a share
+
+    def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
+        """Add the grid (s, c, T), the weight and the sweep flag to every config."""
+        if sampled * self.grid.quantization_range >= self.modulus_range:
+            raise ValueError(
+                f"quantization_range: {sampled} clients x {self.grid.quantization_range} "
+                f"levels overflow modulus_range {self.modulus_range}; lower it or sample fewer"
+            )
+        self._sweep_sent = self.state.sweep.new_sum
+        return {
+            **super().round_config(sampled, population),
+            SECAGG_SCALE: float(self.grid.scale),
+            SECAGG_CLIP: float(self.grid.clipping_range),
+            SECAGG_LEVELS: self.grid.quantization_range,
+            SECAGG_WEIGHT: self.max_weight,
+            SECAGG_SWEEP: int(self._sweep_sent is not None),
+        }
+
+    def read(self, reply: Incoming) -> tuple[Any, str | None]:
+        """Take a reply as it is: its vector is inside the sum whatever its metadata says."""
+        return reply.metrics, None
+
+    def admits(
+        self,
+        replies: list[tuple[Incoming, Any]],
+        freed: list[str],
+        server_round: int,
+        tally: Tally,
+    ) -> bool:
+        """Check every reply's clear metadata and the aggregate; False drops the round."""
+        if not replies and not tally.counts[NUM_REJECTED]:
+            return False  # nothing arrived: nothing to drop
+        for reply, _ in replies:
+            entry = None if reply.key in freed else self.state.clients.get(reply.key)
+            report = protocol_problem(
+                entry,
+                reply.metrics,
+                reply.num_examples,
+                secure=True,
+                linearized=self.state.linearized,
+            )
+            if report is None and int(reply.metrics[SECAGG_EXAMPLES]) < 1:
+                report = f"{SECAGG_EXAMPLES} must be >= 1", 0
+            if report is not None:
+                tally.reject(reply.key, report[0])
+                tally.add(NUM_STATE_MISMATCH, report[1])
+        self._aggregate, problem = self._read_aggregate([reply for reply, _ in replies])
+        if problem is None and tally.counts[NUM_REJECTED]:
+            problem = "a reply broke the protocol, and its vector is inside the sum"
+        if problem is not None:
+            log(WARNING, "%s round %s: aggregate dropped: %s", self.label, server_round, problem)
+            tally.add(SECURE_DROPPED)
+            self._aggregate = None
+        return problem is None
+
+    def fold(
+        self, replies: list[tuple[Incoming, Any]], server_round: int, tally: Tally
+    ) -> list[bool]:
+        """N += n_i' - n_i and the entries from the clear n_i; S += s sum_i x_i."""
+        state, aggregate, self._aggregate = self.state, self._aggregate, None
+        if aggregate is None:  # the round was dropped (`admits`)
+            return [False] * len(replies)
+        assert state.contribution_sum is not None
+        for reply, _ in replies:  # a resync's old share goes stale
+            n = int(reply.metrics[SECAGG_EXAMPLES])
+            full = reply.metrics[PREVIOUS_ROUND] == 0
+            tally.add(NUM_RESYNCED, int(state.record(reply.key, n, server_round, full=full)))
+        change, new_block, stats = aggregate
+        sweep = state.sweep
+        same_sweep = sweep.new_sum is not None and sweep.new_sum is self._sweep_sent
+        keys = [reply.key for reply, _ in replies]
+        sweep.fold_sum(keys, state.contribution_sum, change, new_block if same_sweep else None)
+        state.stats = _round_stats([reply.metrics for reply, _ in replies], stats)
+        return [True] * len(replies)
+
+    def _read_aggregate(self, replies: list[Incoming]) -> tuple[Aggregate | None, str | None]:
+        """Return (sum Delta, the S_new block's sum or None, summed statistics), or why not."""
+        like = self.state.contribution_sum
+        assert like is not None
+        if not replies or replies[0].arrays is None:
+            return None, "no results"
+        first = replies[0].arrays
+        if any(r.arrays is None or r.arrays.tensors != first.tensors for r in replies[1:]):
+            return None, "the replies carry different arrays: not a SecAgg+ aggregate"
+        count, shapes = len(like), [t.shape for t in like]
+        stats_shape = (NUM_STATS * self.grid.num_limbs,)
+        blocks = 2 if self._sweep_sent is not None else 1
+        problem = parameters_problem(first, shapes * blocks + [stats_shape])  # before a copy
+        if problem is not None:
+            return None, f"unusable aggregate ({problem})"
+        try:
+            mean = [np.asarray(t, dtype=np.float64) for t in parameters_to_ndarrays(first)]
+        except Exception as error:  # a malformed aggregate must not stop the server
+            return None, f"unreadable aggregate ({error!r})"
+        if [t.shape for t in mean] != shapes * blocks + [stats_shape]:
+            return None, f"expected {blocks} block(s) of shapes {shapes} and {stats_shape}"
+        bound = float(self.grid.clipping_range) * (1 + 1e-9)
+        if not all(np.isfinite(t).all() and np.abs(t).max(initial=0.0) <= bound for t in mean):
+            return None, "the aggregate is not finite or lies outside [-c, c]"
+        total = self.grid.total(mean[: count * blocks], len(replies))
+        try:
+            stats = decode_stats(self.grid, self.grid.levels(mean[-1:], len(replies))[0], NUM_STATS)
+        except ValueError as error:
+            return None, str(error)
+        new_block = total[count:] if blocks == 2 else None
+        return (total[:count], new_block, stats), None
+
+    def configuration(self) -> dict[str, Any]:
+        """Return `ClientDualsRound`'s configuration plus the SecAgg+ grid."""
+        return {
+            **super().configuration(),
+            "secagg": [self.grid.scale, self.grid.clipping_range, self.grid.quantization_range],
+        }
+
+
+def _round_stats(metrics: list[Mapping[str, Any]], stats: list[float]) -> RoundStats:
+    """Return the round's RoundStats from the summed statistics and the clear n_i."""
+    round_stats = RoundStats()
+    for reported in metrics:
+        n = float(reported[SECAGG_EXAMPLES])
+        round_stats.num_replies += 1
+        round_stats.n += n
+        if STEP_BUDGET in reported:  # the linearized form's b_i, in the clear
+            round_stats.budgets.append(float(reported[STEP_BUDGET]))
+        if reported[PREVIOUS_ROUND] != 0:
+            round_stats.num_delayed += 1
+            round_stats.n_delayed += n
+    round_stats.w_sq, round_stats.u_sq, round_stats.d2, round_stats.loss = stats[:4]
+    round_stats.losses_finite = stats[4] == 0 and math.isfinite(stats[3])
+    return round_stats
 
 
 class FedADMMClientDualsSecAgg(FedADMMClientDuals):
@@ -98,8 +285,7 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
 
     """
 
-    label: ClassVar[str] = "FedADMMClientDualsSecAgg"
-    counters: ClassVar[tuple[str, ...]] = (NUM_STATE_MISMATCH, NUM_RESYNCED, SECURE_DROPPED)
+    algorithm: SecureClientDualsRound
 
     def __init__(
         self,
@@ -111,34 +297,37 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         max_weight: int = 1000,
         **client_duals_kwargs: Any,
     ) -> None:
-        if client_duals_kwargs.get("acceleration") is not None:
-            raise ValueError(
-                "acceleration: not supported under SecAgg+ (only None; z_k would have to "
-                "follow z^ to every client), got "
-                f"{client_duals_kwargs['acceleration']!r}; use FedADMMClientDuals"
-            )
-        if client_duals_kwargs.get("uplink") is not None:
-            raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
-        if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
-            raise ValueError(f"max_weight: must be an integer >= 1, got {max_weight!r}")
-        if secagg_scale is None and isinstance(clipping_range, int | float) and clipping_range > 0:
-            secagg_scale = max_weight / clipping_range
-        self.grid = SecureGrid(clipping_range, quantization_range, secagg_scale)  # type: ignore[arg-type]
-        if (
-            isinstance(modulus_range, bool)
-            or not isinstance(modulus_range, int)
-            or modulus_range <= quantization_range
-            or modulus_range > 1 << 32
-            or bin(modulus_range).count("1") != 1
-        ):
-            raise ValueError(
-                "modulus_range: must be a power of two > quantization_range and <= 2**32, "
-                f"got {modulus_range!r}"
-            )
-        self.max_weight, self.modulus_range = max_weight, modulus_range
-        self._sweep_sent: Arrays | None = None  # the S_new the clients were told about
+        self._secure: dict[str, Any] = {
+            "secagg_scale": secagg_scale,
+            "clipping_range": clipping_range,
+            "quantization_range": quantization_range,
+            "modulus_range": modulus_range,
+            "max_weight": max_weight,
+        }
         super().__init__(**client_duals_kwargs)
-        self.state.restores = False  # the server never sees a share to offer back
+
+    def _round(self, **settings: Any) -> SecureClientDualsRound:
+        return SecureClientDualsRound(**self._secure, **settings)
+
+    def _incoming(self, proxy: ClientProxy, res: FitRes, count: int) -> Incoming:
+        """Every FitRes carries the round's aggregate: read whole by the round."""
+        raw = (res.num_examples, res.metrics)
+        return Incoming(proxy.cid, res.metrics, res.num_examples, res.parameters, raw=raw)
+
+    @property
+    def grid(self) -> SecureGrid:
+        """SecAgg+'s clipping and quantization ranges, with the common scale s."""
+        return self.algorithm.grid
+
+    @property
+    def max_weight(self) -> int:
+        """The num_examples every client reports (SecAgg+'s weight)."""
+        return self.algorithm.max_weight
+
+    @property
+    def modulus_range(self) -> int:
+        """SecAgg+'s modulus M."""
+        return self.algorithm.modulus_range
 
     def __repr__(self) -> str:
         return f"FedADMMClientDualsSecAgg(rho={self.state.rho}, grid={self.grid!r})"
@@ -159,151 +348,3 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
             modulus_range=self.modulus_range,
             timeout=timeout,
         )
-
-    # ------------------------------------------------------------------- fit
-    def _fit_instructions(
-        self, clients: list[ClientProxy], parameters: Parameters, config: dict[str, Scalar]
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        """Add the grid (s, c, T), the weight and the sweep flag to every FitIns."""
-        if len(clients) * self.grid.quantization_range >= self.modulus_range:
-            raise ValueError(
-                f"quantization_range: {len(clients)} clients x {self.grid.quantization_range} "
-                f"levels overflow modulus_range {self.modulus_range}; lower it or sample fewer"
-            )
-        self._sweep_sent = self.state.sweep.new_sum
-        secure: dict[str, Scalar] = {
-            SECAGG_SCALE: float(self.grid.scale),
-            SECAGG_CLIP: float(self.grid.clipping_range),
-            SECAGG_LEVELS: self.grid.quantization_range,
-            SECAGG_WEIGHT: self.max_weight,
-            SECAGG_SWEEP: int(self._sweep_sent is not None),
-        }
-        instructions = super()._fit_instructions(clients, parameters, config)
-        for _, ins in instructions:
-            ins.config.update(secure)
-        return instructions
-
-    def _fold_replies(
-        self, results: Results, server_round: int, counts: dict[str, Scalar]
-    ) -> Results:
-        """Check every reply's metadata and the aggregate; fold all of them or none."""
-        if not results:
-            return []
-        rejected = int(counts[NUM_REJECTED])
-        keyed = keyed_replies(
-            results, client_key_of, lambda key, why: self._reject(key, why, counts)
-        )
-        admitted, freed = self.binding.admit(
-            keyed, lambda key, why, conflict: self._reject(key, why, counts, conflict)
-        )
-        for key, _, res in admitted:
-            entry = None if key in freed else self.state.clients.get(key)
-            report = protocol_problem(
-                entry, res.metrics, res.num_examples, secure=True, linearized=self.state.linearized
-            )
-            if report is None and int(res.metrics[SECAGG_EXAMPLES]) < 1:  # type: ignore[arg-type]
-                report = f"{SECAGG_EXAMPLES} must be >= 1", 0
-            if report is not None:
-                self._reject(key, report[0], counts)
-                counts[NUM_STATE_MISMATCH] = int(counts[NUM_STATE_MISMATCH]) + report[1]
-        aggregate, problem = self._aggregate(results)
-        if problem is None and int(counts[NUM_REJECTED]) > rejected:
-            problem = "a reply broke the protocol, and its vector is inside the sum"
-        if problem is not None or aggregate is None:
-            log(WARNING, "%s round %s: aggregate dropped: %s", self.label, server_round, problem)
-            counts[SECURE_DROPPED] = 1
-            return []
-        if freed:
-            self._evict_keys(freed, "their nodes left the federation; new nodes start fresh")
-        incoming = [reply.key for reply in admitted]
-        crowded = self.binding.stale(self._clock, None, self.max_clients, incoming)
-        if crowded:
-            self._evict_keys(crowded, "least recently heard beyond max_clients")
-        self._open_round(incoming)
-        for key, proxy, res in admitted:
-            self._fold_metadata(key, proxy, res, server_round, counts)
-        change, new_block, stats = aggregate
-        same_sweep = (
-            self.state.sweep.new_sum is not None and self.state.sweep.new_sum is self._sweep_sent
-        )
-        assert self.state.contribution_sum is not None
-        self.state.sweep.fold_sum(
-            incoming, self.state.contribution_sum, change, new_block if same_sweep else None
-        )
-        self.state.stats = _round_stats([res for _, _, res in admitted], stats)
-        return [(proxy, res) for _, proxy, res in admitted]
-
-    def _fold_metadata(
-        self,
-        key: str,
-        proxy: ClientProxy,
-        res: FitRes,
-        server_round: int,
-        counts: dict[str, Scalar],
-    ) -> None:
-        """N += n_i' - n_i, record (n_i', round); a resync's old share goes stale."""
-        n = int(res.metrics[SECAGG_EXAMPLES])  # type: ignore[arg-type]
-        full = res.metrics[PREVIOUS_ROUND] == 0
-        if self.state.record(key, n, server_round, full=full):
-            counts[NUM_RESYNCED] = int(counts[NUM_RESYNCED]) + 1
-        self.binding.bind(key, proxy.cid, self._clock)
-
-    def _aggregate(
-        self, results: Results
-    ) -> tuple[tuple[Arrays, Arrays | None, list[float]] | None, str | None]:
-        """Return (sum Delta, the S_new block's sum or None, summed statistics), or why not."""
-        assert self.state.contribution_sum is not None
-        if not results:
-            return None, "no results"
-        first = results[0][1].parameters
-        if any(res.parameters.tensors != first.tensors for _, res in results[1:]):
-            return None, "the replies carry different arrays: not a SecAgg+ aggregate"
-        count, shapes = (
-            len(self.state.contribution_sum),
-            [t.shape for t in self.state.contribution_sum],
-        )
-        stats_shape = (NUM_STATS * self.grid.num_limbs,)
-        blocks = 2 if self._sweep_sent is not None else 1
-        problem = parameters_problem(first, shapes * blocks + [stats_shape])  # before a copy
-        if problem is not None:
-            return None, f"unusable aggregate ({problem})"
-        try:
-            mean = [np.asarray(t, dtype=np.float64) for t in parameters_to_ndarrays(first)]
-        except Exception as error:  # a malformed aggregate must not stop the server
-            return None, f"unreadable aggregate ({error!r})"
-        if [t.shape for t in mean] != shapes * blocks + [stats_shape]:
-            return None, f"expected {blocks} block(s) of shapes {shapes} and {stats_shape}"
-        bound = float(self.grid.clipping_range) * (1 + 1e-9)
-        if not all(np.isfinite(t).all() and np.abs(t).max(initial=0.0) <= bound for t in mean):
-            return None, "the aggregate is not finite or lies outside [-c, c]"
-        total = self.grid.total(mean[: count * blocks], len(results))
-        try:
-            stats = decode_stats(self.grid, self.grid.levels(mean[-1:], len(results))[0], NUM_STATS)
-        except ValueError as error:
-            return None, str(error)
-        new_block = total[count:] if blocks == 2 else None
-        return (total[:count], new_block, stats), None
-
-    def configuration(self) -> dict[str, Any]:
-        """Return `FedADMMClientDuals`'s configuration plus the SecAgg+ grid."""
-        return {
-            **super().configuration(),
-            "secagg": [self.grid.scale, self.grid.clipping_range, self.grid.quantization_range],
-        }
-
-
-def _round_stats(replies: list[FitRes], stats: list[float]) -> RoundStats:
-    """Return the round's RoundStats from the summed statistics and the clear n_i."""
-    round_stats = RoundStats()
-    for res in replies:
-        n = float(res.metrics[SECAGG_EXAMPLES])  # type: ignore[arg-type]
-        round_stats.num_replies += 1
-        round_stats.n += n
-        if STEP_BUDGET in res.metrics:  # the linearized form's b_i, in the clear
-            round_stats.budgets.append(float(res.metrics[STEP_BUDGET]))  # type: ignore[arg-type]
-        if res.metrics[PREVIOUS_ROUND] != 0:
-            round_stats.num_delayed += 1
-            round_stats.n_delayed += n
-    round_stats.w_sq, round_stats.u_sq, round_stats.d2, round_stats.loss = stats[:4]
-    round_stats.losses_finite = stats[4] == 0 and math.isfinite(stats[3])
-    return round_stats

@@ -1,33 +1,29 @@
-"""Legacy `flwr.server.strategy` plumbing of the consensus strategies: keywords, sampling, records.
+"""Legacy `flwr.server.strategy` plumbing of the round translator: keywords, sampling.
 
 Keyword checks of Flower's legacy `FedAvg`, the seeded draw from a `ClientManager`
-(`sample_clients`: the order and the draw are `flwr_admm.rounds.sampling.sample_ids`,
-which the Message-API strategies use too), the user's fit-config check, keyed replies
-and the round record of `FedADMM` and `FedADMMClientDuals`.
+(`sample_clients`: the order and the draw are the round layer's,
+`flwr_admm.rounds.sampling.sample_ids`, which the Message-API strategies use too) and
+the user's fit-config check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from logging import INFO, WARNING
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from logging import INFO
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Scalar
+from flwr.common import FitIns, Scalar
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_admm.protocol import (
-    NUM_REJECTED,
     RESERVED_CONFIG_KEYS,
     RESERVED_CONFIG_PREFIXES,
-    ROUND,
     SERVER_ROUND,
 )
 from flwr_admm.rounds.layer import RoundLayer
-from flwr_admm.rounds.report import without_reply_keys
 from flwr_admm.rounds.sampling import check_sampling_seed, check_sizes
 
 
@@ -103,68 +99,3 @@ def sample_clients(
         )
         return []
     return [available[cid] for cid in layer.sample(list(available), size, server_round)]
-
-
-def record_round(
-    strategy: Any,
-    server_round: int,
-    accepted: list[tuple[ClientProxy, FitRes]],
-    metrics: dict[str, Scalar],
-) -> dict[str, Scalar]:
-    """Record one aggregation: merged metrics, appended to `strategy.history`.
-
-    The user's `fit_metrics_aggregation_fn` sees the `accepted` replies only; its
-    entries, without identity and protocol keys (`without_reply_keys`), come first,
-    and where a name is also one of ours, ours wins (with a warning naming the
-    names). `strategy.last_round` becomes `server_round`.
-    """
-    if strategy.fit_metrics_aggregation_fn is not None:
-        user = without_reply_keys(
-            strategy.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, res in accepted]
-            )
-        )
-        clashes = sorted(set(user) & set(metrics))
-        if clashes:
-            log(
-                WARNING,
-                "%s: fit_metrics_aggregation_fn returned %s, which the strategy reports "
-                "itself; the strategy's values are kept",
-                type(strategy).__name__,
-                clashes,
-            )
-        metrics = {**user, **metrics}
-    strategy.history.append({ROUND: server_round, **metrics})
-    strategy.last_round = server_round
-    return metrics
-
-
-class KeyedReply(NamedTuple):
-    """One fit reply with the client key it is filed under."""
-
-    key: str
-    proxy: ClientProxy
-    res: FitRes
-
-
-def keyed_replies(
-    results: list[tuple[ClientProxy, FitRes]],
-    key_of: Callable[[str, dict[str, Scalar]], str],
-    reject: Callable[[str, str], None],
-) -> list[KeyedReply]:
-    """Each reply with its client key; one whose key cannot be read goes to `reject`."""
-    keyed: list[KeyedReply] = []
-    for proxy, res in results:
-        try:
-            keyed.append(KeyedReply(key_of(proxy.cid, res.metrics), proxy, res))
-        except ValueError as error:  # a key of the wrong type or size
-            reject(f"cid:{proxy.cid}", f"unusable client key: {error}")
-        except Exception as error:  # a malformed reply must not stop the server
-            reject(f"cid:{proxy.cid}", f"unreadable reply ({error!r})")
-    return keyed
-
-
-def reject_reply(strategy: str, key: str, problem: str, counts: dict[str, Scalar]) -> None:
-    """Log why `strategy` rejected the reply of `key` and count it in ``num_rejected``."""
-    log(WARNING, "%s: rejected reply of %s: %s", strategy, key, problem)
-    counts[NUM_REJECTED] = int(counts[NUM_REJECTED]) + 1

@@ -46,7 +46,7 @@ from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.report import without_reply_keys
 from flwr_admm.rounds.sampling import unconfigured
 from flwr_admm.server.sampling import check_flower_fields, check_user_config, sample_clients
-from flwr_admm.uplink.wire import to_parameters
+from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, to_parameters
 
 __all__ = ["Failures", "Results", "RoundStrategy"]
 
@@ -94,6 +94,7 @@ class RoundStrategy(FedAvg):
             advice=advice,
         )
         self._model_sent: Parameters | None = None  # this round's z^k, as received
+        self._returned: Parameters | None = None  # the last z' we returned
         self.round.resume()
 
     # ---------------------------------------------------------------- views
@@ -109,7 +110,7 @@ class RoundStrategy(FedAvg):
 
     @property
     def key_binding(self) -> str:
-        """Who may speak for a client key: "node", "authenticated" or "reported"."""
+        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
         return self.round.clients.key_binding
 
     @property
@@ -148,13 +149,15 @@ class RoundStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Adopt z^k, evict stale keys, sample clients, send each its FitIns."""
         layer = self.round
-        received = parameters_to_ndarrays(parameters)
-        layout = layer.layout or Layout.of(received, self.tensor_names)
-        z = [np.asarray(t, dtype=np.float64) for t in received]
-        if [t.shape for t in z] != list(layout.shapes):
-            raise ValueError(
-                f"parameters: expected shapes {list(layout.shapes)}, got {[t.shape for t in z]}"
-            )
+        z, layout = None, layer.layout  # kept: z' as the algorithm holds it
+        if parameters is not self._returned or not getattr(layer.algorithm, "keeps_model", False):
+            received = parameters_to_ndarrays(parameters)
+            layout = layer.layout or Layout.of(received, self.tensor_names)
+            z = [np.asarray(t, dtype=np.float64) for t in received]
+            if [t.shape for t in z] != list(layout.shapes):
+                raise ValueError(
+                    f"parameters: expected shapes {list(layout.shapes)}, got {[t.shape for t in z]}"
+                )
         server_round = layer.configure(server_round, z, layout)
         self._model_sent = parameters
         if layer.stopped():
@@ -245,14 +248,18 @@ class RoundStrategy(FedAvg):
             sizes = " or ".join(str(count * k) for k in range(1, len(names) + 2))
             problem = f"expected {sizes} tensors, got {len(tensors)}"
             return Incoming(proxy.cid, res.metrics, res.num_examples, raw=raw, problem=problem)
-        cut = [Parameters(tensors[i : i + count], kind) for i in range(0, len(tensors), count)]
-        blocks = dict(zip(names, cut[1:], strict=False))
-        return Incoming(proxy.cid, res.metrics, res.num_examples, cut[0], blocks, raw)
+        blocks = {  # further blocks are numpy's; only the model block may be a payload
+            name: Parameters(tensors[i : i + count], NUMPY_TENSOR_TYPE)
+            for name, i in zip(names, range(count, len(tensors), count), strict=False)
+        }
+        model = Parameters(tensors[:count], kind)
+        return Incoming(proxy.cid, res.metrics, res.num_examples, model, blocks, raw)
 
     def _model_parameters(self) -> Parameters:
         model, layout = self.round.algorithm.model(), self.round.layout
         assert model is not None and layout is not None
-        return to_parameters(model, layout.dtypes)  # Flower's bytes, one copy
+        self._returned = to_parameters(model, layout.dtypes)  # Flower's bytes, one copy
+        return self._returned
 
     # ------------------------------------------------------------- checkpoints
     def settings(self) -> dict[str, Any]:

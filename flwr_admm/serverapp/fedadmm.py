@@ -49,11 +49,12 @@ class FedADMM(RoundStrategy):
     The core is `flwr_admm.core.ConsensusADMM` (over-relaxation, per-client rho,
     acceleration); the legacy `flwr_admm.server.FedADMM` runs the same round.
 
-    Wire contract: what each sampled node gets is in `flwr_admm.serverapp.instructions`
-    (prox form: v_i, z and rho_i). A reply carries one ArrayRecord (w_i) and one MetricRecord with
-    ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's key (``client-key``,
-    else ``partition-id``, else the node id) and ``admm-started-at-z``, which our
-    helpers (`flwr_admm.torch.TorchADMM`, `flwr_admm.clientapp.ADMMTrainStep`) set.
+    Wire contract: what each sampled node gets is `flwr_admm.rounds.fedadmm.FedADMMRound`'s
+    instruction (prox form: v_i, z and rho_i). A reply carries one ArrayRecord (w_i) and
+    one MetricRecord with ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's
+    key (``client-key``, else ``partition-id``, else the node id) and
+    ``admm-started-at-z``, which our helpers (`flwr_admm.torch.TorchADMM`,
+    `flwr_admm.clientapp.ADMMTrainStep`) set.
     A reply without it comes from a stock FedProx handler, which starts at v_i: with
     momentum SGD that start feeds the dual back into the drift and diverges, so such
     a node's dual is held at 0 and it runs FedProx's step around z
@@ -138,7 +139,7 @@ class FedADMM(RoundStrategy):
         ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
         proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
         acceleration (given: ValueError), takes no uplink or local_dp, and rejects a
-        reply without ``admm-step-budget`` (wire: `flwr_admm.serverapp.instructions`).
+        reply without ``admm-step-budget`` (wire: `flwr_admm.rounds.fedadmm`).
 
     Attributes
     ----------

@@ -117,6 +117,7 @@ class RoundStrategy(FedAvg):
             advice=advice,
         )
         self._model_sent: ArrayRecord | None = None  # this round's z^k, as received
+        self._returned: ArrayRecord | None = None  # the last z' we returned
         self.round.resume()
 
     # ---------------------------------------------------------------- views
@@ -132,7 +133,7 @@ class RoundStrategy(FedAvg):
 
     @property
     def key_binding(self) -> str:
-        """Who may speak for a client key: "node", "authenticated" or "reported"."""
+        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
         return self.round.clients.key_binding
 
     @property
@@ -165,7 +166,9 @@ class RoundStrategy(FedAvg):
         if layer.restored:
             arrays = self._resumed(arrays)
         layout = layer.layout if layer.layout is not None else layout_of(arrays)
-        server_round = layer.configure(server_round, read_model(arrays, layout), layout)
+        kept = arrays is self._returned and getattr(layer.algorithm, "keeps_model", False)
+        z = None if kept else read_model(arrays, layout)  # kept: z' as the algorithm holds it
+        server_round = layer.configure(server_round, z, layout)
         self._model_sent = arrays
         if layer.stopped() or self.fraction_train == 0.0:
             return []
@@ -247,7 +250,8 @@ class RoundStrategy(FedAvg):
     def _model_record(self) -> ArrayRecord:
         model, layout = self.round.algorithm.model(), self.round.layout
         assert model is not None and layout is not None
-        return to_record(model, layout)
+        self._returned = to_record(model, layout)
+        return self._returned
 
     def _resumed(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return the checkpoint's z, after checking `arrays` has its names and shapes."""

@@ -30,9 +30,11 @@ from flwr.common import (
     Code,
     Context,
     FitRes,
+    Parameters,
     RecordDict,
     Status,
     ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -228,7 +230,7 @@ def test_a_duplicated_reply_is_rejected_and_its_client_comes_back() -> None:
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
-    instructions = strategy.configure_fit(3, strategy._broadcast, manager)  # type: ignore[arg-type]
+    instructions = strategy.configure_fit(3, _current(strategy), manager)
     results = [(proxy, proxy.fit(ins, None, 3)) for proxy, ins in instructions]
     _, metrics = strategy.aggregate_fit(3, [*results, results[0]], [])  # delivered twice
     assert metrics["num_rejected"] == 2 and metrics["num_replies"] == 2
@@ -258,7 +260,7 @@ def test_supernodes_restarted_under_new_node_ids_rejoin() -> None:
 def test_an_evicted_keys_share_leaves_s() -> None:
     strategy, proxies = _run(4, 3)
     assert strategy.state.contribution_sum is not None
-    strategy._evict(["partition-id:3"])
+    strategy.round.evict(["partition-id:3"], "test")
     strategy.min_available_clients = 3  # its node is gone too
     assert strategy.state.total_examples == 3 * 500 and strategy.state.sweep.active
     _, metrics = _one_round(strategy, proxies[:3], 4)
@@ -293,7 +295,7 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     result = run_rounds(strategy, proxies, 50)
     assert int(result.fit_metrics[-1]["converged"]) == 1
-    strategy._evict(["partition-id:9"])
+    strategy.round.evict(["partition-id:9"], "test")
     strategy.min_available_clients = 9
     flags = [_one_round(strategy, proxies[:9], r)[1] for r in range(51, 71)]
     rebuilding = [m for m in flags if m["rebuilding"]]
@@ -449,10 +451,18 @@ def _replies_of(
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
-    instructions = strategy.configure_fit(server_round, strategy._broadcast, manager)  # type: ignore[arg-type]
+    instructions = strategy.configure_fit(server_round, _current(strategy), manager)
     quiet = {proxy.cid for proxy in proxies[replying:]}
     results = [(p, p.fit(ins, None, server_round)) for p, ins in instructions if p.cid not in quiet]
     return strategy.aggregate_fit(server_round, results, [])[1]
+
+
+def _current(strategy: FedADMMClientDuals) -> Parameters:
+    """Return z as the driver hands it back: the strategy's z', else the initial one."""
+    if strategy.z is None:
+        assert strategy.initial_parameters is not None
+        return strategy.initial_parameters
+    return ndarrays_to_parameters(strategy.z)
 
 
 def _one_round(
@@ -462,11 +472,30 @@ def _one_round(
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
-    parameters = strategy._broadcast or strategy.initial_parameters
-    instructions = strategy.configure_fit(server_round, parameters, manager)  # type: ignore[arg-type]
+    instructions = strategy.configure_fit(server_round, _current(strategy), manager)
     results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in instructions]
     _, metrics = strategy.aggregate_fit(server_round, results, [])
     return instructions, metrics
+
+
+def test_the_returned_parameters_are_not_re_read_so_z_stays_float64() -> None:
+    """A float32 model: the driver hands back what the strategy returned, and z' is
+    kept as the z-step left it; other parameters are read (rounded) as z^k."""
+    initial = ndarrays_to_parameters([np.zeros(20, dtype=np.float32)])
+    strategy = FedADMMClientDuals(rho=0.1, initial_parameters=initial)
+    result = run_rounds(strategy, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), 2)
+    assert result.parameters is not None and strategy.z is not None
+    kept = strategy.z[0].copy()
+    assert kept.dtype == np.float64 and not np.array_equal(kept, kept.astype(np.float32))
+    manager = SimpleClientManager()
+    for proxy in make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS):
+        manager.register(proxy)
+    sent = strategy.configure_fit(3, result.parameters, manager)
+    np.testing.assert_array_equal(strategy.z[0], kept)
+    assert parameters_to_ndarrays(sent[0][1].parameters)[0].dtype == np.float32
+    copy = ndarrays_to_parameters(parameters_to_ndarrays(result.parameters))
+    strategy.configure_fit(3, copy, manager)
+    np.testing.assert_array_equal(strategy.z[0], kept.astype(np.float32))
 
 
 def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
@@ -475,7 +504,7 @@ def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None
     manager = SimpleClientManager()
     for proxy in proxies:
         manager.register(proxy)
-    instructions = strategy.configure_fit(3, strategy._broadcast, manager)  # type: ignore[arg-type]
+    instructions = strategy.configure_fit(3, _current(strategy), manager)
     assert instructions[0][1].config["uplink"] == "sq"
     results = [(proxy, proxy.fit(ins, None, 3)) for proxy, ins in instructions]
     results.sort(key=lambda item: int(item[1].metrics["partition-id"]))

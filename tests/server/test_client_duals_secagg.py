@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
-from secagg_emulation import SecureSumEmulation, faulty_proxies
+from flwr.server.client_manager import SimpleClientManager
+from secagg_emulation import FaultyProxy, SecureSumEmulation, faulty_proxies
 from seed_task import first_round_below, gaps
 
 from flwr_admm.core.secure_sum import SecureGrid
@@ -202,6 +203,42 @@ def test_replies_that_are_not_one_aggregate_are_refused() -> None:
     assert [m["num_secure_dropped"] for m in result.fit_metrics] == [1, 1]
     assert np.all(recorder.matrix == 0.0)
     assert strategy.state.clients == {}
+
+
+def test_a_dropped_round_evicts_nothing_not_even_the_keys_of_departed_nodes() -> None:
+    """The aggregate is judged before any eviction: all or nothing.
+
+    Nodes 1-4 take part in rounds 1-2; SuperNodes restarted under ids 11-14 reply from
+    round 3 (conflicts while the old nodes are within their grace, then their keys are
+    freed). In round 4 node 11 also claims node 12's key: the round is dropped, so the
+    departed keys stay (no eviction, no fold); round 5's sampling evicts them and the
+    new nodes join fresh.
+    """
+    strategy = FedADMMClientDualsSecAgg(
+        rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=4
+    )
+    secure = SecureSumEmulation(strategy)
+    result = run_rounds(secure, make_proxies(admm_client_fn(**CLIENT), 4), 2)
+    held = dict(strategy.state.clients)
+    fresh = make_proxies(admm_client_fn(**CLIENT), 4, node_ids=[11, 12, 13, 14])
+    fresh[0].__class__ = FaultyProxy
+    fresh[0].faults = {4: "steal"}  # type: ignore[attr-defined]
+    parameters, metrics = result.parameters, []
+    for server_round in (3, 4, 5):
+        manager = SimpleClientManager()
+        for proxy in fresh:
+            manager.register(proxy)
+        sent = strategy.configure_fit(server_round, parameters, manager)
+        results = [(p, p.fit(ins, None, server_round)) for p, ins in sent]
+        aggregated, round_metrics = secure.aggregate_fit(server_round, results, [])
+        parameters = aggregated or parameters
+        metrics.append(round_metrics)
+    assert [m["num_secure_dropped"] for m in metrics] == [1, 1, 0]
+    assert [m["num_evicted"] for m in metrics] == [0, 0, 4]
+    assert metrics[0]["num_key_conflicts"] == 4 and metrics[1]["num_key_conflicts"] == 0
+    assert metrics[2]["num_replies"] == 4 and metrics[2]["num_rejected"] == 0
+    assert strategy.state.clients != held and set(strategy.state.clients) == set(held)
+    assert {e.last_round for e in strategy.state.clients.values()} == {5}
 
 
 @pytest.mark.parametrize("bad", [np.nan, 9.0])

@@ -111,6 +111,21 @@ def test_next_round_acknowledges_what_s_holds() -> None:
     assert acks == {21: 1, 22: 1, 23: 0}
 
 
+def test_the_returned_record_is_not_re_read_so_z_stays_float64() -> None:
+    """``Strategy.start`` hands back the float32 record we returned: z' is kept as the
+    z-step left it (float64), while another record is read (and rounded) as z^k."""
+    strategy = started()
+    third = {"w": np.full((2, 3), 1.0 / 3.0), "b": np.array(0.0)}
+    z, _ = strategy.aggregate_train(1, [reply(NODES[0], third, **protocol(0))])
+    assert z is not None and strategy.z is not None
+    kept = strategy.z[0].copy()  # S / N = (1/3) / 10
+    assert kept.dtype == np.float64 and not np.array_equal(kept, kept.astype(np.float32))
+    configure(strategy, 2, z, FakeGrid(NODES))
+    np.testing.assert_array_equal(strategy.z[0], kept)
+    configure(strategy, 2, named({"w": z["w"].numpy(), "b": z["b"].numpy()}), FakeGrid(NODES))
+    np.testing.assert_array_equal(strategy.z[0], kept.astype(np.float32))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

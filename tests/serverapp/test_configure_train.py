@@ -10,7 +10,8 @@ from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import START_MARK
-from flwr_admm.serverapp import FedADMM, FedADMMClientDuals, nodes
+from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
+from flwr_admm.serverapp import strategy as translator
 from flwr_admm.serverapp.testing import flower_task_identity
 from flwr_admm.uplink import StochasticQuantizer
 
@@ -170,7 +171,7 @@ def test_unknown_keyword_and_bad_values_are_refused() -> None:
 
 def test_waits_for_min_available_nodes_then_sizes_the_sample(monkeypatch) -> None:
     # Nodes register while the strategy waits: 0, then 3, then all 10 connected.
-    monkeypatch.setattr(nodes, "WAIT_INTERVAL", 0.0)
+    monkeypatch.setattr(translator, "WAIT_INTERVAL", 0.0)
     monkeypatch.setattr(strategy_utils, "sleep", lambda seconds: None)
     stages = ([], list(range(1, 4)), list(range(1, 11)))
     ours = FedADMM(rho=0.1, min_available_nodes=10)
