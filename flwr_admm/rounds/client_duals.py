@@ -52,7 +52,7 @@ from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor, checked_uplink
 from flwr_admm.uplink.wire import parameters_problem
 
-__all__ = ["ClientDualsRound", "ClientDualsViews"]
+__all__ = ["ClientDualsRound"]
 
 
 class ClientDualsRound:
@@ -225,33 +225,3 @@ class ClientDualsRound:
         """Restore `state_dict` (ValueError, nothing changed, if it disagrees with `layout`)."""
         self.state.load_state_dict(arrays, manifest, layout.shapes)
         self.layout = layout
-
-
-class ClientDualsViews:
-    """What both `FedADMMClientDuals` translators show of their `ClientDualsRound`."""
-
-    algorithm: ClientDualsRound
-
-    @property
-    def state(self) -> ClientDualsState:
-        """The server state: z, S, N, the per-key entries and the sweep."""
-        return self.algorithm.state
-
-    @property
-    def z(self) -> Arrays | None:
-        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
-        return self.algorithm.state.z
-
-    @property
-    def form(self) -> Form:
-        """``"prox"`` or ``"linearized"``."""
-        return self.algorithm.form
-
-    @property
-    def channel(self) -> UplinkChannel:
-        """The uplink channel (compression, ``uplink_bytes``)."""
-        return self.algorithm.channel
-
-    def __repr__(self) -> str:
-        state = self.algorithm.state
-        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"

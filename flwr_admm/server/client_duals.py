@@ -97,7 +97,9 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.rounds.client_duals import ClientDualsRound, ClientDualsViews
+from flwr_admm.core.types import Arrays
+from flwr_admm.rounds.client_duals import ClientDualsRound
+from flwr_admm.rounds.client_duals_state import ClientDualsState
 from flwr_admm.rounds.options import ClientPolicy, checkpointing
 from flwr_admm.server.strategy import RoundStrategy
 from flwr_admm.uplink.compression import Compressor
@@ -105,7 +107,7 @@ from flwr_admm.uplink.compression import Compressor
 __all__ = ["FedADMMClientDuals"]
 
 
-class FedADMMClientDuals(ClientDualsViews, RoundStrategy):
+class FedADMMClientDuals(RoundStrategy):
     """Federated consensus ADMM with client-held duals (see the module docstring).
 
     Takes Flower's `FedAvg` keywords plus these; all keyword-only, as Flower's legacy FedAvg.
@@ -219,3 +221,17 @@ class FedADMMClientDuals(ClientDualsViews, RoundStrategy):
     def _round(self, **settings: Any) -> ClientDualsRound:
         """Return the round this strategy runs (SecAgg+: `SecureClientDualsRound`)."""
         return ClientDualsRound(**settings)
+
+    @property
+    def state(self) -> ClientDualsState:
+        """The server state: z, S, N, the per-key entries and the sweep (`algorithm` holds it)."""
+        return self.algorithm.state
+
+    @property
+    def z(self) -> Arrays | None:
+        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
+        return self.algorithm.state.z
+
+    def __repr__(self) -> str:
+        state = self.algorithm.state
+        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"

@@ -12,8 +12,10 @@ from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import NUM_EXAMPLES
-from flwr_admm.rounds.client_duals import ClientDualsRound, ClientDualsViews
+from flwr_admm.rounds.client_duals import ClientDualsRound
+from flwr_admm.rounds.client_duals_state import ClientDualsState
 from flwr_admm.rounds.options import ClientPolicy, checkpointing
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
@@ -22,7 +24,7 @@ from flwr_admm.uplink.compression import Compressor
 __all__ = ["FedADMMClientDuals"]
 
 
-class FedADMMClientDuals(ClientDualsViews, RoundStrategy):
+class FedADMMClientDuals(RoundStrategy):
     r"""Federated consensus ADMM with client-held duals (Message API).
 
     The protocol, math and server arithmetic of the legacy `flwr_admm.server.FedADMMClientDuals`
@@ -172,3 +174,17 @@ class FedADMMClientDuals(ClientDualsViews, RoundStrategy):
         log(INFO, "\t├──> FedADMMClientDuals settings (duals held by the nodes):")
         log(INFO, "\t│\t└── rho: %s, regularizer: %s", self.state.rho, self.state.regularizer)
         super().summary()
+
+    @property
+    def state(self) -> ClientDualsState:
+        """The server state: z, S, N, the per-key entries and the sweep (`algorithm` holds it)."""
+        return self.algorithm.state
+
+    @property
+    def z(self) -> Arrays | None:
+        """The consensus the next round sends (z^_{k+1} with fast ADMM)."""
+        return self.algorithm.state.z
+
+    def __repr__(self) -> str:
+        state = self.algorithm.state
+        return f"FedADMMClientDuals(rho={state.rho}, regularizer={state.regularizer!r})"
