@@ -202,7 +202,7 @@ SCAFFOLD_CONTROL_RECORD = "scaffold-control"
 
 # --------------------------------------- reply metrics kept out of the round metrics
 # A reply's identity and protocol entries are no metric (a weighted mean of partition
-# ids is noise): `flwr_admm.rounds.report.without_reply_keys` drops them, and every key
+# ids is noise): `flwr_admm.rounds.exchange.without_reply_keys` drops them, and every key
 # starting with REPLY_ONLY_PREFIX, from what a metrics-aggregation function returns.
 REPLY_ONLY_METRICS = (CLIENT_KEY, PARTITION_ID, NUM_EXAMPLES)
 REPLY_ONLY_PREFIX = "admm-"

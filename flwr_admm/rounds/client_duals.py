@@ -30,8 +30,7 @@ from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.linearized import Form, FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
-from flwr_admm.core.types import Arrays
-from flwr_admm.core.validation import check_reply
+from flwr_admm.core.types import Arrays, check_reply
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
     FORM,
@@ -46,8 +45,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.client_duals_replies import RoundStats
 from flwr_admm.rounds.client_duals_state import STRATEGY, ClientDualsState
-from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, read_block
-from flwr_admm.rounds.layer import Tally
+from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, Tally, read_block
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor, checked_uplink
 from flwr_admm.uplink.wire import parameters_problem

@@ -17,18 +17,42 @@ layout before anything is deserialized (`read_block`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from logging import INFO, WARNING
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from flwr.common import Parameters, Scalar
+from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.types import Arrays
+from flwr_admm.protocol import (
+    NUM_EVICTED,
+    NUM_FAILURES,
+    NUM_KEY_CONFLICTS,
+    NUM_REJECTED,
+    NUM_RESYNCED,
+    REPLY_ONLY_METRICS,
+    REPLY_ONLY_PREFIX,
+)
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_problem, parameters_to_views
 
-__all__ = ["AS_RECEIVED", "Incoming", "Instruction", "Layout", "read_block", "read_blocks"]
+V = TypeVar("V")
+
+__all__ = [
+    "AS_RECEIVED",
+    "MAX_REPLY_METRICS",
+    "Algorithm",
+    "Incoming",
+    "Instruction",
+    "Layout",
+    "Tally",
+    "read_block",
+    "read_blocks",
+    "without_reply_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -162,3 +186,118 @@ def read_blocks(
         arrays += block
         problem = None if problem is None else f"{name}: {problem}"
     return (arrays, None) if problem is None else ([], problem)
+
+
+# The aggregated reply metrics kept per round (in name order): the history and the
+# returned round metrics stay bounded whatever names the clients invent.
+MAX_REPLY_METRICS = 64
+
+
+def without_reply_keys(aggregated: Mapping[str, V]) -> dict[str, V]:
+    """Return aggregated reply metrics without the replies' identity and protocol keys.
+
+    Dropped: ``client-key``, ``partition-id``, ``num-examples`` and every ``admm-*``
+    key (`flwr_admm.protocol.REPLY_ONLY_METRICS`): Flower's default
+    ``train_metrics_aggr_fn`` weight-averages every numeric reply metric, ids included,
+    and an average of ids or protocol counters is no round metric. The function that
+    produced `aggregated` saw the replies unchanged. At most `MAX_REPLY_METRICS` names
+    are kept, the first in sorted order (a warning counts the others).
+    """
+    names = sorted(
+        name
+        for name in aggregated
+        if name not in REPLY_ONLY_METRICS and not name.startswith(REPLY_ONLY_PREFIX)
+    )
+    if len(names) > MAX_REPLY_METRICS:
+        log(
+            WARNING,
+            "round metrics: %d reply metric names, kept the first %d (sorted)",
+            len(names),
+            MAX_REPLY_METRICS,
+        )
+        names = names[:MAX_REPLY_METRICS]
+    return {name: aggregated[name] for name in names}
+
+
+class Tally:
+    """The counts of one aggregation, and the log line of every rejected reply."""
+
+    def __init__(self, label: str, counters: Iterable[str] = ()) -> None:
+        self.label = label
+        self.counts: dict[str, int] = dict.fromkeys(
+            (NUM_FAILURES, NUM_REJECTED, NUM_KEY_CONFLICTS, NUM_EVICTED, *counters), 0
+        )
+        self.rebound: list[tuple[str, str]] = []  # (key, node) to bind though not folded
+
+    def reject(self, key: str, problem: str, conflict: bool = False) -> None:
+        """Log why the reply of `key` was rejected; count it (and a key conflict)."""
+        log(WARNING, "%s: rejected reply of %s: %s", self.label, key, problem)
+        self.counts[NUM_REJECTED] += 1
+        self.counts[NUM_KEY_CONFLICTS] += int(conflict)
+
+    def add(self, name: str, count: int = 1) -> None:
+        """Add `count` to the counter `name`."""
+        self.counts[name] += int(count)
+
+    def resync(self, key: str, node: str) -> None:
+        """Count a known key replying from a node it was not sent to; bind it there."""
+        log(INFO, "%s: %s re-identified under node %s; resynced", self.label, key, node)
+        self.counts[NUM_RESYNCED] += 1
+        self.rebound.append((key, node))
+
+
+class Algorithm(Protocol):
+    """A strategy's math and server state, as the round layer drives it.
+
+    `read` checks one reply alone (it may decode it; never raises); `fold` takes the
+    admitted replies of the round, in natural key order, and says which it folded
+    (the others it rejected through the `Tally`); `finish` takes the server step.
+
+    Optional: ``keeps_model = True`` (its own z' is not re-read from the model it
+    returned: no `adopt` then); ``admits(replies, freed, server_round, tally)`` (False
+    drops the admitted replies whole, before any eviction: SecAgg+'s one aggregate).
+    """
+
+    label: str  # in logs and checkpoints
+    counters: tuple[str, ...]  # round counters beyond the shared ones
+    reply_blocks: tuple[str, ...]  # block names a reply may carry after the model block
+
+    def adopt(self, z: Arrays, layout: Layout) -> None:
+        """Take the model the round was configured with (float64, layout order)."""
+
+    def model(self) -> Arrays | None:
+        """Return the model the next round sends (float64, layout order; None before any)."""
+
+    def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
+        """Return the config entries every sampled node gets this round."""
+
+    def instruction(self, node: str, key: str | None) -> Instruction:
+        """Return node `node`'s instruction (`key`: the client key it speaks for, if known)."""
+
+    def read(self, reply: Incoming) -> tuple[Any, str | None]:
+        """Return the reply's values for `fold`, or why it is unusable."""
+
+    def fold(
+        self, replies: list[tuple[Incoming, Any]], server_round: int, tally: Tally
+    ) -> list[bool]:
+        """Fold the admitted replies into the open round; which were folded."""
+
+    def finish(self, server_round: int) -> tuple[dict[str, Scalar], bool]:
+        """Take the server step; return the round metrics and whether it converged."""
+
+    def discard(self) -> dict[str, Scalar]:
+        """Close a round without a usable reply; return its idle metrics."""
+
+    def evict(self, keys: list[str]) -> int:
+        """Forget `keys` (their state leaves the sums); return how many were held."""
+
+    def configuration(self) -> dict[str, Any]:
+        """Return the settings that change the iterates (JSON; fingerprinted)."""
+
+    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
+        """Return the checkpoint arrays and manifest entries of the server state."""
+
+    def load_state_dict(
+        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
+    ) -> None:
+        """Restore `state_dict`; raise KeyError/TypeError/ValueError when malformed."""

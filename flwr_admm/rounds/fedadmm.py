@@ -41,25 +41,30 @@ from flwr_admm.core.tensor_policy import (
     nonnegative_of,
     roles_of,
 )
-from flwr_admm.core.types import NON_FINITE, Arrays, Reply
-from flwr_admm.core.validation import check_reply
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply, RoundReport, check_reply
 from flwr_admm.protocol import (
+    CONVERGED,
     DUAL_RECORD,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
     FORM,
     FORM_LINEARIZED,
     LOSS,
+    NEXT_RHO,
     NUM_CLIENTS_CACHED,
+    NUM_REPLIES,
     NUM_RESYNCED,
     NUM_STOCK_REPLIES,
+    OBJECTIVE,
+    PRIMAL_RESIDUAL,
     PROXIMAL_MU,
     RHO,
     START_MARK,
     START_RECORD,
     START_TENSORS,
 )
-from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, read_block
-from flwr_admm.rounds.layer import Tally
-from flwr_admm.rounds.report import report_metrics
+from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, Tally, read_block
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import parameters_problem
 
@@ -369,3 +374,21 @@ class StartMarks:
         """Drop evicted keys."""
         self.at_z -= keys
         self.warned -= keys
+
+
+def report_metrics(report: RoundReport) -> dict[str, Scalar]:
+    """Return one aggregation's round metrics: rho, residuals, thresholds, counts, f."""
+    metrics: dict[str, Scalar] = {
+        RHO: report.rho,
+        NEXT_RHO: report.next_rho,
+        PRIMAL_RESIDUAL: report.primal_residual,
+        DUAL_RESIDUAL: report.dual_residual,
+        EPS_PRIMAL: report.eps_primal,
+        EPS_DUAL: report.eps_dual,
+        CONVERGED: int(report.converged),
+        NUM_REPLIES: report.num_replies,
+        NUM_CLIENTS_CACHED: report.num_clients_cached,
+    }
+    if report.objective is not None:
+        metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
+    return metrics

@@ -28,11 +28,9 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays
-from flwr_admm.core.validation import reply_problem
+from flwr_admm.core.types import Arrays, reply_problem
 from flwr_admm.protocol import LOCAL_STEPS, NUM_REPLIES, TAU_EFF
-from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, read_blocks
-from flwr_admm.rounds.layer import Tally
+from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, Tally, read_blocks
 
 __all__ = [
     "MAX_LOCAL_STEPS",

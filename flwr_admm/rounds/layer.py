@@ -5,7 +5,7 @@ server-held FedADMM, client-held duals, SCAFFOLD, FedDyn, FedNova) and runs, wir
 neutral, what they share:
 
 - configure: adopt the model z^k, evict stale keys, draw the seeded sample (nodes
-  ordered by client key, `flwr_admm.rounds.sampling`), each node's `Instruction`;
+  ordered by client key, `flwr_admm.rounds.identity`), each node's `Instruction`;
 - aggregate: file every reply under its client key (`client_key_of`), let the
   algorithm read it, settle who may speak for each key (`KeyBinding.admit`: one
   duplicate-key policy), evict, fold the admitted replies in natural key order and
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flwr.common import Scalar
 from flwr.common.logger import log
@@ -36,9 +36,10 @@ from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     NUM_EVICTED,
     NUM_FAILURES,
-    NUM_KEY_CONFLICTS,
     NUM_REJECTED,
-    NUM_RESYNCED,
+    OBJECTIVE,
+    PREVIOUS_PRIMAL_RESIDUAL,
+    PRIMAL_RESIDUAL,
     ROUND,
     SERVER_ROUND,
 )
@@ -50,97 +51,12 @@ from flwr_admm.rounds.checkpoint import (
     save_checkpoint,
     strategy_manifest,
 )
-from flwr_admm.rounds.exchange import Incoming, Instruction, Layout
-from flwr_admm.rounds.identity import KeyBinding, client_key_of
+from flwr_admm.rounds.checks import check_sampling_seed
+from flwr_admm.rounds.exchange import Algorithm, Incoming, Instruction, Layout, Tally
+from flwr_admm.rounds.identity import KeyBinding, client_key_of, sample_ids
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
-from flwr_admm.rounds.report import watch_round
-from flwr_admm.rounds.sampling import check_sampling_seed, sample_ids
 
-__all__ = ["Algorithm", "RoundLayer", "Tally"]
-
-
-class Tally:
-    """The counts of one aggregation, and the log line of every rejected reply."""
-
-    def __init__(self, label: str, counters: Iterable[str] = ()) -> None:
-        self.label = label
-        self.counts: dict[str, int] = dict.fromkeys(
-            (NUM_FAILURES, NUM_REJECTED, NUM_KEY_CONFLICTS, NUM_EVICTED, *counters), 0
-        )
-        self.rebound: list[tuple[str, str]] = []  # (key, node) to bind though not folded
-
-    def reject(self, key: str, problem: str, conflict: bool = False) -> None:
-        """Log why the reply of `key` was rejected; count it (and a key conflict)."""
-        log(WARNING, "%s: rejected reply of %s: %s", self.label, key, problem)
-        self.counts[NUM_REJECTED] += 1
-        self.counts[NUM_KEY_CONFLICTS] += int(conflict)
-
-    def add(self, name: str, count: int = 1) -> None:
-        """Add `count` to the counter `name`."""
-        self.counts[name] += int(count)
-
-    def resync(self, key: str, node: str) -> None:
-        """Count a known key replying from a node it was not sent to; bind it there."""
-        log(INFO, "%s: %s re-identified under node %s; resynced", self.label, key, node)
-        self.counts[NUM_RESYNCED] += 1
-        self.rebound.append((key, node))
-
-
-class Algorithm(Protocol):
-    """A strategy's math and server state, as the round layer drives it.
-
-    `read` checks one reply alone (it may decode it; never raises); `fold` takes the
-    admitted replies of the round, in natural key order, and says which it folded
-    (the others it rejected through the `Tally`); `finish` takes the server step.
-
-    Optional: ``keeps_model = True`` (its own z' is not re-read from the model it
-    returned: no `adopt` then); ``admits(replies, freed, server_round, tally)`` (False
-    drops the admitted replies whole, before any eviction: SecAgg+'s one aggregate).
-    """
-
-    label: str  # in logs and checkpoints
-    counters: tuple[str, ...]  # round counters beyond the shared ones
-    reply_blocks: tuple[str, ...]  # block names a reply may carry after the model block
-
-    def adopt(self, z: Arrays, layout: Layout) -> None:
-        """Take the model the round was configured with (float64, layout order)."""
-
-    def model(self) -> Arrays | None:
-        """Return the model the next round sends (float64, layout order; None before any)."""
-
-    def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
-        """Return the config entries every sampled node gets this round."""
-
-    def instruction(self, node: str, key: str | None) -> Instruction:
-        """Return node `node`'s instruction (`key`: the client key it speaks for, if known)."""
-
-    def read(self, reply: Incoming) -> tuple[Any, str | None]:
-        """Return the reply's values for `fold`, or why it is unusable."""
-
-    def fold(
-        self, replies: list[tuple[Incoming, Any]], server_round: int, tally: Tally
-    ) -> list[bool]:
-        """Fold the admitted replies into the open round; which were folded."""
-
-    def finish(self, server_round: int) -> tuple[dict[str, Scalar], bool]:
-        """Take the server step; return the round metrics and whether it converged."""
-
-    def discard(self) -> dict[str, Scalar]:
-        """Close a round without a usable reply; return its idle metrics."""
-
-    def evict(self, keys: list[str]) -> int:
-        """Forget `keys` (their state leaves the sums); return how many were held."""
-
-    def configuration(self) -> dict[str, Any]:
-        """Return the settings that change the iterates (JSON; fingerprinted)."""
-
-    def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
-        """Return the checkpoint arrays and manifest entries of the server state."""
-
-    def load_state_dict(
-        self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
-    ) -> None:
-        """Restore `state_dict`; raise KeyError/TypeError/ValueError when malformed."""
+__all__ = ["RoundLayer", "watch_round"]
 
 
 class RoundLayer:
@@ -428,3 +344,36 @@ class _Sender:
 
     def __init__(self, cid: str) -> None:
         self.cid = cid
+
+
+def watch_round(
+    health: RunHealth | None,
+    server_round: int,
+    counts: tuple[int, int, int],
+    before: Iterable[NDArray[Any]] | None = None,
+    after: Iterable[NDArray[Any]] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+) -> None:
+    """Feed one round to the divergence watchdog (`flwr_admm.core.health`; None: off).
+
+    `counts` are the replies accepted, rejected and failed (or lost); `before` and
+    `after` the model sent and the one returned, tensor by tensor (read once; None:
+    nothing aggregated); the primal residual (client-held duals: the delayed one) and
+    the objective come from the round's `metrics`. Raises `RunDivergedError` when the
+    run diverged or stalled.
+    """
+    if health is None:
+        return
+    metrics = metrics or {}
+    residual = metrics.get(PRIMAL_RESIDUAL, metrics.get(PREVIOUS_PRIMAL_RESIDUAL))
+    accepted, rejected, failed = counts
+    health.observe(
+        server_round,
+        accepted=accepted,
+        rejected=rejected,
+        failed=failed,
+        before=before,
+        after=after,
+        primal_residual=residual,
+        objective=metrics.get(OBJECTIVE),
+    )

@@ -51,8 +51,7 @@ import numpy as np
 from flwr.common import Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays, natural_key
-from flwr_admm.core.validation import reply_problem
+from flwr_admm.core.types import Arrays, natural_key, reply_problem
 from flwr_admm.protocol import (
     ACK_ROUND,
     NUM_CLIENTS_CACHED,
@@ -62,8 +61,7 @@ from flwr_admm.protocol import (
     PEER,
     PREVIOUS_ROUND,
 )
-from flwr_admm.rounds.exchange import Incoming, Instruction, Layout, read_blocks
-from flwr_admm.rounds.layer import Tally
+from flwr_admm.rounds.exchange import Incoming, Instruction, Layout, Tally, read_blocks
 
 __all__ = ["PeerRound", "Reply", "previous_round"]
 

@@ -73,8 +73,7 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.client_duals import ClientDualsRound
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
-from flwr_admm.rounds.exchange import Incoming
-from flwr_admm.rounds.layer import Tally
+from flwr_admm.rounds.exchange import Incoming, Tally
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.uplink.wire import parameters_problem
 

@@ -2,7 +2,7 @@
 
 Keyword checks of Flower's legacy `FedAvg`, the seeded draw from a `ClientManager`
 (`sample_clients`: the order and the draw are the round layer's,
-`flwr_admm.rounds.sampling.sample_ids`, which the Message-API strategies use too) and
+`flwr_admm.rounds.identity.sample_ids`, which the Message-API strategies use too) and
 the user's fit-config check.
 """
 
@@ -23,8 +23,8 @@ from flwr_admm.protocol import (
     RESERVED_CONFIG_PREFIXES,
     SERVER_ROUND,
 )
+from flwr_admm.rounds.checks import check_sampling_seed, check_sizes
 from flwr_admm.rounds.layer import RoundLayer
-from flwr_admm.rounds.sampling import check_sampling_seed, check_sizes
 
 
 def check_flower_fields(strategy: FedAvg, sampling_seed: int | None) -> None:

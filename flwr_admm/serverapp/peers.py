@@ -20,9 +20,9 @@ from typing import Any
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
 from flwr_admm.core.types import Arrays
+from flwr_admm.rounds.exchange import Algorithm
 from flwr_admm.rounds.feddyn import FedDynRound
 from flwr_admm.rounds.fednova import FedNovaRound
-from flwr_admm.rounds.layer import Algorithm
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.serverapp.strategy import RoundStrategy

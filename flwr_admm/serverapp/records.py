@@ -28,8 +28,7 @@ from flwr_admm.protocol import (
     PAYLOAD_RECORD,
     RESERVED_CONFIG_PREFIXES,
 )
-from flwr_admm.rounds.exchange import Incoming, Layout
-from flwr_admm.rounds.report import without_reply_keys
+from flwr_admm.rounds.exchange import Incoming, Layout, without_reply_keys
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, max_payload_bytes, tensor_problem
 
 __all__ = [

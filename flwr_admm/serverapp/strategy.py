@@ -37,11 +37,11 @@ from flwr_admm.protocol import (
     PROXIMAL_MU,
     SERVER_ROUND,
 )
-from flwr_admm.rounds.exchange import AS_RECEIVED, Instruction, Layout
+from flwr_admm.rounds.checks import check_sizes, unconfigured
+from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction, Layout
 from flwr_admm.rounds.identity import KeyBinding
-from flwr_admm.rounds.layer import Algorithm, RoundLayer
+from flwr_admm.rounds.layer import RoundLayer
 from flwr_admm.rounds.options import Checkpointing, ClientPolicy
-from flwr_admm.rounds.sampling import check_sizes, unconfigured
 from flwr_admm.serverapp.records import (
     check_overwritten,
     copy_config,

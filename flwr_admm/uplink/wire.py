@@ -23,7 +23,7 @@ NUMPY_TENSOR_TYPE = "numpy.ndarray"
 MAGIC = b"\x93NUMPY"
 # np.save writes a header of 128 bytes for any model tensor; format 1.0 caps it at 65535.
 MAX_HEADER = 1 << 16
-REAL_KINDS = "fiu"  # the dtype kinds a reply may use (core.validation.check_reply)
+REAL_KINDS = "fiu"  # the dtype kinds a reply may use (core.types.check_reply)
 
 
 def max_payload_bytes(count: int) -> int:

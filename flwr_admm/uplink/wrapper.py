@@ -34,7 +34,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flwr_admm.core.validation import reply_problem
+from flwr_admm.core.types import reply_problem
 from flwr_admm.protocol import NUM_REJECTED
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor

@@ -7,7 +7,7 @@ exactly as the legacy path's `PartitionClientManager`: wait for the nodes, size 
 sample from those connected (after waiting: Flower's FedAvg sizes it before), and,
 for a strict subset, order the nodes by partition-id (then node id) and pick
 ``np.sort(default_rng([seed, k]).choice(len(nodes), size, replace=False))`` in
-round k (`flwr_admm.rounds.sampling.sample_ids`). A node's partition-id is asked
+round k (`flwr_admm.rounds.identity.sample_ids`). A node's partition-id is asked
 once with a ``query`` message (`PARTITION_QUERY`), as the legacy manager asks once
 with ``get_properties``; full participation asks nothing.
 
@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx
 
 from flwr_admm.protocol import MESSAGE_SERVER_ROUND, PARTITION_ID
-from flwr_admm.rounds.sampling import sample_ids
+from flwr_admm.rounds.identity import sample_ids
 
 __all__ = [
     "PARTITION_QUERY",

@@ -1,4 +1,4 @@
-"""`flwr_admm.rounds.report`: the reply metrics a round keeps are bounded."""
+"""`flwr_admm.rounds.exchange`: the reply metrics a round keeps are bounded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from message_replies import FakeGrid, configure, named, reply
 
 from flwr_admm.protocol import START_MARK
-from flwr_admm.rounds.report import MAX_REPLY_METRICS, without_reply_keys
+from flwr_admm.rounds.exchange import MAX_REPLY_METRICS, without_reply_keys
 from flwr_admm.serverapp import FedADMM
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from flwr_admm.core.types import natural_key
-from flwr_admm.rounds import sampling
-from flwr_admm.rounds.sampling import sample_ids
+from flwr_admm.rounds import identity as sampling
+from flwr_admm.rounds.identity import sample_ids
 
 
 def test_order_is_client_key_then_id_with_unknown_ids_last() -> None:
