@@ -13,12 +13,15 @@ every strategy stops a diverging or stalled run with `RunDivergedError` (thresho
 `HealthCheck`, the ``health`` keyword).
 """
 
-from flwr_admm.core import ConsensusADMM, HealthCheck, Linearized, RunDivergedError
+from flwr_admm.core import HealthCheck, Linearized, RunDivergedError
+from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 
 __all__ = [
     "SCAFFOLD",
-    "ConsensusADMM",
+    "Checkpointing",
+    "ClientPolicy",
+    "Convergence",
     "FedADMM",
     "FedADMMClientDuals",
     "FedDyn",
@@ -26,5 +29,6 @@ __all__ = [
     "HealthCheck",
     "Linearized",
     "RunDivergedError",
+    "Uplink",
 ]
 __version__ = "0.1.0"

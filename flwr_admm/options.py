@@ -4,23 +4,49 @@
 a client key, and how long an unheard key is kept), `Convergence` (Boyd's stopping
 tolerances, and whether to stop sampling once they are met) and `Uplink` (compression
 and local DP of the clients' updates). Each checks itself when built and raises a
-ValueError naming the field and its allowed values.
+ValueError naming the field and its allowed values; a strategy given something else
+in their place raises a ValueError naming its keyword (`option`).
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr_admm.core.types import check_tolerances
-from flwr_admm.rounds.checkpoint import checkpoint_every_value
-from flwr_admm.rounds.identity import KEY_BINDINGS, optional_count
+from flwr_admm.uplink.channel import RESIDUAL_MODES, Residual
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
 
-__all__ = ["Checkpointing", "ClientPolicy", "Convergence", "Uplink"]
+__all__ = ["KEY_BINDINGS", "Checkpointing", "ClientPolicy", "Convergence", "Uplink", "option"]
+
+KEY_BINDINGS = ("node", "authenticated", "reported")  # `flwr_admm.rounds.identity.KeyBinding`
+OptionT = TypeVar("OptionT")
+
+
+def option(name: str, value: Any, kind: type[OptionT]) -> OptionT:
+    """Return `value` if it is a `kind`; else ValueError naming the keyword `name`."""
+    if not isinstance(value, kind):
+        raise ValueError(f"{name}: must be a {kind.__name__}(...), got {value!r}")
+    return value
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be True or False, got {value!r}")
+
+
+def _count(name: str, value: Any, optional: bool = True) -> int | None:
+    """Return `value` as an integer >= 1 (or None if `optional`); else ValueError."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        allowed = "None or an integer >= 1" if optional else "an integer >= 1"
+        raise ValueError(f"{name}: must be {allowed}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -37,10 +63,11 @@ class Checkpointing:
     resume: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.directory, str | os.PathLike):
+            raise ValueError(f"directory: must be a str or a path, got {self.directory!r}")
         object.__setattr__(self, "directory", Path(self.directory))
-        object.__setattr__(self, "every", checkpoint_every_value(self.every))
-        if not isinstance(self.resume, bool):
-            raise ValueError(f"resume: must be True or False, got {self.resume!r}")
+        object.__setattr__(self, "every", _count("every", self.every, optional=False))
+        _flag("resume", self.resume)
 
     @property
     def path(self) -> Path:
@@ -75,11 +102,11 @@ class ClientPolicy:
             raise ValueError(
                 f"key_binding: must be one of {list(KEY_BINDINGS)}, got {self.key_binding!r}"
             )
-        object.__setattr__(self, "max_age", optional_count(self.max_age, "max_age"))
-        object.__setattr__(self, "max_count", optional_count(self.max_count, "max_count"))
+        object.__setattr__(self, "max_age", _count("max_age", self.max_age))
+        object.__setattr__(self, "max_count", _count("max_count", self.max_count))
 
     def describe(self) -> dict[str, Any]:
-        """Return the policy as JSON (fingerprinted)."""
+        """Return the policy as JSON under the names checkpoints are fingerprinted with."""
         return {
             "key_binding": self.key_binding,
             "max_client_age": self.max_age,
@@ -102,8 +129,7 @@ class Convergence:
 
     def __post_init__(self) -> None:
         check_tolerances(self.eps_abs, self.eps_rel)
-        if not isinstance(self.stop, bool):
-            raise ValueError(f"stop: must be True or False, got {self.stop!r}")
+        _flag("stop", self.stop)
 
 
 @dataclass(frozen=True)
@@ -124,12 +150,14 @@ class Uplink:
 
     compressor: Compressor | None = None
     local_dp: LocalDP | None = None
-    residual: str = "update"
+    residual: Residual = "update"
 
     def __post_init__(self) -> None:
         if self.compressor is not None and not isinstance(self.compressor, Compressor):
             raise ValueError(f"compressor: must be a Compressor or None, got {self.compressor!r}")
         if self.local_dp is not None and not isinstance(self.local_dp, LocalDP):
             raise ValueError(f"local_dp: must be a LocalDP or None, got {self.local_dp!r}")
-        if self.residual not in ("update", "dual"):
-            raise ValueError(f"residual: must be one of ['update', 'dual'], got {self.residual!r}")
+        if self.residual not in RESIDUAL_MODES:
+            raise ValueError(
+                f"residual: must be one of {list(RESIDUAL_MODES)}, got {self.residual!r}"
+            )

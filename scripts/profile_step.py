@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM
-from flwr_admm.core import Reply, ResidualBalancing
+from flwr_admm.core import ConsensusADMM, ResidualBalancing
+from flwr_admm.core.types import Reply
 
 P, CLIENTS, SAMPLED = 10**6, 100, 10
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM
-from flwr_admm.core import Reply, ResidualBalancing
+from flwr_admm.core import ConsensusADMM, ResidualBalancing
+from flwr_admm.core.types import Reply
 
 SHAPES = [(300_000,), (7, 3)]
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flwr_admm import ConsensusADMM
-from flwr_admm.core import Reply
+from flwr_admm.core import ConsensusADMM
 from flwr_admm.core.schedules import RhoSchedule, RoundResiduals, ScheduleState
+from flwr_admm.core.types import Reply
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:

@@ -3,8 +3,8 @@
 - `flwr_admm.core` imports nothing from `flwr` (and, run alone, loads no `flwr` module);
 - the legacy API's package (`server`) and the Message API's (`serverapp`) import
   nothing from each other; what they share is the wire-neutral round layer
-  (`rounds`), which imports neither API: only the core, the protocol and Flower's
-  shared type aliases and logger;
+  (`rounds`), which imports neither API: only the core, the protocol, the option
+  values (`flwr_admm.options`) and Flower's shared type aliases and logger;
 - on the node side, the wire-neutral `node` imports no front end, and `clientapp`
   (Message API) nothing from `client` (legacy);
 - no module of `flwr_admm` is longer than 450 lines;
@@ -99,7 +99,8 @@ ROUNDS_FLWR_NAMES = {
 
 
 def test_rounds_imports_neither_api() -> None:
-    allowed = {"core", "protocol", "uplink"}  # the uplink decodes bytes, wire neutral
+    # the uplink decodes bytes, wire neutral; options are the strategies' checked values
+    allowed = {"core", "options", "protocol", "uplink"}
     offenders: dict[str, list[str]] = {}
     for path in sorted((PACKAGE / "rounds").rglob("*.py")):
         bad = sorted(
@@ -122,6 +123,13 @@ def test_rounds_imports_neither_api() -> None:
     assert offenders == {}
 
 
+def test_options_import_no_strategy_code() -> None:
+    """The option values sit below the round layer and both APIs: no import cycle."""
+    imported = imported_modules(PACKAGE / "options.py")
+    ours = sorted(name for name in imported if name.startswith("flwr_admm."))
+    assert [name for name in ours if name.split(".")[1] not in {"core", "uplink"}] == []
+
+
 def test_core_runs_without_flwr_installed() -> None:
     code = (
         "import sys\n"
@@ -135,7 +143,8 @@ def test_core_runs_without_flwr_installed() -> None:
         "pkg = types.ModuleType('flwr_admm'); pkg.__path__ = [str(root)]\n"
         "sys.modules['flwr_admm'] = pkg\n"
         "import numpy as np\n"
-        "from flwr_admm.core import ConsensusADMM, Reply\n"
+        "from flwr_admm.core import ConsensusADMM\n"
+        "from flwr_admm.core.types import Reply\n"
         "admm = ConsensusADMM([np.zeros(2)], 1.0)\n"
         "admm.step([Reply('a', [np.ones(2)], 3)], 1)\n"
         "print(admm.z[0].tolist())\n"

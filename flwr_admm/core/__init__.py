@@ -18,7 +18,7 @@ from flwr_admm.core.schedules import (
     ResidualBalancing,
     RhoSchedule,
 )
-from flwr_admm.core.types import Reply, RunDivergedError
+from flwr_admm.core.types import RunDivergedError
 
 __all__ = [
     "L1",
@@ -27,7 +27,6 @@ __all__ = [
     "Constant",
     "HealthCheck",
     "Linearized",
-    "Reply",
     "ResidualBalancing",
     "RhoSchedule",
     "RunDivergedError",

@@ -232,34 +232,3 @@ def strategy_manifest(
         "converged": converged,
         **own,
     }
-
-
-def shared_settings(strategy: Any) -> dict[str, Any]:
-    """Return the settings every consensus strategy fingerprints besides its own.
-
-    Sampling, failures, stopping, client identity and eviction, uplink compression
-    and local DP: each changes the iterates.
-    """
-    return {
-        "sampling_seed": strategy.sampling_seed,
-        "fraction_fit": float(strategy.fraction_fit),
-        "min_fit_clients": int(strategy.min_fit_clients),
-        "accept_failures": bool(strategy.accept_failures),
-        "stop_on_convergence": bool(strategy.stop_on_convergence),
-        "key_binding": strategy.key_binding,
-        "max_client_age": strategy.max_client_age,
-        "max_clients": strategy.max_clients,
-        **strategy.channel.describe(),
-    }
-
-
-def checkpoint_every_value(value: Any) -> int:
-    """`value` as the number of aggregations between checkpoints (an integer >= 1)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float | np.integer)
-        or int(value) != value
-        or value < 1
-    ):
-        raise ValueError(f"checkpoint_every: must be an integer >= 1, got {value!r}")
-    return int(value)

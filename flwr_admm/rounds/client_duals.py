@@ -25,12 +25,12 @@ from typing import Any
 from flwr.common import Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.linearized import Form, FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays, check_reply
+from flwr_admm.options import Convergence, Uplink, option
 from flwr_admm.protocol import (
     ACCEL_Z_RECORD,
     FORM,
@@ -50,7 +50,7 @@ from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.compression import Compressor, checked_uplink
 from flwr_admm.uplink.wire import parameters_problem
 
-__all__ = ["ClientDualsRound"]
+__all__ = ["ClientDualsRound", "compressor_of"]
 
 
 class ClientDualsRound:
@@ -72,40 +72,32 @@ class ClientDualsRound:
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
-        rho_schedule: Any = None,
-        client_rho: str = "uniform",
-        relaxation: float = 1.0,
+        convergence: Convergence = Convergence(),
         dual_step: float = 1.0,
         acceleration: str | None = None,
-        restart_eta: float = DEFAULT_ETA,
-        uplink: Compressor | None = None,
+        uplink: Uplink | None = None,
         form: FormSpec = "prox",
         restores: bool = True,
     ) -> None:
         self.form: Form = check_form(form)
+        compressor = compressor_of(uplink)
         if self.form == "linearized":  # rho = 1: rho_i = 1 / b_i on the nodes
             given: dict[str, object] = {"rho": rho, "proximal_mu": proximal_mu}
-            given.update(regularizer=regularizer, rho_schedule=rho_schedule, uplink=uplink)
-            given.update(client_rho=client_rho, relaxation=relaxation, dual_step=dual_step)
+            given.update(regularizer=regularizer, uplink=compressor, dual_step=dual_step)
             dual_step, rho = client_held_steps(form, {**given, "acceleration": acceleration})
+        stopping = option("convergence", convergence, Convergence)
         self.state = ClientDualsState(
             rho=given_rho(rho, proximal_mu),
             regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
+            eps_abs=stopping.eps_abs,
+            eps_rel=stopping.eps_rel,
             acceleration=acceleration,
-            restart_eta=restart_eta,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
             dual_step=dual_step,
             # c_i is the whole client state only in the prox form without compression
-            restores=restores and self.form == "prox" and uplink is None,
+            restores=restores and self.form == "prox" and compressor is None,
             linearized=self.form == "linearized",
         )
-        self.channel = UplinkChannel(checked_uplink(uplink))
+        self.channel = UplinkChannel(compressor)
         self.layout: Layout | None = None
         self._accel_z: Arrays = AS_RECEIVED  # fast ADMM: this round's z_k
 
@@ -223,3 +215,22 @@ class ClientDualsRound:
         """Restore `state_dict` (ValueError, nothing changed, if it disagrees with `layout`)."""
         self.state.load_state_dict(arrays, manifest, layout.shapes)
         self.layout = layout
+
+
+def compressor_of(uplink: Uplink | None) -> Compressor | None:
+    """Return the compressor of an `Uplink` for client-held duals; ValueError naming a field.
+
+    Delta_i is a change of the sum S: local DP would noise S for good, and the
+    residual e_i already reaches S with the node's next reply (error feedback, required).
+    """
+    link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
+    if link.local_dp is not None:
+        raise ValueError(
+            f"local_dp: not supported with client-held duals (use FedADMM), got {link.local_dp!r}"
+        )
+    if link.residual != "update":
+        raise ValueError(
+            "residual: only 'update' with client-held duals (e_i enters S with the next "
+            f"reply), got {link.residual!r}"
+        )
+    return checked_uplink(link.compressor)

@@ -12,10 +12,10 @@ docstring, `flwr_admm.server.client_duals`):
 
 The settings it supports (`check_settings`): the server keeps only z, S and N, so rho
 must be one constant > 0 for every client (a client's u_i = y_i / rho would change
-meaning under a new rho) and the z-step is the plain z = prox_{g/rho}(S / N) (no
-over-relaxation). Fast ADMM (``acceleration``, ``restart_eta``) is checked as for
-`FedADMM`: the server extrapolates z, each client its own dual
-(`flwr_admm.core.dual_momentum`).
+meaning under a new rho; there is no rho schedule, per-client rho or over-relaxation)
+and the z-step is the plain z = prox_{g/rho}(S / N). Fast ADMM (``acceleration``) is
+checked as for `FedADMM`: the server extrapolates z, each client its own dual
+(`flwr_admm.core.dual_momentum`, restart threshold `DEFAULT_ETA`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import check_acceleration
+from flwr_admm.core.acceleration import DEFAULT_ETA, check_acceleration
 from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACK_ROUND,
@@ -95,9 +94,9 @@ class ClientDualsState:
 
     Parameters
     ----------
-    rho, regularizer, eps_abs, eps_rel, acceleration, restart_eta :
-        As in `FedADMMClientDuals`; with `rho_schedule`, `client_rho` and `relaxation`
-        checked by `check_settings` (ValueError naming the field).
+    rho, regularizer, eps_abs, eps_rel, acceleration :
+        As in `FedADMMClientDuals`, checked by `check_settings` (ValueError naming the
+        field).
 
     Attributes
     ----------
@@ -124,28 +123,20 @@ class ClientDualsState:
         eps_abs: float,
         eps_rel: float,
         acceleration: str | None,
-        restart_eta: float,
-        rho_schedule: Any = None,
-        client_rho: str = "uniform",
-        relaxation: float = 1.0,
         dual_step: float = 1.0,
         restores: bool = True,
         linearized: bool = False,
     ) -> None:
         check_settings(
             rho=rho,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
             acceleration=acceleration,
             regularizer=regularizer,
             eps_abs=eps_abs,
             eps_rel=eps_rel,
-            restart_eta=restart_eta,
         )
         self.dual_step = check_dual_step(dual_step)  # gamma: the clients' u_i += gamma (w_i - z)
         self.acceleration = acceleration
-        self.momentum = momentum_for(acceleration, restart_eta)  # None: plain ADMM
+        self.momentum = momentum_for(acceleration, DEFAULT_ETA)  # None: plain ADMM
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -366,33 +357,14 @@ class ClientDualsState:
 
 
 def check_settings(
-    *,
     rho: Any,
-    rho_schedule: Any,
-    client_rho: Any,
-    relaxation: Any,
     acceleration: Any,
     regularizer: Any,
     eps_abs: Any,
     eps_rel: Any,
-    restart_eta: Any,
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, for an unsupported setting."""
-    if rho_schedule is not None and not isinstance(rho_schedule, Constant):
-        raise ValueError(
-            "rho_schedule: not supported with client-held duals (allowed: None or "
-            f"Constant(); rho must stay constant), got {rho_schedule!r}; use FedADMM"
-        )
-    if client_rho != "uniform":
-        raise ValueError(
-            "client_rho: only 'uniform' is supported with client-held duals, got "
-            f"{client_rho!r}; use FedADMM for 'data_size'"
-        )
-    if relaxation != 1.0:
-        raise ValueError(
-            f"relaxation: only 1 is supported with client-held duals, got {relaxation!r}"
-        )
-    check_acceleration(acceleration, restart_eta)
+    check_acceleration(acceleration, DEFAULT_ETA)
     if not _finite_number(rho) or rho <= 0:
         raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")
     if regularizer is not None and not isinstance(regularizer, Regularizer):

@@ -24,8 +24,8 @@ is trusted as it is (trusted deployments only).
 State stays bounded with the default settings: under ``"node"`` and ``"reported"`` a
 key whose node has left (absent from more than `ABSENT_GRACE` samplings in a row) is
 stale (`stale`), so a node reconnecting under a new id every round leaves at most
-`ABSENT_GRACE` + 1 records behind; ``max_client_age`` and ``max_clients`` bound them
-further. Bindings restored from a checkpoint are provisional under ``"node"``
+`ABSENT_GRACE` + 1 records behind; `ClientPolicy`'s ``max_age`` and ``max_count``
+bound them further. Bindings restored from a checkpoint are provisional under ``"node"``
 (node ids mean nothing in a new run): a key's first claim moves it to the claiming
 node, which keeps the key's state (the strategy resynchronizes it).
 """
@@ -42,19 +42,17 @@ import numpy as np
 from flwr.common import Scalar
 
 from flwr_admm.core.types import natural_key
+from flwr_admm.options import KEY_BINDINGS
 from flwr_admm.protocol import CLIENT_KEY, PARTITION_ID
 
 __all__ = [
     "ABSENT_GRACE",
-    "KEY_BINDINGS",
     "KeyBinding",
     "client_key_of",
-    "optional_count",
     "sample_ids",
 ]
 
 KeyBindingPolicy = Literal["node", "authenticated", "reported"]
-KEY_BINDINGS = ("node", "authenticated", "reported")
 Claim = Literal["ok", "conflict", "rebind"]
 Reject = Callable[[str, str, bool], None]  # (key, problem, is a key conflict)
 ABSENT_GRACE = 1  # samplings in a row an absent node keeps its key and state
@@ -126,15 +124,6 @@ def _short(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"an int of {value.bit_length()} bits"
     return f"{value!r} ({type(value).__name__})"
-
-
-def optional_count(value: Any, field_name: str) -> int | None:
-    """Return `value` as an integer >= 1, or None; ValueError naming `field_name` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{field_name}: must be None or an integer >= 1, got {value!r}")
-    return int(value)
 
 
 class KeyBinding:

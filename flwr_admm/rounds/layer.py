@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.health import ADMM_ADVICE, DEFAULT_HEALTH, HealthCheck, RunHealth
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy, option
 from flwr_admm.protocol import (
     NUM_EVICTED,
     NUM_FAILURES,
@@ -54,7 +55,6 @@ from flwr_admm.rounds.checkpoint import (
 from flwr_admm.rounds.checks import check_sampling_seed
 from flwr_admm.rounds.exchange import Algorithm, Incoming, Instruction, Layout, Tally
 from flwr_admm.rounds.identity import KeyBinding, client_key_of, sample_ids
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 
 __all__ = ["RoundLayer", "watch_round"]
 
@@ -98,8 +98,12 @@ class RoundLayer:
         self.algorithm = algorithm
         self.label = algorithm.label
         self.sampling_seed = None if sampling_seed is None else int(sampling_seed)
-        self.clients = clients if clients is not None else ClientPolicy()
-        self.checkpoint = checkpoint
+        self.clients = (
+            ClientPolicy() if clients is None else option("clients", clients, ClientPolicy)
+        )
+        self.checkpoint = (
+            None if checkpoint is None else option("checkpoint", checkpoint, Checkpointing)
+        )
         self.stop_on_convergence = bool(stop_on_convergence)
         self.settings_of_api = dict(settings or {})
         self.binding = KeyBinding(self.clients.key_binding)
@@ -143,7 +147,7 @@ class RoundLayer:
         policy = self.clients
         stale = self.binding.stale(self.clock, policy.max_age, policy.max_count)
         if stale:
-            self.evict(stale, "stale: beyond max_client_age or max_clients")
+            self.evict(stale, "stale: beyond max_age or max_count (ClientPolicy)")
         return server_round + self.offset
 
     def stopped(self) -> bool:
@@ -214,9 +218,7 @@ class RoundLayer:
         stale = self.binding.stale
         crowded = [] if dropped else stale(self.clock, None, self.clients.max_count, incoming)
         if crowded:
-            self.evict(
-                crowded, "stale: their nodes left, or least recently heard beyond max_clients"
-            )
+            self.evict(crowded, "stale: their nodes left, or least recently heard beyond max_count")
         with single_thread_blas():
             folded = algorithm.fold(ordered, server_round, tally)
         accepted = []

@@ -18,7 +18,7 @@ Under partial participation it is a delayed-dual variant: a client's dual update
 the z it sees at its next participation, and absent clients count with their
 pre-update dual (server-held FedADMM updates u_i with the z of the round it replied).
 
-Fast ADMM with restart (``acceleration``, ``restart_eta``; `flwr_admm.core.dual_momentum`):
+Fast ADMM with restart (``acceleration``; `flwr_admm.core.dual_momentum`):
 the server extrapolates z^_{k+1} = z_k + g (z_k - z_{k-1}) and sends it with z_k (a
 second block of tensors) and g (``admm-accel-gamma``); client i sets u_i = u^_i + w_i -
 z_k, extrapolates its own dual u^_i' = u_i + g (u_i - u_i,prev), trains around z^_{k+1}
@@ -67,14 +67,14 @@ resyncing): the key's next resync or eviction takes that share out of S exactly,
 a client that loses its state every round, or forges resyncs, adds its n to N_stale
 at most once per sweep (known shares K, `flwr_admm.rounds.client_duals_sweep`).
 
-Checkpoints (``checkpoint_dir``) hold z, S, N, the per-key entries, the sweep (S_new,
+Checkpoints (``checkpoint``) hold z, S, N, the per-key entries, the sweep (S_new,
 the rebuilt keys, N_stale), fast ADMM's state, the round, the convergence flag and a
 fingerprint of the configuration. The duals stay with the clients: a resumed run
 continues exactly if they kept their ``context.state`` (persistent SuperNodes); a
 client that lost it, or went on past the checkpoint's round, resynchronizes.
 
-Uplink compression (``uplink=`` a `Compressor`, with error feedback). Client i keeps a
-residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
+Uplink compression (``uplink=Uplink(compressor=...)``, with error feedback). Client i
+keeps a residual e_i (zero at first) in its ``context.state`` next to its dual, compresses
 x = Delta_i + e_i, sends the payload and keeps e_i' = x - decode(payload); the server
 adds decode(payload) to S (no center: the payload is the contribution change itself).
 By telescoping, S = sum_i n_i c_i - sum_i e_i exactly (up to float rounding): the
@@ -90,19 +90,16 @@ duplicate keys and checkpoints in `flwr_admm.rounds.layer.RoundLayer`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.rounds.client_duals import ClientDualsRound
 from flwr_admm.rounds.client_duals_state import ClientDualsState
-from flwr_admm.rounds.options import ClientPolicy, checkpointing
 from flwr_admm.server.strategy import RoundStrategy
-from flwr_admm.uplink.compression import Compressor
 
 __all__ = ["FedADMMClientDuals"]
 
@@ -116,53 +113,46 @@ class FedADMMClientDuals(RoundStrategy):
     ----------
     rho, proximal_mu : float
         Constant penalty rho > 0 (default 1). ``proximal_mu`` is FedProx's name for
-        it: give either (both: equal, else ValueError; `given_rho`).
+        it: give either (both: equal, else ValueError; `given_rho`). A changing or
+        per-client rho or over-relaxation would need every client's dual, which the
+        server does not hold: use `FedADMM` for them.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
-    eps_abs, eps_rel : float
-        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
-    stop_on_convergence : bool
-        Sample no clients once r_prev <= eps_pri and s <= eps_dual.
-    sampling_seed : int or None
-        Seeded client sampling as in `FedADMM`; None uses Flower's unseeded sampling.
-    checkpoint_dir : path, optional
-        Write the server state (z, S, N, per-key n_i and last round, round, converged,
-        config fingerprint) there after every `checkpoint_every` aggregations. If it
-        already holds a checkpoint and `resume` is true, start from it; round numbers
-        continue. The clients' duals are not in it: they must keep their state.
-    checkpoint_every : int
-        Aggregations between checkpoints.
-    resume : bool
-        Resume from an existing checkpoint in `checkpoint_dir` (a mismatched or
-        damaged checkpoint is an error, never a silent fresh start).
-    uplink : Compressor, optional
-        Uplink compression of the clients' contribution changes (`StochasticQuantizer`,
-        `TopK`), with error feedback (required: ``error_feedback=False`` is refused,
-        since S would keep every compression error). Each client keeps its residual
-        e_i in its ``context.state``; S = sum_i n_i c_i - sum_i e_i. The round metric
-        ``uplink_bytes`` counts the payload bytes. ``local_dp``, ``uplink_residual``
-        and ``tensor_policy`` are `FedADMM`'s only.
-    acceleration, restart_eta : {None, "nesterov"}, float in (0, 1]
-        Fast ADMM with restart (module docstring); refused under SecAgg+
-        (`FedADMMClientDualsSecAgg`).
-    rho_schedule, client_rho, relaxation :
-        Accepted only at their defaults (None, "uniform", 1): a changing or per-client
-        rho or over-relaxation would need every client's dual, which the server does
-        not hold. Use `FedADMM` for them.
     dual_step : float in (0, 1]
         The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
         ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
         fixed point).
-    key_binding, max_client_age, max_clients :
-        Client identity and eviction, as in `FedADMM` (`ClientPolicy`): under "node"
-        (default) a key is accepted only from its node; an evicted key's share leaves
-        S through the rebuild sweep.
-    health : HealthCheck or None
-        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
+    acceleration : {None, "nesterov"}
+        Fast ADMM with restart (module docstring); refused under SecAgg+
+        (`FedADMMClientDualsSecAgg`).
     form : {"prox", "linearized"} or Linearized
         The linearized form with client-held duals, as in
         `flwr_admm.serverapp.FedADMMClientDuals` (config ``admm-form``; a reply without
         ``admm-step-budget`` is rejected); under SecAgg+ b_i travels in the clear.
+    convergence : Convergence
+        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual; with ``stop``,
+        sample no clients once r_prev <= eps_pri and s <= eps_dual.
+    sampling_seed : int or None
+        Seeded client sampling as in `FedADMM`; None uses Flower's unseeded sampling.
+    clients : ClientPolicy
+        Client identity and eviction, as in `FedADMM`: under ``key_binding="node"``
+        (default) a key is accepted only from its node; an evicted key's share leaves
+        S through the rebuild sweep.
+    checkpoint : Checkpointing, optional
+        Write the server state (z, S, N, per-key n_i and last round, round, converged,
+        config fingerprint) to ``directory`` after every ``every`` aggregations. If it
+        already holds a checkpoint and ``resume`` is true, start from it; round numbers
+        continue (a mismatched or damaged checkpoint is an error, never a silent fresh
+        start). The clients' duals are not in it: they must keep their state.
+    uplink : Uplink, optional
+        Uplink compression of the clients' contribution changes (``compressor``:
+        `StochasticQuantizer`, `TopK`), with error feedback (required:
+        ``error_feedback=False`` is refused, since S would keep every compression
+        error). Each client keeps its residual e_i in its ``context.state``; S = sum_i
+        n_i c_i - sum_i e_i. The round metric ``uplink_bytes`` counts the payload
+        bytes. ``local_dp`` and ``residual="dual"`` are `FedADMM`'s only (ValueError).
+    health : HealthCheck or None
+        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
 
     """
 
@@ -172,49 +162,34 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
-        stop_on_convergence: bool = False,
-        sampling_seed: int | None = 0,
-        rho_schedule: Any = None,
-        client_rho: str = "uniform",
-        relaxation: float = 1.0,
         dual_step: float = 1.0,
         acceleration: str | None = None,
-        restart_eta: float = DEFAULT_ETA,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        uplink: Compressor | None = None,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
-        health: HealthCheck | None = DEFAULT_HEALTH,
         form: FormSpec = "prox",
+        convergence: Convergence = Convergence(),
+        sampling_seed: int | None = 0,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
+        uplink: Uplink | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
         self.algorithm = self._round(
             rho=rho,
             proximal_mu=proximal_mu,
             regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
+            convergence=convergence,
             dual_step=dual_step,
             acceleration=acceleration,
-            restart_eta=restart_eta,
             uplink=uplink,
             form=form,
         )
         super().__init__(
             self.algorithm,
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
-            stop_on_convergence=stop_on_convergence,
+            stop_on_convergence=convergence.stop,
             **fedavg_kwargs,
         )
 

@@ -71,7 +71,7 @@ from flwr_admm.protocol import (
     SECURE_DROPPED,
     STEP_BUDGET,
 )
-from flwr_admm.rounds.client_duals import ClientDualsRound
+from flwr_admm.rounds.client_duals import ClientDualsRound, compressor_of
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
 from flwr_admm.rounds.exchange import Incoming, Tally
 from flwr_admm.server.client_duals import FedADMMClientDuals
@@ -110,7 +110,7 @@ class SecureClientDualsRound(ClientDualsRound):
                 f"follow z^ to every client), got {settings['acceleration']!r}; "
                 "use FedADMMClientDuals"
             )
-        if settings.get("uplink") is not None:
+        if compressor_of(settings.get("uplink")) is not None:
             raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
         if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
             raise ValueError(f"max_weight: must be an integer >= 1, got {max_weight!r}")

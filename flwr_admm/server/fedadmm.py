@@ -10,26 +10,23 @@ same replies give the same iterates.
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
+from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import check_rules
+from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
 from flwr_admm.rounds.fedadmm import FedADMMRound
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.server.strategy import RoundStrategy
-from flwr_admm.uplink.channel import Residual, UplinkChannel
-from flwr_admm.uplink.compression import Compressor
-from flwr_admm.uplink.privacy import LocalDP
+from flwr_admm.uplink.channel import UplinkChannel
 
-__all__ = ["FedADMM"]
+__all__ = ["FedADMM", "fast_convex", "textbook"]
 
 
 class FedADMM(RoundStrategy):
@@ -42,11 +39,9 @@ class FedADMM(RoundStrategy):
 
     Parameters
     ----------
-    rho, proximal_mu, rho_schedule, regularizer, eps_abs, eps_rel, \
-    relaxation, acceleration, restart_eta, z_average, dual_step, \
-    stop_on_convergence, sampling_seed, checkpoint_dir, checkpoint_every, resume, \
-    uplink, uplink_residual, local_dp, key_binding, max_client_age, max_clients, \
-    tensor_policy, form :
+    rho, proximal_mu, rho_schedule, regularizer, relaxation, dual_step, acceleration, \
+    z_average, form, convergence, sampling_seed, clients, checkpoint, uplink, \
+    tensor_policy, health :
         As in `flwr_admm.serverapp.FedADMM`. Clients are Flower's `ClientProxy`s (keyed
         by ``client-key`` or ``partition-id`` in the fit metrics, else the cid); the
         start point z follows the center as a second block of tensors (config
@@ -57,8 +52,6 @@ class FedADMM(RoundStrategy):
     tensor_names : sequence of str, optional
         The names the `tensor_policy` patterns match (e.g. ``list(model.state_dict())``);
         default ``"0"``, ``"1"``, ... (legacy parameters carry no names).
-    health : HealthCheck or None
-        Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
 
     """
 
@@ -69,56 +62,46 @@ class FedADMM(RoundStrategy):
         proximal_mu: float | None = None,
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
         relaxation: float | None = None,
-        acceleration: str | None = DEFAULT_ACCELERATION,
-        restart_eta: float = DEFAULT_ETA,
-        z_average: ZAverage = "cached",
         dual_step: float | None = None,
-        stop_on_convergence: bool = False,
-        sampling_seed: int | None = 0,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        uplink: Compressor | None = None,
-        uplink_residual: Residual = "update",
-        local_dp: LocalDP | None = None,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
-        tensor_policy: Mapping[str, str] | None = None,
-        tensor_names: Sequence[str] | None = None,
-        health: HealthCheck | None = DEFAULT_HEALTH,
+        acceleration: str | None = DEFAULT_ACCELERATION,
+        z_average: ZAverage = "cached",
         form: FormSpec = "prox",
+        convergence: Convergence = Convergence(),
+        sampling_seed: int | None = 0,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
+        uplink: Uplink | None = None,
+        tensor_policy: Mapping[str, str] | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
+        tensor_names: Sequence[str] | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         form_name = check_form(form)
+        rules = check_rules(tensor_policy)
+        stopping = option("convergence", convergence, Convergence)
+        link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
         settings = strategy_settings(
             form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
+            eps_abs=stopping.eps_abs,
+            eps_rel=stopping.eps_rel,
             relaxation=relaxation,
             acceleration=acceleration,
-            restart_eta=restart_eta,
             z_average=z_average,
             dual_step=dual_step,
-            channel={"uplink": uplink, "local_dp": local_dp},
+            channel={"uplink": link.compressor, "local_dp": link.local_dp},
         )
-        channel = UplinkChannel(uplink, local_dp, uplink_residual)
-        rules = check_rules(tensor_policy)
+        channel = UplinkChannel(link.compressor, link.local_dp, link.residual)
         self.algorithm = FedADMMRound(settings, form_name, channel, rules, start="marked")
         super().__init__(
             self.algorithm,
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=None
-            if checkpoint_dir is None
-            else Checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
-            stop_on_convergence=stop_on_convergence,
+            stop_on_convergence=stopping.stop,
             tensor_names=tensor_names,
             **fedavg_kwargs,
         )
@@ -140,3 +123,9 @@ class FedADMM(RoundStrategy):
             f"regularizer={s.regularizer!r}, relaxation={s.relaxation}, "
             f"acceleration={s.acceleration!r})"
         )
+
+
+#: The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+textbook = functools.partial(FedADMM, **TEXTBOOK)
+#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/tuning.md).
+fast_convex = functools.partial(FedADMM, **FAST_CONVEX)

@@ -9,15 +9,14 @@ further blocks (SCAFFOLD: c); its reply, the same blocks in the same order.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.exchange import Algorithm
 from flwr_admm.rounds.feddyn import FedDynRound
 from flwr_admm.rounds.fednova import FedNovaRound
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.server.strategy import RoundStrategy
 
@@ -32,13 +31,12 @@ class PeerStrategy(RoundStrategy):
     sampling_seed : int or None
         Seed of the client sample: round k draws ``default_rng([seed, k])`` from the
         clients ordered by key, as `FedADMM` (None: Flower's `ClientManager.sample`).
-    checkpoint_dir, checkpoint_every, resume :
-        Write x, the per-client states and the key bindings every `checkpoint_every`
-        aggregations; with `resume` start from them (`flwr_admm.rounds.checkpoint`).
-    key_binding, max_client_age, max_clients :
-        Client identity and eviction, as in `FedADMM` (`flwr_admm.rounds.options`): a
-        claim the binding refuses is rejected (``num_key_conflicts``); an evicted
-        key's share leaves c / h.
+    clients : ClientPolicy
+        Client identity and eviction, as in `FedADMM`: a claim the binding refuses is
+        rejected (``num_key_conflicts``); an evicted key's share leaves c / h.
+    checkpoint : Checkpointing, optional
+        Write x, the per-client states and the key bindings every ``every``
+        aggregations; with ``resume`` start from them (`flwr_admm.rounds.checkpoint`).
     health : HealthCheck or None
         Divergence watchdog (`flwr_admm.core.health`); None: off.
 
@@ -49,22 +47,16 @@ class PeerStrategy(RoundStrategy):
         algorithm: Algorithm,
         *,
         sampling_seed: int | None = 0,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(
             algorithm,
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=None
-            if checkpoint_dir is None
-            else Checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
             advice=PEER_ADVICE,
             **fedavg_kwargs,

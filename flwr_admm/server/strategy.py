@@ -38,6 +38,7 @@ from flwr.server.strategy import FedAvg
 
 from flwr_admm.core.health import ADMM_ADVICE, DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy
 from flwr_admm.protocol import NUM_EVICTED, NUM_FAILURES
 from flwr_admm.rounds.checks import unconfigured
 from flwr_admm.rounds.exchange import (
@@ -51,7 +52,6 @@ from flwr_admm.rounds.exchange import (
 )
 from flwr_admm.rounds.identity import KeyBinding
 from flwr_admm.rounds.layer import RoundLayer
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.server.sampling import check_flower_fields, check_user_config, sample_clients
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, to_parameters
 

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from logging import INFO
-from typing import Any
 
 from flwr.common.logger import log
 
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.protocol import NUM_EXAMPLES
 from flwr_admm.rounds.client_duals import ClientDualsRound
 from flwr_admm.rounds.client_duals_state import ClientDualsState
-from flwr_admm.rounds.options import ClientPolicy, checkpointing
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
-from flwr_admm.uplink.compression import Compressor
 
 __all__ = ["FedADMMClientDuals"]
 
@@ -64,36 +60,34 @@ class FedADMMClientDuals(RoundStrategy):
         it: give either (both: equal, else ValueError; `given_rho`).
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
-    eps_abs, eps_rel, stop_on_convergence, sampling_seed :
-        As in `FedADMM` (convergence uses the delayed primal residual).
-    checkpoint_dir, checkpoint_every, resume :
-        Checkpoints of z, S, N, the per-key entries and the sweep (`ClientDualsState`).
-        The duals stay on the nodes: a resumed run continues exactly if they kept
-        their ``context.state``; a node that lost it resynchronizes.
-    key_binding, max_client_age, max_clients :
-        Identity and eviction as in `FedADMM`; an evicted key's share leaves S
-        through the rebuild sweep.
-    uplink : Compressor, optional
-        Uplink compression of Delta_i with error feedback, as in the legacy class (each
-        node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i). The node sends the
-        payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
-        instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
-    acceleration, restart_eta :
-        Fast ADMM with restart, as in the legacy class (`flwr_admm.core.dual_momentum`):
-        the server extrapolates z and sends z_k under ``admm-accel-z`` with the
-        coefficient g; each node extrapolates its own dual.
-    rho_schedule, client_rho, relaxation :
-        Accepted only at their defaults (None, "uniform", 1), as in the legacy
-        class (`flwr_admm.rounds.client_duals_state.check_settings`).
     dual_step : float in (0, 1]
         The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
         ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
         fixed point).
-    health : HealthCheck or None
-        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
+    acceleration : {None, "nesterov"}
+        Fast ADMM with restart, as in the legacy class (`flwr_admm.core.dual_momentum`):
+        the server extrapolates z and sends z_k under ``admm-accel-z`` with the
+        coefficient g; each node extrapolates its own dual.
     form : {"prox", "linearized"} or Linearized
         The linearized form with client-held duals, as in the legacy class (config
         ``admm-form``; a reply without ``admm-step-budget`` is rejected).
+    convergence, sampling_seed :
+        As in `FedADMM` (convergence uses the delayed primal residual).
+    clients : ClientPolicy
+        Identity and eviction as in `FedADMM`; an evicted key's share leaves S
+        through the rebuild sweep.
+    checkpoint : Checkpointing, optional
+        Checkpoints of z, S, N, the per-key entries and the sweep (`ClientDualsState`).
+        The duals stay on the nodes: a resumed run continues exactly if they kept
+        their ``context.state``; a node that lost it resynchronizes.
+    uplink : Uplink, optional
+        Uplink compression of Delta_i with error feedback, as in the legacy class (each
+        node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i); a compressor only
+        (``local_dp`` or ``residual="dual"``: ValueError). The node sends the
+        payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
+        instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
+    health : HealthCheck or None
+        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
 
     """
 
@@ -113,38 +107,23 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
-        stop_on_convergence: bool = False,
-        sampling_seed: int | None = 0,
-        rho_schedule: Any = None,
-        client_rho: str = "uniform",
-        relaxation: float = 1.0,
         dual_step: float = 1.0,
         acceleration: str | None = None,
-        restart_eta: float = DEFAULT_ETA,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        uplink: Compressor | None = None,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
-        health: HealthCheck | None = DEFAULT_HEALTH,
         form: FormSpec = "prox",
+        convergence: Convergence = Convergence(),
+        sampling_seed: int | None = 0,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
+        uplink: Uplink | None = None,
+        health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
         self.algorithm = ClientDualsRound(
             rho=rho,
             proximal_mu=proximal_mu,
             regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-            rho_schedule=rho_schedule,
-            client_rho=client_rho,
-            relaxation=relaxation,
+            convergence=convergence,
             dual_step=dual_step,
             acceleration=acceleration,
-            restart_eta=restart_eta,
             uplink=uplink,
             form=form,
         )
@@ -163,10 +142,10 @@ class FedADMMClientDuals(RoundStrategy):
                 "evaluate_metrics_aggr_fn": evaluate_metrics_aggr_fn,
             },
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
-            stop_on_convergence=stop_on_convergence,
+            stop_on_convergence=convergence.stop,
         )
 
     def summary(self) -> None:

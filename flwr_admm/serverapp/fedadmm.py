@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Mapping
 from logging import INFO
 
 from flwr.common.logger import log
 
 from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.settings import DEFAULT_ACCELERATION, ConsensusSettings
+from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import check_rules
+from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
 from flwr_admm.protocol import NUM_EXAMPLES
 from flwr_admm.rounds.fedadmm import FedADMMRound
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
-from flwr_admm.uplink.channel import Residual, UplinkChannel
-from flwr_admm.uplink.compression import Compressor
-from flwr_admm.uplink.privacy import LocalDP
+from flwr_admm.uplink.channel import UplinkChannel
 
-__all__ = ["FedADMM"]
+__all__ = ["FedADMM", "fast_convex", "textbook"]
 
 
 class FedADMM(RoundStrategy):
@@ -87,44 +84,47 @@ class FedADMM(RoundStrategy):
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     relaxation : float or None
         Over-relaxation alpha in (0, 2); 1 (default, also None) is plain ADMM.
-    eps_abs, eps_rel : float
-        Tolerances of Boyd's stopping thresholds eps_pri / eps_dual.
+    dual_step : float
+        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook
+        step. The default damps the feedback a noisy local solve (momentum SGD,
+        minibatches) puts into its own dual (docs/torch.md); the fixed point is the same.
     acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
         from the current point when the combined residual grows. None (default) is
         plain ADMM. The defaults are measured on the CNN task and the convex ones
-        (`flwr_admm.core.settings`, docs/tuning.md); ``**TEXTBOOK`` is the seeds'
-        iteration, ``**FAST_CONVEX`` the faster one for full-batch convex clients.
-    restart_eta : float
-        Restart when c_k >= restart_eta c_{k-1}; in (0, 1].
+        (`flwr_admm.core.settings`, docs/tuning.md); the recipes `textbook` (the seeds'
+        iteration) and `fast_convex` (full-batch convex clients) are partials of this class.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
         (docs/peers.md), the same with every client replying. Fingerprinted if set.
-    dual_step : float
-        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook
-        step. The default damps the feedback a noisy local solve (momentum SGD,
-        minibatches) puts into its own dual (docs/torch.md); the fixed point is the same.
-    stop_on_convergence : bool
-        Sample no nodes once r <= eps_pri and s <= eps_dual.
+    form : {"prox", "linearized"} or Linearized
+        The prox step around v_i ("prox", default, the seeds' iteration) or the
+        linearized one above with a `Linearized`'s server steps ("linearized" is
+        ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
+        proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
+        acceleration (given: ValueError), takes no compressor or local DP, and rejects a
+        reply without ``admm-step-budget`` (wire: `flwr_admm.rounds.fedadmm`).
+    convergence : Convergence
+        Boyd's tolerances eps_abs, eps_rel of the thresholds eps_pri / eps_dual, and
+        whether to sample no nodes once r <= eps_pri and s <= eps_dual (``stop``).
     sampling_seed : int or None
         Seed of the node sample (None: Python's `random`, as Flower).
-    checkpoint_dir, checkpoint_every, resume :
-        The state (z, every cached w_i and dual, the sums, rho and its schedule, key
-        bindings) after every `checkpoint_every` aggregations; with `resume` the
-        strategy starts from it and continues bit-identically (`ConsensusStrategy`).
-    key_binding, max_client_age, max_clients :
-        Client identity and eviction: under ``"node"`` (default) a key is accepted
-        only from its node; keys unheard for more than `max_client_age` rounds, or the
-        least recently heard beyond `max_clients`, are evicted (their w_i and dual
+    clients : ClientPolicy
+        Client identity and eviction: under ``key_binding="node"`` (default) a key is
+        accepted only from its node; keys unheard for more than ``max_age`` rounds, or
+        the least recently heard beyond ``max_count``, are evicted (their w_i and dual
         leave the sums).
-    uplink, uplink_residual, local_dp :
+    checkpoint : Checkpointing, optional
+        The state (z, every cached w_i and dual, the sums, rho and its schedule, key
+        bindings) written to ``directory`` every ``every`` aggregations; with
+        ``resume`` the strategy starts from it and continues bit-identically.
+    uplink : Uplink, optional
         Uplink compression and local DP (`flwr_admm.uplink`): nodes send the
-        compressed w_i - v_i under
-        ``admm-payload`` (one uint8 tensor of bytes per model tensor) and the server
-        rebuilds w_i = v_i + decode(payload); ``uplink_bytes`` and, with noise,
-        ``dp_epsilon`` are reported every round.
+        compressed w_i - v_i under ``admm-payload`` (one uint8 tensor of bytes per
+        model tensor) and the server rebuilds w_i = v_i + decode(payload);
+        ``uplink_bytes`` and, with noise, ``dp_epsilon`` are reported every round.
     tensor_policy : mapping, optional
         ``{name pattern: role}`` over the ArrayRecord's tensor names, roles
         ``"consensus"`` (ADMM), ``"average"`` (FedAvg, no dual) or ``"keep"`` (never
@@ -132,14 +132,7 @@ class FedADMM(RoundStrategy):
         ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
         The held (non-consensus) tensors are in the checkpoints too.
     health : HealthCheck or None
-        Divergence watchdog (`flwr_admm.core.health`, `ConsensusStrategy`); None: off.
-    form : {"prox", "linearized"} or Linearized
-        The prox step around v_i ("prox", default, the seeds' iteration) or the
-        linearized one above with a `Linearized`'s server steps ("linearized" is
-        ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
-        proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
-        acceleration (given: ValueError), takes no uplink or local_dp, and rejects a
-        reply without ``admm-step-budget`` (wire: `flwr_admm.rounds.fedadmm`).
+        Divergence watchdog (`flwr_admm.core.health`); None: off.
 
     Attributes
     ----------
@@ -168,43 +161,35 @@ class FedADMM(RoundStrategy):
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         relaxation: float | None = None,
-        eps_abs: float = 1e-6,
-        eps_rel: float = 1e-4,
-        acceleration: str | None = DEFAULT_ACCELERATION,
-        restart_eta: float = DEFAULT_ETA,
-        z_average: ZAverage = "cached",
         dual_step: float | None = None,
-        stop_on_convergence: bool = False,
+        acceleration: str | None = DEFAULT_ACCELERATION,
+        z_average: ZAverage = "cached",
+        form: FormSpec = "prox",
+        convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
-        uplink: Compressor | None = None,
-        uplink_residual: Residual = "update",
-        local_dp: LocalDP | None = None,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
+        uplink: Uplink | None = None,
         tensor_policy: Mapping[str, str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
-        form: FormSpec = "prox",
     ) -> None:
         form_name = check_form(form)
         rules = check_rules(tensor_policy)
+        stopping = option("convergence", convergence, Convergence)
+        link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
         settings = strategy_settings(
             form,
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
+            eps_abs=stopping.eps_abs,
+            eps_rel=stopping.eps_rel,
             relaxation=relaxation,
             acceleration=acceleration,
-            restart_eta=restart_eta,
             z_average=z_average,
             dual_step=dual_step,
-            channel={"uplink": uplink, "local_dp": local_dp},
+            channel={"uplink": link.compressor, "local_dp": link.local_dp},
         )
-        channel = UplinkChannel(uplink, local_dp, uplink_residual)
+        channel = UplinkChannel(link.compressor, link.local_dp, link.residual)
         self.algorithm = FedADMMRound(settings, form_name, channel, rules, start="always")
         super().__init__(
             self.algorithm,
@@ -221,12 +206,10 @@ class FedADMM(RoundStrategy):
                 "evaluate_metrics_aggr_fn": evaluate_metrics_aggr_fn,
             },
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=None
-            if checkpoint_dir is None
-            else Checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
-            stop_on_convergence=stop_on_convergence,
+            stop_on_convergence=stopping.stop,
         )
 
     @property
@@ -249,3 +232,9 @@ class FedADMM(RoundStrategy):
         log(INFO, "\t│\t├── form: %s", self.algorithm.form)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
+
+
+#: The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+textbook = functools.partial(FedADMM, **TEXTBOOK)
+#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/tuning.md).
+fast_convex = functools.partial(FedADMM, **FAST_CONVEX)

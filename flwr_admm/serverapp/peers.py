@@ -15,15 +15,14 @@ abort the run on, or that the round refuses, is logged and counted in
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from flwr_admm.core.health import DEFAULT_HEALTH, PEER_ADVICE, HealthCheck
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.exchange import Algorithm
 from flwr_admm.rounds.feddyn import FedDynRound
 from flwr_admm.rounds.fednova import FedNovaRound
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.rounds.scaffold import ScaffoldRound
 from flwr_admm.serverapp.strategy import RoundStrategy
 
@@ -35,8 +34,8 @@ class PeerStrategy(RoundStrategy):
 
     Flower's Message-API `FedAvg` keywords are keyword-only here. The others are the
     legacy `flwr_admm.server.peers.PeerStrategy`'s: ``sampling_seed`` (the node
-    sample, as `FedADMM`'s), ``checkpoint_dir``, ``checkpoint_every``, ``resume``,
-    ``key_binding``, ``max_client_age``, ``max_clients`` and ``health``.
+    sample, as `FedADMM`'s), ``clients`` (a `ClientPolicy`), ``checkpoint`` (a
+    `Checkpointing`) and ``health``.
     """
 
     def __init__(
@@ -44,12 +43,8 @@ class PeerStrategy(RoundStrategy):
         algorithm: Algorithm,
         *,
         sampling_seed: int | None = 0,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 1,
-        resume: bool = True,
-        key_binding: str = "node",
-        max_client_age: int | None = None,
-        max_clients: int | None = None,
+        clients: ClientPolicy = ClientPolicy(),
+        checkpoint: Checkpointing | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
         **fedavg_kwargs: Any,
     ) -> None:
@@ -57,10 +52,8 @@ class PeerStrategy(RoundStrategy):
             algorithm,
             fedavg_kwargs,
             sampling_seed=sampling_seed,
-            clients=ClientPolicy(key_binding, max_client_age, max_clients),
-            checkpoint=None
-            if checkpoint_dir is None
-            else Checkpointing(checkpoint_dir, checkpoint_every, resume),
+            clients=clients,
+            checkpoint=checkpoint,
             health=health,
             advice=PEER_ADVICE,
         )

@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_admm.core.health import ADMM_ADVICE, DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.types import Arrays
+from flwr_admm.options import Checkpointing, ClientPolicy
 from flwr_admm.protocol import (
     MESSAGE_PROXIMAL_MU,
     MESSAGE_SERVER_ROUND,
@@ -41,7 +42,6 @@ from flwr_admm.rounds.checks import check_sizes, unconfigured
 from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction, Layout
 from flwr_admm.rounds.identity import KeyBinding
 from flwr_admm.rounds.layer import RoundLayer
-from flwr_admm.rounds.options import Checkpointing, ClientPolicy
 from flwr_admm.serverapp.records import (
     check_overwritten,
     copy_config,

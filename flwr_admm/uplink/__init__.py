@@ -5,12 +5,11 @@ clips and noises it and `PrivacyLedger` accounts for it; `UplinkChannel` is the
 server's decoder; `UplinkWrapper` adds both to any legacy strategy.
 """
 
-from flwr_admm.uplink.compression import Compressor, StochasticQuantizer, TopK
+from flwr_admm.uplink.compression import StochasticQuantizer, TopK
 from flwr_admm.uplink.privacy import LocalDP, PrivacyLedger
 from flwr_admm.uplink.wrapper import UplinkWrapper
 
 __all__ = [
-    "Compressor",
     "LocalDP",
     "PrivacyLedger",
     "StochasticQuantizer",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from consensus_reference import Stepped, clients, pooled_ridge, rel, ridge_local_argmin, ridge_round
 
-from flwr_admm import ConsensusADMM
+from flwr_admm.core import ConsensusADMM
 
 
 def textbook_fast_admm(data, lam: float, rho: float, rounds: int, eta: float = 0.999):

@@ -20,8 +20,8 @@ from consensus_reference import ridge_round as _ridge_round
 from flwr.server.strategy.aggregate import aggregate
 from sklearn.linear_model import Lasso
 
-from flwr_admm import ConsensusADMM
-from flwr_admm.core import L1, Reply
+from flwr_admm.core import L1, ConsensusADMM
+from flwr_admm.core.types import Reply
 
 # ---------------------------------------------------------------- ridge closed form
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_admm.core import ConsensusADMM, Reply
+from flwr_admm.core import ConsensusADMM
 from flwr_admm.core.linearized import budget_scale, check_form
+from flwr_admm.core.types import Reply
 
 
 def test_a_hand_computed_round_with_reported_scales():

@@ -19,8 +19,8 @@ from consensus_reference import rel as _rel
 from consensus_reference import ridge_local_argmin as _ridge_local_argmin
 from consensus_reference import ridge_round as _ridge_round
 
-from flwr_admm import ConsensusADMM
-from flwr_admm.core import Reply
+from flwr_admm.core import ConsensusADMM
+from flwr_admm.core.types import Reply
 
 # ----------------------------------------------------------- rho schedule rescaling
 

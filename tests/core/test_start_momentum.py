@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_admm.core import ConsensusADMM, Linearized, Reply
+from flwr_admm.core import ConsensusADMM, Linearized
 from flwr_admm.core.linearized import SCAFFNEW, strategy_settings
 from flwr_admm.core.start_momentum import StartMomentum
+from flwr_admm.core.types import Reply
 
 
 def test_the_start_is_z_then_z_plus_beta_times_the_last_step() -> None:
@@ -54,7 +55,6 @@ def two_client_core(beta: float) -> ConsensusADMM:
         eps_rel=1e-4,
         relaxation=None,
         acceleration=None,
-        restart_eta=0.999,
         z_average="cached",
         dual_step=None,
         channel={},

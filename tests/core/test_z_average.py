@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from consensus_reference import clients, pooled_ridge, rel, ridge_round
 
-from flwr_admm import ConsensusADMM
 from flwr_admm import serverapp as message_api
-from flwr_admm.core import Reply, ResidualBalancing
+from flwr_admm.core import ConsensusADMM, ResidualBalancing
 from flwr_admm.core.regularizers import L2
 from flwr_admm.core.settings import ConsensusSettings
+from flwr_admm.core.types import Reply
 from flwr_admm.server import FedADMM
 
 

@@ -46,7 +46,6 @@ def state(**kwargs: Any) -> ClientDualsState:
         eps_abs=1e-6,
         eps_rel=1e-4,
         acceleration=kwargs.pop("acceleration", None),
-        restart_eta=0.999,
         **kwargs,
     )
     made.adopt([t.copy() for t in Z])

@@ -10,7 +10,8 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 from textbook import textbook_message_fedadmm
 
-from flwr_admm.core import ConsensusADMM, Reply
+from flwr_admm.core import ConsensusADMM
+from flwr_admm.core.types import Reply
 from flwr_admm.protocol import START_MARK
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.serverapp import FedADMM
