@@ -44,10 +44,10 @@ from flwr.server.strategy import FedAvg, Strategy
 from scipy.optimize import minimize
 
 from flwr_admm.client import ADMMClient
-from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.data import Task, load_task
 from flwr_admm.models import SoftmaxRegression
-from flwr_admm.server import FedADMM
+from flwr_admm.options import Uplink
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK, UplinkWrapper
 from flwr_admm.uplink.compression import Compressor
@@ -120,9 +120,9 @@ def run(
     return history, result.fit_metrics, float(np.mean(list(sizes.values())))
 
 
-def fedadmm(rho: float, **extra: Any) -> Callable[..., Strategy]:
-    """FedADMM factory with the channel options in `extra`."""
-    return lambda **kw: FedADMM(**TEXTBOOK, rho=rho, **extra, **kw)  # as measured
+def fedadmm(rho: float, uplink: Uplink | None = None) -> Callable[..., Strategy]:
+    """Return a factory of the textbook FedADMM (as measured) with `uplink`'s options."""
+    return lambda **kw: textbook(rho=rho, uplink=uplink, **kw)
 
 
 def fedavg(uplink: Compressor | None = None, local_dp: LocalDP | None = None) -> Any:
@@ -203,24 +203,21 @@ def seed_logreg_gaps(rounds: int, seeds: list[int]) -> dict[str, Any]:
     model, data = task.make_model(), task.data
     X, y = np.vstack(data.X), np.concatenate([model.encode_labels(v) for v in data.y])
     f_star = seed_optimum(task)
-    variants: dict[str, dict[str, Any]] = {"full precision": {}}
+    variants: dict[str, Uplink | None] = {"full precision": None}
     for bits in (8, 4, 2):
-        variants[f"{bits} bits, update"] = {"uplink": StochasticQuantizer(bits=bits)}
-        variants[f"{bits} bits, dual"] = {
-            "uplink": StochasticQuantizer(bits=bits),
-            "uplink_residual": "dual",
-        }
-        variants[f"{bits} bits, none"] = {
-            "uplink": StochasticQuantizer(bits=bits, error_feedback=False)
-        }
-    variants["top-k 25%, update"] = {"uplink": TopK(fraction=0.25)}
-    variants["top-k 25%, none"] = {"uplink": TopK(fraction=0.25, error_feedback=False)}
+        variants[f"{bits} bits, update"] = Uplink(StochasticQuantizer(bits=bits))
+        variants[f"{bits} bits, dual"] = Uplink(StochasticQuantizer(bits=bits), residual="dual")
+        variants[f"{bits} bits, none"] = Uplink(
+            StochasticQuantizer(bits=bits, error_feedback=False)
+        )
+    variants["top-k 25%, update"] = Uplink(TopK(fraction=0.25))
+    variants["top-k 25%, none"] = Uplink(TopK(fraction=0.25, error_feedback=False))
     out: dict[str, Any] = {}
     client = {"local_steps": 20, "learning_rate": 1.0}
-    for name, extra in variants.items():
+    for name, uplink in variants.items():
         curves, per_round = [], 0.0
-        for seed in seeds if extra else seeds[:1]:
-            z, _, per_round = run(task, fedadmm(0.1, **extra), rounds, seed, client)
+        for seed in seeds if uplink is not None else seeds[:1]:
+            z, _, per_round = run(task, fedadmm(0.1, uplink), rounds, seed, client)
             curves.append([(model.loss(zk, X, y) - f_star) / abs(f_star) for zk in z])
         gaps = np.array(curves)
         out[name] = {"gaps": gaps.tolist(), "bytes_per_round": per_round}
@@ -423,8 +420,8 @@ def main() -> None:
     results["digits"] = digits_runs(
         {
             "FedADMM full precision": fedadmm(rho),
-            "FedADMM 8 bits": fedadmm(rho, uplink=StochasticQuantizer(bits=8)),
-            "FedADMM 4 bits": fedadmm(rho, uplink=StochasticQuantizer(bits=4)),
+            "FedADMM 8 bits": fedadmm(rho, Uplink(StochasticQuantizer(bits=8))),
+            "FedADMM 4 bits": fedadmm(rho, Uplink(StochasticQuantizer(bits=4))),
             "FedAvg full precision": fedavg(),
             "FedAvg 8 bits": fedavg(StochasticQuantizer(bits=8)),
             "FedAvg 4 bits": fedavg(StochasticQuantizer(bits=4)),
@@ -436,7 +433,7 @@ def main() -> None:
     dp_runs: dict[str, Callable[..., Strategy]] = {}
     for sigma in (0.0, 0.05, 1.0, sigma_2):
         dp = LocalDP(clip=DP_CLIP, noise_multiplier=sigma)
-        dp_runs[f"FedADMM C {DP_CLIP} sigma {sigma:.3g}"] = fedadmm(rho, local_dp=dp)
+        dp_runs[f"FedADMM C {DP_CLIP} sigma {sigma:.3g}"] = fedadmm(rho, Uplink(local_dp=dp))
         dp_runs[f"FedAvg C {DP_CLIP} sigma {sigma:.3g}"] = fedavg(local_dp=dp)
     results["dp"] = digits_runs(dp_runs, rounds, seeds)
     results["rounds_to_target"] = rounds_to_target(rounds, seeds)

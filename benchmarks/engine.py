@@ -79,9 +79,8 @@ def run_worker(strategy_name: str, rounds: int) -> dict[str, Any]:
     from flwr.server.strategy import FedAvg
 
     from flwr_admm.client import ADMMClient
-    from flwr_admm.core.settings import TEXTBOOK
     from flwr_admm.data import load_task
-    from flwr_admm.server import FedADMM
+    from flwr_admm.server.fedadmm import textbook
 
     task = load_task("seed-logreg")
     stamps: list[float] = []
@@ -98,7 +97,7 @@ def run_worker(strategy_name: str, rounds: int) -> dict[str, Any]:
         "min_available_clients": NUM_CLIENTS,
     }
     strategy = (
-        FedADMM(**TEXTBOOK, rho=RHO, **kwargs)  # the measured setting (docs/benchmarks.md)
+        textbook(rho=RHO, **kwargs)  # the measured setting (docs/benchmarks.md)
         if strategy_name == "FedADMM"
         else FedAvg(**kwargs)
     )

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr_admm.options import Checkpointing
+
 CHECKPOINT_STRATEGIES = ("fedadmm", "fedadmm-client-duals")
 
 CHECKPOINT_DEFAULTS: dict[str, Any] = {
@@ -41,13 +43,11 @@ class CheckpointSettings:
     every: int = 1
     resume: bool = False
 
-    def strategy_kwargs(self) -> dict[str, Any]:
-        """The keywords of FedADMM / FedADMMClientDuals (both APIs)."""
-        return {
-            "checkpoint_dir": self.directory,
-            "checkpoint_every": self.every,
-            "resume": self.resume,
-        }
+    def checkpointing(self) -> Checkpointing | None:
+        """The ``checkpoint`` of FedADMM / FedADMMClientDuals (both APIs); None: off."""
+        if self.directory is None:
+            return None
+        return Checkpointing(self.directory, self.every, self.resume)
 
 
 def _fail(key: str, value: Any) -> ValueError:

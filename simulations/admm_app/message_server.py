@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.data import Task
+from flwr_admm.options import ClientPolicy
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 
 from . import form_config as forms
@@ -224,6 +225,7 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         "min_available_nodes": n,
         "train_metrics_aggr_fn": train_metrics,
     }
+    clients = ClientPolicy(key_binding=settings.key_binding)
     strategy: (
         RecordingFedADMM
         | RecordingFedADMMClientDuals
@@ -235,18 +237,18 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
     )
     if settings.strategy == "fedadmm":
         strategy = RecordingFedADMM(
-            key_binding=settings.key_binding,
             **forms.fedadmm_keywords(settings),
             sampling_seed=settings.seed,
-            **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
+            clients=clients,
+            checkpoint=settings.checkpoint.checkpointing(),  # checkpoint-dir, -every, resume
             **common,
         )
     elif settings.strategy == "fedadmm-client-duals":
         strategy = RecordingFedADMMClientDuals(
             **settings.form.strategy_kwargs({"rho": settings.rho}),
             sampling_seed=settings.seed,
-            key_binding=settings.key_binding,
-            **settings.checkpoint.strategy_kwargs(),
+            clients=clients,
+            checkpoint=settings.checkpoint.checkpointing(),
             **common,
         )
     elif settings.strategy == "fedprox":
@@ -257,14 +259,10 @@ def build_message_strategy(settings: RunSettings, task: Task, recorder: RunRecor
         strategy = RecordingFedNova(**common)
     elif settings.strategy == "scaffold":
         strategy = RecordingSCAFFOLD(
-            server_learning_rate=settings.server_learning_rate,
-            key_binding=settings.key_binding,
-            **common,
+            server_learning_rate=settings.server_learning_rate, clients=clients, **common
         )
     elif settings.strategy == "feddyn":
-        strategy = RecordingFedDyn(
-            alpha=settings.feddyn_alpha, key_binding=settings.key_binding, **common
-        )
+        strategy = RecordingFedDyn(alpha=settings.feddyn_alpha, clients=clients, **common)
     else:
         raise ValueError(
             f"run config 'strategy': {settings.strategy!r} has no Message-API strategy"

@@ -24,7 +24,7 @@ from flwr.common.logger import log
 from flwr_admm.core.local_solver import PROX_STEPS
 from flwr_admm.core.schedules import SCHEDULES
 from flwr_admm.data.registry import TASKS
-from flwr_admm.rounds.identity import KEY_BINDINGS
+from flwr_admm.options import KEY_BINDINGS
 
 from . import checkpoint_config as ckpt
 from . import form_config as forms

@@ -35,6 +35,7 @@ from flwr.server.strategy import FedAvg, FedProx, Strategy
 from flwr.serverapp import Grid
 
 from flwr_admm.data import Task
+from flwr_admm.options import ClientPolicy
 from flwr_admm.server import SCAFFOLD, FedADMM, FedDyn, FedNova
 from flwr_admm.server.client_duals import FedADMMClientDuals
 from flwr_admm.server.client_duals_secagg import FedADMMClientDualsSecAgg
@@ -149,8 +150,8 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
     admm_common = {
         **common,
         "on_fit_config_fn": lambda server_round: dict(base_config),
-        "key_binding": settings.key_binding,
-        **settings.checkpoint.strategy_kwargs(),  # checkpoint-dir, -every, resume
+        "clients": ClientPolicy(key_binding=settings.key_binding),
+        "checkpoint": settings.checkpoint.checkpointing(),  # checkpoint-dir, -every, resume
     }
     if settings.strategy == "fedadmm":
         # sampling_seed=None: the client manager samples, the same way for every strategy
@@ -174,7 +175,7 @@ def build_strategy(settings: RunSettings, task: Task, evaluator: Evaluator) -> S
     peer_common = {
         **common,
         "on_fit_config_fn": admm_common["on_fit_config_fn"],
-        "key_binding": settings.key_binding,
+        "clients": admm_common["clients"],
         "sampling_seed": None,
     }
     if settings.strategy == "scaffold":
