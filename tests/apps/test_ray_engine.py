@@ -25,9 +25,9 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.serverapp import Grid
 from flwr.simulation import run_simulation
-from textbook import textbook_fedadmm
 
 from flwr_admm.server import FedADMMClientDuals
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import StochasticQuantizer
 
@@ -55,9 +55,9 @@ def strategies() -> dict[str, tuple[Any, Recorder]]:
     }
     made = {}
     for name, factory, extra in (
-        ("fedadmm", textbook_fedadmm, {}),
+        ("fedadmm", textbook, {}),
         ("client_duals", FedADMMClientDuals, {}),
-        ("compressed", textbook_fedadmm, {"uplink": StochasticQuantizer(bits=4)}),
+        ("compressed", textbook, {"uplink": StochasticQuantizer(bits=4)}),
     ):
         recorder = Recorder()
         made[name] = (factory(evaluate_fn=recorder, **common, **extra), recorder)

@@ -39,7 +39,6 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from seed_task import first_round_below, gaps
-from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.core import L1, ResidualBalancing
@@ -55,6 +54,7 @@ from flwr_admm.protocol import (
 from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMMClientDuals
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import LocalDP, StochasticQuantizer, TopK
 
@@ -65,7 +65,7 @@ PARTIAL = {"fraction_fit": 0.3, "min_fit_clients": 3, "min_available_clients": 1
 
 
 def test_full_participation_is_server_held_fedadmm() -> None:
-    _, held, held_run = run_seed(textbook_fedadmm, 30, client_kwargs=CLIENT, rho=0.1)
+    _, held, held_run = run_seed(textbook, 30, client_kwargs=CLIENT, rho=0.1)
     strategy, client, client_run = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1)
     errors = relative_errors(client.matrix, held.matrix)
     assert errors.max() <= 1e-12, errors  # measured: 3.6e-15
@@ -85,15 +85,15 @@ def test_full_participation_is_server_held_fedadmm() -> None:
 @pytest.mark.parametrize("gamma", [0.2, 0.5])
 def test_damped_dual_step_is_server_held_fedadmm_with_the_same_step(gamma: float) -> None:
     """u_i += gamma (w_i - z) on the clients gives server-held FedADMM's dual_step=gamma."""
-    _, held, _ = run_seed(textbook_fedadmm, 30, client_kwargs=CLIENT, rho=0.1, dual_step=gamma)
+    _, held, _ = run_seed(textbook, 30, client_kwargs=CLIENT, rho=0.1, dual_step=gamma)
     _, client, _ = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1, dual_step=gamma)
-    _, textbook, _ = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1)
+    _, undamped, _ = run_seed(FedADMMClientDuals, 30, client_kwargs=CLIENT, rho=0.1)
     assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
-    assert relative_errors(client.matrix, textbook.matrix).max() > 1e-3  # gamma is sent
+    assert relative_errors(client.matrix, undamped.matrix).max() > 1e-3  # gamma is sent
 
 
 def test_server_regularizer_matches_server_held_fedadmm() -> None:
-    _, held, _ = run_seed(textbook_fedadmm, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
+    _, held, _ = run_seed(textbook, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02))
     _, client, _ = run_seed(
         FedADMMClientDuals, 15, client_kwargs=CLIENT, rho=0.1, regularizer=L1(0.02)
     )
@@ -114,7 +114,7 @@ def test_stop_on_convergence_samples_no_more_clients() -> None:
 
 def test_partial_participation_reaches_the_optimum() -> None:
     strategy, client, _ = run_seed(FedADMMClientDuals, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
-    _, held, _ = run_seed(textbook_fedadmm, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
+    _, held, _ = run_seed(textbook, 70, client_kwargs=CLIENT, rho=0.1, **PARTIAL)
     assert [h["num_replies"] for h in strategy.history] == [3] * 70
     reach_client = first_round_below(gaps(client.matrix), 1e-6)
     reach_held = first_round_below(gaps(held.matrix), 1e-6)
@@ -580,7 +580,7 @@ def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="regularizer"):
         FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path, **PARTIAL)
     with pytest.raises(CheckpointError, match="another configuration"):  # not its format
-        textbook_fedadmm(rho=0.1, checkpoint_dir=tmp_path)
+        textbook(rho=0.1, checkpoint_dir=tmp_path)
     wrong = FedADMMClientDuals(
         rho=0.1,
         checkpoint_dir=tmp_path,
@@ -635,8 +635,6 @@ def test_server_state_does_not_grow_with_the_number_of_clients() -> None:
         held.append(_model_sized(strategy, d, set()))
     assert held == [3, 3]  # z, S and the serialized z it broadcast last
     # Server-held FedADMM keeps two model copies per client: the count would grow.
-    strategy = textbook_fedadmm(
-        rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=100
-    )
+    strategy = textbook(rho=0.1, initial_parameters=zeros_parameters(), min_available_clients=100)
     run_rounds(strategy, make_proxies(client_fn, 100), 1)
     assert _model_sized(strategy, d, set()) >= 200

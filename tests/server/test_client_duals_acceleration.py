@@ -17,7 +17,6 @@ import pytest
 from flower_run import NUM_CLIENTS, relative_errors, run_seed, seed_data
 from seed_task import first_round_below, gaps
 from server.test_client_duals_recovery import assert_recovers, run
-from textbook import textbook_fedadmm
 
 from flwr_admm.core.client_duals import Extrapolation, start_round
 from flwr_admm.node.records import load_states
@@ -29,6 +28,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.server import FedADMMClientDuals, FedADMMClientDualsSecAgg
+from flwr_admm.server.fedadmm import textbook
 
 # Both sides start the local solve at the client's last w_i, so that client-held duals
 # give server-held FedADMM's iterates (FedADMMClientDuals' default, "auto", starts at z)
@@ -57,7 +57,7 @@ def _run(factory: Any, kind: str, rounds: int, **kwargs: Any) -> tuple[Any, list
 
 
 def _runs(kind: str, rounds: int, **kwargs: Any) -> tuple[Any, Any, list[int], list[int]]:
-    held, held_restarts = _run(textbook_fedadmm, kind, rounds, **kwargs)
+    held, held_restarts = _run(textbook, kind, rounds, **kwargs)
     client, client_restarts = _run(FedADMMClientDuals, kind, rounds, **kwargs)
     return held, client, held_restarts, client_restarts
 
@@ -111,7 +111,7 @@ def test_without_acceleration_it_is_plain_admm_and_sends_no_fast_admm_key() -> N
     (At the merge it was also checked bit for bit against the code before fast ADMM
     for client-held duals, full and partial: sha256 of z per round and S over 25
     rounds; the hash is not kept as a test, it depends on the machine's BLAS.)"""
-    _, held, _ = run_seed(textbook_fedadmm, 25, client_kwargs=CLIENT, rho=0.1)
+    _, held, _ = run_seed(textbook, 25, client_kwargs=CLIENT, rho=0.1)
     strategy, client, _ = run_seed(FedADMMClientDuals, 25, client_kwargs=CLIENT, rho=0.1)
     assert relative_errors(client.matrix, held.matrix).max() <= 1e-12
     assert strategy.state.momentum is None

@@ -32,9 +32,9 @@ from flower_run import C, run_seed
 from flwr.server.strategy import FedAvg
 from seed_task import first_round_below, gaps, optimum, pooled
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
-from textbook import textbook_fedadmm
 
 from flwr_admm.core import L1, ResidualBalancing
+from flwr_admm.server.fedadmm import textbook
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 L1_STRENGTH = 0.02
@@ -51,7 +51,7 @@ def test_centralized_reference_is_the_optimum() -> None:
 
 
 def test_fedadmm_reaches_optimum_1e6_in_20_and_1e10_in_60_rounds() -> None:
-    _, recorder, result = run_seed(textbook_fedadmm, 60, client_kwargs=CLIENT, rho=0.1)
+    _, recorder, result = run_seed(textbook, 60, client_kwargs=CLIENT, rho=0.1)
     gap = gaps(recorder.matrix)
     reach_6, reach_10 = first_round_below(gap, 1e-6), first_round_below(gap, 1e-10)
     assert reach_6 is not None and reach_6 <= 20, gap[:20]
@@ -91,7 +91,7 @@ def test_fedavg_with_many_local_steps_stalls_at_a_biased_point() -> None:
 def test_partial_participation_reaches_optimum_within_100_rounds() -> None:
     sampled: list[int] = []
     _, recorder, result = run_seed(
-        textbook_fedadmm,
+        textbook,
         100,
         client_kwargs=CLIENT,
         rho=0.1,
@@ -116,7 +116,7 @@ def test_l1_matches_centralized_l1_solution() -> None:
     assert np.all(np.abs(g[zero]) < L1_STRENGTH * 0.95)
     assert np.abs(g[~zero] + L1_STRENGTH * np.sign(w_star[~zero])).max() <= 1e-12
     _, recorder, _ = run_seed(
-        textbook_fedadmm, 60, client_kwargs=CLIENT, rho=0.1, regularizer=L1(L1_STRENGTH)
+        textbook, 60, client_kwargs=CLIENT, rho=0.1, regularizer=L1(L1_STRENGTH)
     )
     z = recorder.matrix[-1]
     np.testing.assert_array_equal(z == 0.0, zero)
@@ -126,7 +126,7 @@ def test_l1_matches_centralized_l1_solution() -> None:
 @pytest.mark.parametrize("rho0", [1e-3, 100.0])
 def test_residual_balancing_recovers_from_a_bad_rho(rho0: float) -> None:
     _, recorder, result = run_seed(
-        textbook_fedadmm, 40, client_kwargs=CLIENT, rho=rho0, rho_schedule=ResidualBalancing()
+        textbook, 40, client_kwargs=CLIENT, rho=rho0, rho_schedule=ResidualBalancing()
     )
     gap = gaps(recorder.matrix)
     reach = first_round_below(gap, 1e-6)
@@ -142,10 +142,10 @@ def test_untuned_residual_balancing_is_within_1_5x_of_tuned_fedadmm() -> None:
     """Issue 5, goal A on seed-logreg: ResidualBalancing() from rho0 = 1 at the task's
     default local settings vs the best grid point of `benchmarks.convergence`."""
     _, untuned, result = run_seed(
-        textbook_fedadmm, 24, client_kwargs=CLIENT, rho=1.0, rho_schedule=ResidualBalancing()
+        textbook, 24, client_kwargs=CLIENT, rho=1.0, rho_schedule=ResidualBalancing()
     )
     _, tuned, _ = run_seed(
-        textbook_fedadmm, 24, client_kwargs={"local_steps": 20, "learning_rate": 2.0}, rho=0.1
+        textbook, 24, client_kwargs={"local_steps": 20, "learning_rate": 2.0}, rho=0.1
     )
     reach_untuned = first_round_below(gaps(untuned.matrix), 1e-6)
     reach_tuned = first_round_below(gaps(tuned.matrix), 1e-6)
@@ -160,10 +160,8 @@ def test_over_relaxed_fedadmm_needs_a_third_of_the_best_grid_baseline_rounds() -
     """Issue 5, goal B on seed-logreg: alpha = 1.6 at the grid point lr 2, 20 steps,
     rho 0.1 vs the best FedAvg of `benchmarks.convergence`'s grid (lr 4, 1 step)."""
     client = {"local_steps": 20, "learning_rate": 2.0}
-    _, relaxed, result = run_seed(
-        textbook_fedadmm, 12, client_kwargs=client, rho=0.1, relaxation=1.6
-    )
-    _, plain, _ = run_seed(textbook_fedadmm, 20, client_kwargs=client, rho=0.1)
+    _, relaxed, result = run_seed(textbook, 12, client_kwargs=client, rho=0.1, relaxation=1.6)
+    _, plain, _ = run_seed(textbook, 20, client_kwargs=client, rho=0.1)
     _, fedavg, _ = run_seed(FedAvg, 30, client_kwargs={"local_steps": 1, "learning_rate": 4.0})
     reach_relaxed = first_round_below(gaps(relaxed.matrix), 1e-6)
     reach_plain = first_round_below(gaps(plain.matrix), 1e-6)

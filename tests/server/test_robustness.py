@@ -26,10 +26,10 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
-from textbook import textbook_fedadmm
 
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM, FedADMMClientDuals
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
@@ -237,7 +237,7 @@ def test_a_0d_tensor_keeps_its_shape_every_round(rho: float) -> None:
 
 # ------------------------------------------------------------- rho = 0 is FedAvg
 def test_rho_zero_with_the_default_client_is_flowers_fedavg() -> None:
-    _, fedadmm, _ = run_seed(textbook_fedadmm, 20, client_kwargs=CLIENT, rho=0.0)
+    _, fedadmm, _ = run_seed(textbook, 20, client_kwargs=CLIENT, rho=0.0)
     _, fedavg, _ = run_seed(FedAvg, 20, client_kwargs=CLIENT)
     np.testing.assert_allclose(fedadmm.matrix, fedavg.matrix, rtol=1e-12, atol=1e-15)
 

@@ -12,9 +12,9 @@ import pytest
 from flower_run import relative_errors, run_seed, seed_data
 from flwr.server.strategy import FedAvg, FedProx
 from seed_reference import seed_admm, seed_fedavg
-from textbook import textbook_fedadmm
 
 from flwr_admm.server import FedADMM
+from flwr_admm.server.fedadmm import textbook
 
 RHO, L, LR = 0.1, 5, 0.02
 ROUNDS = 200  # the seed's K
@@ -50,7 +50,7 @@ class Snapshots:
 def test_fedadmm_equals_seed_admm_every_round(local_init: str) -> None:
     snaps = Snapshots()
     _, recorder, result = run_seed(
-        textbook_fedadmm,
+        textbook,
         ROUNDS,
         client_kwargs=seed_client(local_init),
         on_round=snaps,
@@ -96,9 +96,7 @@ def test_fedadmm_equals_seed_admm_every_round(local_init: str) -> None:
 
 
 def test_rho_zero_center_equals_flower_fedavg() -> None:
-    _, admm0, _ = run_seed(
-        textbook_fedadmm, CONTROL_ROUNDS, client_kwargs=seed_client("center"), rho=0.0
-    )
+    _, admm0, _ = run_seed(textbook, CONTROL_ROUNDS, client_kwargs=seed_client("center"), rho=0.0)
     _, fedavg, _ = run_seed(FedAvg, CONTROL_ROUNDS, client_kwargs=seed_client("center"))
     data = seed_data()
     ref = seed_fedavg(

@@ -25,12 +25,12 @@ from flwr.common import Context, NDArrays, Scalar, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedProx
 from seed_reference import logistic_grad, seed_admm
-from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import START_MARK
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 
 RHO, L, LR = 0.1, 5, 0.02
@@ -113,7 +113,7 @@ def scripted_proxies(
 
 
 def seed_strategy(recorder: Recorder | None = None, **kwargs: Any) -> FedADMM:
-    return textbook_fedadmm(
+    return textbook(
         rho=kwargs.pop("rho", RHO),
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
@@ -271,7 +271,7 @@ def test_partitions_under_new_node_ids_restart_fresh_when_keys_are_bound_to_node
     assert metrics["num_resynced"] == 0 and metrics["num_key_conflicts"] == 0
     assert strategy.binding.key_of == {str(100 + i + 1): f"partition-id:{i}" for i in range(10)}
     # Fresh: one ADMM round from zero duals around the inherited z.
-    fresh = textbook_fedadmm(rho=RHO, initial_parameters=first.parameters)
+    fresh = textbook(rho=RHO, initial_parameters=first.parameters)
     run_rounds(fresh, scripted_proxies(), 1)
     assert fresh.admm is not None
     for key, record in strategy.admm.records.items():
@@ -454,7 +454,7 @@ def test_sample_size_counts_clients_that_register_while_waiting(
 )
 def test_strategy_rejects_bad_configuration(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        textbook_fedadmm(**kwargs)
+        textbook(**kwargs)
 
 
 def test_relaxation_reaches_the_core_and_the_checkpoint_fingerprint() -> None:
@@ -487,7 +487,7 @@ def test_float32_model_round_trips_and_matches_the_float64_core() -> None:
     from flwr_admm.core.consensus import ConsensusADMM, Reply
 
     z0 = [np.zeros((4, 3), np.float32), np.zeros(3, np.float32)]
-    strategy = textbook_fedadmm(rho=0.5, initial_parameters=ndarrays_to_parameters(z0))
+    strategy = textbook(rho=0.5, initial_parameters=ndarrays_to_parameters(z0))
     out = run_rounds(
         strategy, make_proxies(lambda c: Float32Client(int(c.node_config["partition-id"])), 3), 4
     )

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
-from textbook import textbook_message_fedadmm
 
 from flwr_admm.core import ConsensusADMM
 from flwr_admm.core.types import Reply
 from flwr_admm.protocol import START_MARK
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.serverapp import FedADMM
+from flwr_admm.serverapp.fedadmm import textbook
 from flwr_admm.uplink import StochasticQuantizer
 
 Z0 = {"w": np.zeros((2, 3), dtype=np.float32), "step": np.array(0.0)}
@@ -32,7 +32,7 @@ def good(i: int, **extra: Any) -> Any:
 
 
 def started(**kwargs: Any) -> FedADMM:
-    strategy = textbook_message_fedadmm(rho=0.5, fraction_evaluate=0.0, **kwargs)
+    strategy = textbook(rho=0.5, fraction_evaluate=0.0, **kwargs)
     configure(strategy, 1, named(Z0), FakeGrid(NODES))
     return strategy
 

@@ -46,10 +46,10 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.server.strategy import FedAvg, FedProx
-from textbook import textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import STATE_RESIDUAL
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 from flwr_admm.uplink import StochasticQuantizer, UplinkWrapper
 
@@ -96,7 +96,7 @@ def test_corrupted_or_inconsistent_payloads_are_rejected() -> None:
         pid = int(context.node_config["partition-id"])
         return Corrupting(make(context).to_client(), faults.get(pid))
 
-    strategy = textbook_fedadmm(
+    strategy = textbook(
         rho=0.1, uplink=StochasticQuantizer(bits=8), initial_parameters=zeros_parameters()
     )
     result = run_rounds(strategy, make_proxies(client_fn, NUM_CLIENTS), 3)
@@ -115,7 +115,7 @@ def test_plain_numpy_replies_are_accepted_as_full_precision() -> None:
         # Flower's own NumPyClient wrapper: ignores the packed payload, sends arrays.
         return NumPyClient.to_client(make(context))
 
-    strategy = textbook_fedadmm(
+    strategy = textbook(
         rho=0.1, uplink=StochasticQuantizer(bits=8), initial_parameters=zeros_parameters()
     )
     result = run_rounds(strategy, make_proxies(client_fn, NUM_CLIENTS), 2)
@@ -172,7 +172,7 @@ def test_dual_residual_needs_an_admm_server() -> None:
     with pytest.raises(ValueError, match="uplink-residual"):
         client.fit([np.zeros(D)], config)
     with pytest.raises(ValueError, match="uplink_residual"):
-        textbook_fedadmm(uplink=StochasticQuantizer(bits=8), uplink_residual="server")  # type: ignore[arg-type]
+        textbook(uplink=StochasticQuantizer(bits=8), uplink_residual="server")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------- baseline wrapper
@@ -208,7 +208,7 @@ def seed_gaps(rounds: int, **strategy_kwargs: Any) -> np.ndarray:
     pooled = Pooled.of(data.X, data.y, C)
     f_star = pooled.objective(ridge_optimum(pooled))
     _, recorder, result = run_seed(
-        textbook_fedadmm, rounds, client_kwargs=CLIENT, rho=0.1, **strategy_kwargs
+        textbook, rounds, client_kwargs=CLIENT, rho=0.1, **strategy_kwargs
     )
     assert all(m["num_rejected"] == 0 for m in result.fit_metrics)
     return np.array([(pooled.objective(z) - f_star) / abs(f_star) for z in recorder.matrix])

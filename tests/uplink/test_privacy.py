@@ -38,11 +38,12 @@ from flwr.server.strategy import (
     FedAvg,
 )
 from scipy import stats
-from textbook import TEXTBOOK, textbook_fedadmm
 
 from flwr_admm.client import ADMMClient
+from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.models import SoftmaxRegression
 from flwr_admm.server import FedADMM
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import InProcessClientProxy, make_proxies, run_rounds
 from flwr_admm.uplink import LocalDP, PrivacyLedger, StochasticQuantizer, UplinkWrapper
 from flwr_admm.uplink.privacy import RDP_ORDERS, clip_update, update_norm
@@ -166,7 +167,7 @@ def reference_epsilons(sigma: float, q: float, rounds: int, delta: float) -> lis
 def test_epsilon_grows_every_round_as_the_accountant_says() -> None:
     sigma, rounds = 1.0, 6
     _, _, result = run_seed(
-        textbook_fedadmm,
+        textbook,
         rounds,
         client_kwargs=CLIENT,
         rho=RHO,
@@ -188,9 +189,9 @@ def test_epsilon_grows_every_round_as_the_accountant_says() -> None:
 def test_ledger_survives_a_checkpoint_resume(tmp_path: Any) -> None:
     dp = LocalDP(clip=1.0, noise_multiplier=2.0)
     kwargs: dict[str, Any] = {"client_kwargs": CLIENT, "rho": RHO, "local_dp": dp}
-    _, _, straight = run_seed(textbook_fedadmm, 5, **kwargs)
-    run_seed(textbook_fedadmm, 3, checkpoint_dir=tmp_path, **kwargs)
-    resumed, _, _ = run_seed(textbook_fedadmm, 2, checkpoint_dir=tmp_path, **kwargs)
+    _, _, straight = run_seed(textbook, 5, **kwargs)
+    run_seed(textbook, 3, checkpoint_dir=tmp_path, **kwargs)
+    resumed, _, _ = run_seed(textbook, 2, checkpoint_dir=tmp_path, **kwargs)
     assert resumed.history[-1]["dp_rounds"] == 5
     assert resumed.history[-1]["dp_epsilon"] == straight.fit_metrics[-1]["dp_epsilon"]
 
@@ -245,7 +246,7 @@ def test_server_side_dp_wrapper_noise_is_the_z_the_duals_use() -> None:
     noisy_z: list[np.ndarray] = []
     clean_z: list[np.ndarray] = []
     centers: list[dict[str, np.ndarray]] = []
-    inner = textbook_fedadmm(rho=RHO, initial_parameters=zeros_parameters())
+    inner = textbook(rho=RHO, initial_parameters=zeros_parameters())
 
     def record(server_round: int, parameters: NDArrays, config: Any) -> None:
         if server_round == 0 or inner.admm is None:
