@@ -30,7 +30,7 @@ OptionT = TypeVar("OptionT")
 def option(name: str, value: Any, kind: type[OptionT]) -> OptionT:
     """Return `value` if it is a `kind`; else ValueError naming the keyword `name`."""
     if not isinstance(value, kind):
-        raise ValueError(f"{name}: must be a {kind.__name__}(...), got {value!r}")
+        raise ValueError(f"{name}: must be {kind.__name__}(...), got {value!r}")
     return value
 
 
@@ -128,6 +128,10 @@ class Convergence:
     stop: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("eps_abs", "eps_rel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
         check_tolerances(self.eps_abs, self.eps_rel)
         _flag("stop", self.stop)
 

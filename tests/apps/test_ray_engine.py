@@ -26,6 +26,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.serverapp import Grid
 from flwr.simulation import run_simulation
 
+from flwr_admm import Uplink
 from flwr_admm.server import FedADMMClientDuals
 from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
@@ -57,7 +58,7 @@ def strategies() -> dict[str, tuple[Any, Recorder]]:
     for name, factory, extra in (
         ("fedadmm", textbook, {}),
         ("client_duals", FedADMMClientDuals, {}),
-        ("compressed", textbook, {"uplink": StochasticQuantizer(bits=4)}),
+        ("compressed", textbook, {"uplink": Uplink(StochasticQuantizer(bits=4))}),
     ):
         recorder = Recorder()
         made[name] = (factory(evaluate_fn=recorder, **common, **extra), recorder)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from app_runs import run_legacy, run_message
 
+from flwr_admm import Checkpointing
 from flwr_admm.rounds.checkpoint import load_checkpoint
 from simulations.admm_app.run_config import parse_run_config
 
@@ -54,12 +55,11 @@ def test_bad_checkpoint_keys_name_the_key(overrides, key):
 
 def test_checkpoint_keys_default_off_and_resolve_the_directory(tmp_path):
     assert parse_run_config(CONFIG).checkpoint.directory is None
+    assert parse_run_config(CONFIG).checkpoint.checkpointing() is None
     settings = parse_run_config({**CONFIG, "checkpoint-dir": str(tmp_path / "c"), "resume": True})
-    assert settings.checkpoint.strategy_kwargs() == {
-        "checkpoint_dir": str((tmp_path / "c").resolve()),
-        "checkpoint_every": 1,
-        "resume": True,
-    }
+    assert settings.checkpoint.checkpointing() == Checkpointing(
+        (tmp_path / "c").resolve(), every=1, resume=True
+    )
 
 
 def _document(output_dir, strategy="fedadmm"):

@@ -2,8 +2,8 @@
 
 Four honest nodes hold partitions 0-3 of seed 000's task; a fifth, small one (50
 samples of partition 4) reconnects under a new node id and a new key every round, as
-a flaky device behind a NAT would. With the defaults (`max_client_age` and
-`max_clients` None) the old code kept a full-weight record for every id it had ever
+a flaky device behind a NAT would. With the defaults (`ClientPolicy`'s `max_age` and
+`max_count` None) the old code kept a full-weight record for every id it had ever
 seen: 204 records after 200 rounds, z pulled towards the small node's data (relative
 gap 0.375 FedADMM, 0.312 client-held duals, 0.590 SCAFFOLD, 0.600 FedDyn alpha 0.1,
 the same on both APIs). A key whose node has been absent from more than

@@ -23,6 +23,7 @@ from seed_task import gaps
 
 import flwr_admm.server
 import flwr_admm.serverapp
+from flwr_admm import Convergence
 from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.protocol import DELAYED_SQ_RESIDUAL, U_SQ_NORM, W_SQ_NORM
@@ -67,7 +68,7 @@ def legacy_run(forged: dict[str, float]) -> tuple[int, float]:
         rho=0.1,
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
-        stop_on_convergence=True,
+        convergence=Convergence(stop=True),
     )
     run_rounds(strategy, make_proxies(forging_client_fn(forged), NUM_CLIENTS), ROUNDS)
     stopped = len(strategy.history)
@@ -81,7 +82,7 @@ def message_run(forged: dict[str, float]) -> tuple[int, float]:
         min_train_nodes=NUM_CLIENTS,
         min_available_nodes=NUM_CLIENTS,
         fraction_evaluate=0.0,
-        stop_on_convergence=True,
+        convergence=Convergence(stop=True),
     )
     grid = InProcessGrid(make_client_app(forging_client_fn(forged)), NUM_CLIENTS)
     run_strategy(strategy, grid, zeros(), ROUNDS, evaluate_fn=recorder)

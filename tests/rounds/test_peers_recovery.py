@@ -22,6 +22,7 @@ from flwr.common import parameters_to_ndarrays
 from peer_faults import LR, OPTIONS, SIZES, STEPS, D, data, run_legacy, run_message
 from peer_reference import client_fn_for, common_kwargs
 
+from flwr_admm import Checkpointing, ClientPolicy
 from flwr_admm.protocol import FEDDYN_STATE_GRAD, SCAFFOLD_STATE_C
 from flwr_admm.server import SCAFFOLD, FedDyn, FedNova
 from flwr_admm.testing import make_proxies, run_rounds
@@ -78,9 +79,9 @@ def test_a_run_resumed_from_its_checkpoint_continues_bit_for_bit(peer: str, tmp_
     whole = PEER_CLASSES[peer](**options)
     expected = run_rounds(whole, make_proxies(client_fn, len(SIZES)), 8)
     proxies = make_proxies(client_fn, len(SIZES))  # the clients outlive the server
-    first = PEER_CLASSES[peer](**options, checkpoint_dir=tmp_path, checkpoint_every=5)
+    first = PEER_CLASSES[peer](**options, checkpoint=Checkpointing(tmp_path, every=5))
     run_rounds(first, proxies, 6)  # round 6 is lost with the server
-    resumed = PEER_CLASSES[peer](**options, checkpoint_dir=tmp_path)
+    resumed = PEER_CLASSES[peer](**options, checkpoint=Checkpointing(tmp_path))
     result = run_rounds(resumed, proxies, 3)
     assert [h["round"] for h in resumed.history] == [6, 7, 8]
     assert resumed.history == whole.history[5:]
@@ -92,8 +93,8 @@ def test_a_run_resumed_from_its_checkpoint_continues_bit_for_bit(peer: str, tmp_
 
 
 def test_max_clients_evicts_the_least_recently_heard_share() -> None:
-    """2 of 4 clients a round, max_clients=2: c is the n-weighted mean of the two held c_i."""
-    strategy = SCAFFOLD(**common_kwargs(D, fraction=0.5), max_clients=2)
+    """2 of 4 clients a round, max_count=2: c is the n-weighted mean of the two held c_i."""
+    strategy = SCAFFOLD(**common_kwargs(D, fraction=0.5), clients=ClientPolicy(max_count=2))
     proxies = make_proxies(client_fn_for(data(), STEPS, LR), len(SIZES))
     run_rounds(strategy, proxies, 12)
     assert all(h["num_clients_cached"] == 2 for h in strategy.history)

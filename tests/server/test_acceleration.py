@@ -16,8 +16,8 @@ from seed_task import first_round_below, gaps
 
 from flwr_admm.core import ResidualBalancing
 from flwr_admm.core.schedules import Constant
-from flwr_admm.core.settings import FAST_CONVEX, TEXTBOOK
 from flwr_admm.server import FedADMM, FedADMMClientDuals
+from flwr_admm.server.fedadmm import fast_convex, textbook
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 
@@ -43,7 +43,7 @@ def test_fast_admm_with_inexact_solves_never_diverges(rho: float) -> None:
 @pytest.mark.parametrize(("rho", "measured"), [(0.01, 28), (0.1, 6), (1.0, 10), (10.0, 12)])
 def test_fast_convex_reaches_1e6_without_tuning_rho(rho: float, measured: int) -> None:
     """FAST_CONVEX (the defaults before the CNN task) from any rho0 over 1000x."""
-    _, recorder, _ = run_seed(FedADMM, 40, client_kwargs=CLIENT, **{**FAST_CONVEX, "rho": rho})
+    _, recorder, _ = run_seed(fast_convex, 40, client_kwargs=CLIENT, rho=rho)
     reached = first_round_below(gaps(recorder.matrix), 1e-6)
     assert reached is not None and reached <= measured + 2
 
@@ -63,11 +63,11 @@ def test_defaults_are_the_measured_ones_and_rho_zero_is_fedavg() -> None:
     assert settings.rho == 0.1 and settings.dual_step == 0.2
     assert isinstance(settings.rho_schedule, ResidualBalancing)
     assert strategy.configuration()["dual_step"] == 0.2
-    assert FedADMM(**FAST_CONVEX).configuration()["acceleration"] == "nesterov"
+    assert fast_convex().configuration()["acceleration"] == "nesterov"
     fedavg = FedADMM(rho=0.0)
     assert isinstance(fedavg.admm_settings.rho_schedule, Constant)
     assert fedavg.admm_settings.relaxation == 1.0
-    plain = FedADMM(**TEXTBOOK)
+    plain = textbook()
     assert plain.admm_settings.new_admm([np.zeros(1)]).fast is None
     assert plain.admm_settings.dual_step == 1.0
 
@@ -75,15 +75,11 @@ def test_defaults_are_the_measured_ones_and_rho_zero_is_fedavg() -> None:
 def test_bad_acceleration_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="acceleration"):
         FedADMM(acceleration="aitken")
-    with pytest.raises(ValueError, match="restart_eta"):
-        FedADMM(restart_eta=0.0)
 
 
 def test_client_held_duals_refuse_a_bad_acceleration_naming_the_field() -> None:
     with pytest.raises(ValueError, match="acceleration: must be one of"):
         FedADMMClientDuals(acceleration="aitken")
-    with pytest.raises(ValueError, match="restart_eta"):
-        FedADMMClientDuals(acceleration="nesterov", restart_eta=0.0)
 
 
 @pytest.mark.parametrize("factory", [FedADMM, FedADMMClientDuals])

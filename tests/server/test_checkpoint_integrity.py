@@ -19,6 +19,7 @@ import pytest
 from flower_run import NUM_CLIENTS, admm_client_fn, zeros_parameters
 from flwr.common import parameters_to_ndarrays
 
+from flwr_admm import Checkpointing, ClientPolicy, Uplink
 from flwr_admm.rounds.checkpoint import MANIFEST, CheckpointError
 from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
@@ -32,7 +33,10 @@ def checkpointed(
 ) -> Any:
     """A strategy that ran `rounds` rounds and wrote its checkpoint to `directory`."""
     strategy = strategy_class(
-        rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=directory, **kwargs
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        checkpoint=Checkpointing(directory),
+        **kwargs,
     )
     run_rounds(strategy, make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS), rounds)
     return strategy
@@ -60,7 +64,7 @@ def test_an_edited_manifest_is_refused(tmp_path: Path, field: str) -> None:
     checkpointed(tmp_path)
     edit_manifest(tmp_path, EDITS[field])
     with pytest.raises(CheckpointError, match="manifest_sha256"):
-        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -75,14 +79,16 @@ def test_an_edited_client_duals_manifest_is_refused(tmp_path: Path, edit: Any) -
     checkpointed(tmp_path, FedADMMClientDuals)
     edit_manifest(tmp_path, edit)
     with pytest.raises(CheckpointError, match="manifest_sha256"):
-        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path)
+        FedADMMClientDuals(rho=0.1, checkpoint=Checkpointing(tmp_path))
 
 
 def test_an_unedited_manifest_rewritten_in_another_layout_still_loads(tmp_path: Path) -> None:
     """The checksum is over the canonical JSON, not the bytes of the file."""
     before = checkpointed(tmp_path)
     edit_manifest(tmp_path, lambda m: None)  # re-indented, same content
-    after = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+    after = FedADMM(
+        rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path)
+    )
     assert after.admm is not None and before.admm is not None
     np.testing.assert_array_equal(after.admm.z[0], before.admm.z[0])
 
@@ -98,7 +104,9 @@ def test_arrays_without_a_manifest_are_an_error_and_are_kept(
     assert len(arrays) == 1
     content = arrays[0].read_bytes()
     with pytest.raises(CheckpointError, match=r"no checkpoint\.json"):
-        strategy_class(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+        strategy_class(
+            rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path)
+        )
     assert arrays[0].read_bytes() == content  # nothing deleted or overwritten
 
 
@@ -106,16 +114,21 @@ def test_arrays_without_a_manifest_are_an_error_and_are_kept(
 @pytest.mark.parametrize(
     ("saved", "now", "field"),
     [
-        ({"uplink": StochasticQuantizer(bits=8)}, {}, "uplink"),
+        ({"uplink": Uplink(StochasticQuantizer(bits=8))}, {}, "uplink"),
         (
-            {"uplink": StochasticQuantizer(bits=8)},
-            {"uplink": StochasticQuantizer(bits=4)},
+            {"uplink": Uplink(StochasticQuantizer(bits=8))},
+            {"uplink": Uplink(StochasticQuantizer(bits=4))},
             "uplink",
         ),
         ({"sampling_seed": 0}, {"sampling_seed": 1}, "sampling_seed"),
-        ({"key_binding": "node"}, {"key_binding": "reported"}, "key_binding"),
-        ({"max_client_age": 3}, {}, "max_client_age"),
-        ({"max_clients": 5}, {}, "max_clients"),
+        (
+            {"clients": ClientPolicy(key_binding="node")},
+            {"clients": ClientPolicy(key_binding="reported")},
+            "key_binding",
+        ),
+        # the fingerprint keeps the names of before the option values: old checkpoints match
+        ({"clients": ClientPolicy(max_age=3)}, {}, "max_client_age"),
+        ({"clients": ClientPolicy(max_count=5)}, {}, "max_clients"),
         ({"fraction_fit": 0.5}, {}, "fraction_fit"),
         ({"relaxation": 1.0}, {"relaxation": 1.5}, "relaxation"),
         ({"z_average": "replies"}, {}, "z_average"),
@@ -128,16 +141,24 @@ def test_every_setting_that_changes_the_iterates_is_fingerprinted(
 ) -> None:
     checkpointed(tmp_path, **saved)
     with pytest.raises(CheckpointError, match=rf"another configuration \(.*{field}: checkpoint"):
-        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path, **now)
+        FedADMM(
+            rho=0.1,
+            initial_parameters=zeros_parameters(),
+            checkpoint=Checkpointing(tmp_path),
+            **now,
+        )
 
 
 def test_client_duals_fingerprints_uplink_and_sampling_seed(tmp_path: Path) -> None:
-    checkpointed(tmp_path, FedADMMClientDuals, uplink=StochasticQuantizer(bits=8))
+    checkpointed(tmp_path, FedADMMClientDuals, uplink=Uplink(StochasticQuantizer(bits=8)))
     with pytest.raises(CheckpointError, match="uplink: checkpoint"):
-        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path)
+        FedADMMClientDuals(rho=0.1, checkpoint=Checkpointing(tmp_path))
     with pytest.raises(CheckpointError, match="sampling_seed: checkpoint 0, now 3"):
         FedADMMClientDuals(
-            rho=0.1, checkpoint_dir=tmp_path, uplink=StochasticQuantizer(bits=8), sampling_seed=3
+            rho=0.1,
+            checkpoint=Checkpointing(tmp_path),
+            uplink=Uplink(StochasticQuantizer(bits=8)),
+            sampling_seed=3,
         )
 
 
@@ -145,7 +166,7 @@ def test_an_old_format_checkpoint_is_refused_with_a_clear_message(tmp_path: Path
     checkpointed(tmp_path)
     edit_manifest(tmp_path, lambda m: m.update(format=1))
     with pytest.raises(CheckpointError, match=r"format 1.*reads format 2 only"):
-        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path))
 
 
 # --------------------------------------------------------- bindings in the state
@@ -156,7 +177,7 @@ def test_bindings_and_evictions_resume_bit_identically(tmp_path: Path) -> None:
         "fraction_fit": 0.3,
         "min_fit_clients": 3,
         "min_available_clients": NUM_CLIENTS,
-        "max_client_age": 2,
+        "clients": ClientPolicy(max_age=2),
         "initial_parameters": zeros_parameters(),
     }
     client = {**CLIENT, "local_init": "center"}  # no warm start: new proxies are exact
@@ -168,9 +189,9 @@ def test_bindings_and_evictions_resume_bit_identically(tmp_path: Path) -> None:
     expected = run_rounds(straight, proxies(), 12)
     assert sum(int(m["num_evicted"]) for m in expected.fit_metrics) > 0
 
-    first = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    first = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)
     run_rounds(first, proxies(), 6)
-    second = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    second = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)
     assert second.binding.last_seen == first.binding.last_seen
     assert second.binding.node_of == first.binding.node_of
     resumed = run_rounds(second, proxies(), 6)
@@ -194,7 +215,9 @@ def test_a_resume_under_new_node_ids_keeps_every_dual(tmp_path: Path) -> None:
     first = checkpointed(tmp_path, rounds=4)
     assert first.admm is not None
     duals = {key: record.y[0].copy() for key, record in first.admm.records.items()}
-    second = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+    second = FedADMM(
+        rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path)
+    )
     renewed = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS, node_ids=list(range(101, 111)))
     resumed = run_rounds(second, renewed, 3)
     assert [m["num_evicted"] for m in resumed.fit_metrics] == [0, 0, 0]

@@ -40,8 +40,9 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from seed_task import first_round_below, gaps
 
+from flwr_admm import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.client import ADMMClient
-from flwr_admm.core import L1, ResidualBalancing
+from flwr_admm.core import L1
 from flwr_admm.models import LogisticRegression
 from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
@@ -104,7 +105,7 @@ def test_server_regularizer_matches_server_held_fedadmm() -> None:
 
 def test_stop_on_convergence_samples_no_more_clients() -> None:
     strategy, _, result = run_seed(
-        FedADMMClientDuals, 40, client_kwargs=CLIENT, rho=0.1, stop_on_convergence=True
+        FedADMMClientDuals, 40, client_kwargs=CLIENT, rho=0.1, convergence=Convergence(stop=True)
     )
     stopped = len(strategy.history)
     assert stopped == 23 and strategy.converged  # server-held FedADMM also stops after 23
@@ -273,7 +274,10 @@ def test_an_evicted_keys_share_leaves_s() -> None:
 
 def test_max_client_age_evicts_and_the_sweep_takes_the_shares_out_of_s() -> None:
     strategy = FedADMMClientDuals(
-        rho=0.1, initial_parameters=zeros_parameters(), max_client_age=3, min_available_clients=5
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        clients=ClientPolicy(max_age=3),
+        min_available_clients=5,
     )
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     for server_round in (1, 2):
@@ -313,22 +317,19 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"rho": 0.0}, "rho"),
         ({"rho": -1.0}, "rho"),
         ({"rho": float("nan")}, "rho"),
-        ({"rho_schedule": ResidualBalancing()}, "rho_schedule"),
-        ({"rho_schedule": "geometric"}, "rho_schedule"),
-        ({"client_rho": "data_size"}, "client_rho"),
-        ({"relaxation": 1.6}, "relaxation"),
         ({"dual_step": 0.0}, "dual_step"),
         ({"dual_step": 1.5}, "dual_step"),
         ({"dual_step": True}, "dual_step"),
-        ({"uplink": StochasticQuantizer(bits=8, error_feedback=False)}, "uplink"),
+        ({"uplink": Uplink(StochasticQuantizer(bits=8, error_feedback=False))}, "uplink"),
+        ({"uplink": StochasticQuantizer(bits=8)}, "uplink"),  # a compressor goes in an Uplink
         ({"uplink": "sq"}, "uplink"),
-        ({"checkpoint_every": 0}, "checkpoint_every"),
-        ({"eps_abs": -1.0}, "eps_abs"),
+        ({"uplink": Uplink(local_dp=LocalDP(clip=1.0, noise_multiplier=0.0))}, "local_dp"),
+        ({"uplink": Uplink(StochasticQuantizer(bits=8), residual="dual")}, "residual"),
+        ({"checkpoint": "ckpt"}, "checkpoint"),
+        ({"convergence": 1e-6}, "convergence"),
+        ({"clients": "node"}, "clients"),
         ({"sampling_seed": -2}, "sampling_seed"),
-        ({"eps_rel": True}, "eps_rel"),
         ({"acceleration": "anderson"}, "acceleration"),
-        ({"acceleration": "nesterov", "restart_eta": 0.0}, "restart_eta"),
-        ({"restart_eta": 1.5}, "restart_eta"),
         ({"fraction_fit": 2.0}, "fraction_fit"),
     ],
 )
@@ -345,10 +346,13 @@ def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str,
         strategy_class(**kwargs)
 
 
-@pytest.mark.parametrize("keyword", ["local_dp", "uplink_residual", "tensor_policy"])
+@pytest.mark.parametrize(
+    "keyword", ["tensor_policy", "rho_schedule", "client_rho", "relaxation", "restart_eta"]
+)
 @pytest.mark.parametrize("api", ["legacy", "message"])
 def test_fedadmm_only_keywords_are_not_in_the_signature(keyword: str, api: str) -> None:
-    """Local DP, the uplink residual and tensor policies are FedADMM's: Python's TypeError."""
+    """Tensor policies, a rho schedule, per-client rho and over-relaxation are FedADMM's
+    (the server would need every client's dual); restart_eta is gone: Python's TypeError."""
     from flwr_admm.serverapp import FedADMMClientDuals as MessageFedADMMClientDuals
 
     strategy_class = FedADMMClientDuals if api == "legacy" else MessageFedADMMClientDuals
@@ -373,7 +377,11 @@ def test_client_refuses_what_client_held_duals_cannot_do() -> None:
 # ------------------------------------------------------------------ uplink compression
 def test_seed_logreg_8_bits_with_error_feedback_reaches_the_optimum() -> None:
     _, client, result = run_seed(
-        FedADMMClientDuals, 60, client_kwargs=CLIENT, rho=0.1, uplink=StochasticQuantizer(bits=8)
+        FedADMMClientDuals,
+        60,
+        client_kwargs=CLIENT,
+        rho=0.1,
+        uplink=Uplink(StochasticQuantizer(bits=8)),
     )
     gap = gaps(client.matrix)
     assert all(m["num_rejected"] == 0 for m in result.fit_metrics)
@@ -405,7 +413,7 @@ def test_uplink_bytes_are_an_eighth_of_float64_on_a_wide_model() -> None:
         rho=0.1,
         initial_parameters=ndarrays_to_parameters([np.zeros(d)]),
         min_available_clients=6,
-        uplink=StochasticQuantizer(bits=8),
+        uplink=Uplink(StochasticQuantizer(bits=8)),
     )
     result = run_rounds(strategy, make_proxies(_wide_client_fn(d), 6), 2)
     float64 = 6 * len(ndarrays_to_parameters([np.zeros(d)]).tensors[0])
@@ -423,7 +431,7 @@ def test_s_is_the_contributions_minus_the_clients_residuals(compressor: Any) -> 
         fraction_fit=0.5,
         min_fit_clients=3,
         min_available_clients=num_clients,
-        uplink=compressor,
+        uplink=Uplink(compressor),
     )
     proxies = make_proxies(_wide_client_fn(d), num_clients)
     largest_residual = 0.0
@@ -499,7 +507,7 @@ def test_the_returned_parameters_are_not_re_read_so_z_stays_float64() -> None:
 
 
 def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None:
-    strategy, proxies = _run(4, 2, uplink=StochasticQuantizer(bits=8))
+    strategy, proxies = _run(4, 2, uplink=Uplink(StochasticQuantizer(bits=8)))
     assert strategy.state.contribution_sum is not None
     manager = SimpleClientManager()
     for proxy in proxies:
@@ -527,14 +535,14 @@ def test_corrupted_compressed_payloads_are_rejected_without_touching_s() -> None
 
 # ------------------------------------------------------------------ checkpoints
 def _checkpointed(
-    path: Path, proxies: list[Any], rounds: int, **kwargs: Any
+    path: Path, proxies: list[Any], rounds: int, every: int = 1, **kwargs: Any
 ) -> tuple[FedADMMClientDuals, Recorder, Any]:
     recorder = Recorder()
     strategy = FedADMMClientDuals(
         rho=kwargs.pop("rho", 0.1),
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
-        checkpoint_dir=path,
+        checkpoint=Checkpointing(path, every=every),
         **PARTIAL,
         **kwargs,
     )
@@ -555,9 +563,12 @@ def test_resume_with_persistent_clients_is_bit_identical(tmp_path: Path) -> None
     _, before, _ = _checkpointed(tmp_path / "ckpt", proxies, 6)
     assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["round"] == 6
     # A SuperLink restart that loses its SuperNodes' state too: every returning client
-    # resynchronizes (checkpoint_every keeps this probe from overwriting the checkpoint).
+    # resynchronizes (`every` keeps this probe from overwriting the checkpoint).
     lost, _, probe = _checkpointed(
-        tmp_path / "ckpt", make_proxies(admm_client_fn(**CLIENT), 10), 1, checkpoint_every=99
+        tmp_path / "ckpt",
+        make_proxies(admm_client_fn(**CLIENT), 10),
+        1,
+        every=99,
     )
     assert probe.fit_metrics[0]["num_resynced"] == 3  # its 3 sampled clients
     assert probe.fit_metrics[0]["rebuilding"] == 1 and lost.last_round == 7
@@ -576,24 +587,29 @@ def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(
         CheckpointError, match=r"another configuration \(rho: checkpoint 0.1, now 0.2"
     ):
-        FedADMMClientDuals(rho=0.2, checkpoint_dir=tmp_path, **PARTIAL)
+        FedADMMClientDuals(rho=0.2, checkpoint=Checkpointing(tmp_path), **PARTIAL)
     with pytest.raises(CheckpointError, match="regularizer"):
-        FedADMMClientDuals(rho=0.1, regularizer=L1(0.02), checkpoint_dir=tmp_path, **PARTIAL)
+        FedADMMClientDuals(
+            rho=0.1, regularizer=L1(0.02), checkpoint=Checkpointing(tmp_path), **PARTIAL
+        )
     with pytest.raises(CheckpointError, match="another configuration"):  # not its format
-        textbook(rho=0.1, checkpoint_dir=tmp_path)
+        textbook(rho=0.1, checkpoint=Checkpointing(tmp_path))
     wrong = FedADMMClientDuals(
         rho=0.1,
-        checkpoint_dir=tmp_path,
+        checkpoint=Checkpointing(tmp_path),
         initial_parameters=ndarrays_to_parameters([np.zeros(21)]),
         **PARTIAL,
     )
     with pytest.raises(ValueError, match="initial_parameters"):
         wrong.initialize_parameters(SimpleClientManager())
-    assert FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, resume=False, **PARTIAL).z is None
+    assert (
+        FedADMMClientDuals(rho=0.1, checkpoint=Checkpointing(tmp_path, resume=False), **PARTIAL).z
+        is None
+    )
     arrays = next(tmp_path.glob("state-r*.npz"))
     arrays.write_bytes(arrays.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match="truncated"):
-        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path, **PARTIAL)
+        FedADMMClientDuals(rho=0.1, checkpoint=Checkpointing(tmp_path), **PARTIAL)
 
 
 # ------------------------------------------------------------------ server memory

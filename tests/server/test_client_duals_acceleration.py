@@ -18,6 +18,7 @@ from flower_run import NUM_CLIENTS, relative_errors, run_seed, seed_data
 from seed_task import first_round_below, gaps
 from server.test_client_duals_recovery import assert_recovers, run
 
+from flwr_admm import Checkpointing
 from flwr_admm.core.client_duals import Extrapolation, start_round
 from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
@@ -194,7 +195,7 @@ def test_resume_with_acceleration_is_bit_identical(tmp_path: Path) -> None:
             acceleration="nesterov",
             initial_parameters=zeros_parameters(),
             evaluate_fn=recorder,
-            checkpoint_dir=path,
+            checkpoint=Checkpointing(path),
         )
         run_rounds(strategy, proxies, rounds)
         return strategy, recorder
@@ -209,5 +210,7 @@ def test_resume_with_acceleration_is_bit_identical(tmp_path: Path) -> None:
     assert resumed.state.momentum.restarts == straight.state.momentum.restarts >= 1
     with pytest.raises(ValueError, match="acceleration"):  # the fingerprint holds it
         FedADMMClientDuals(
-            rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path / "ckpt"
+            rho=0.1,
+            initial_parameters=zeros_parameters(),
+            checkpoint=Checkpointing(tmp_path / "ckpt"),
         )

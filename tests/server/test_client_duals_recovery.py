@@ -20,6 +20,7 @@ from flower_run import NUM_CLIENTS, admm_client_fn, zeros_parameters
 from flwr.common import FitIns, FitRes, RecordDict
 from seed_task import first_round_below, gaps
 
+from flwr_admm import Checkpointing, Uplink
 from flwr_admm.node.records import load_states
 from flwr_admm.protocol import (
     DELAYED_SQ_RESIDUAL,
@@ -186,7 +187,7 @@ def test_lost_state_and_a_truncated_payload_under_8_bit_compression() -> None:
         rho=0.1,
         initial_parameters=zeros_parameters(),
         evaluate_fn=recorder,
-        uplink=StochasticQuantizer(bits=8),
+        uplink=Uplink(StochasticQuantizer(bits=8)),
     )
     proxies = lossy_proxies({4: {6: "wipe"}, 2: {8: "truncate"}})
     result = run_rounds(strategy, proxies, ROUNDS)
@@ -213,12 +214,18 @@ def test_a_checkpoint_taken_mid_sweep_resumes_bit_identically(tmp_path: Path) ->
     proxies = lossy_proxies(faults)
     before, after = Recorder(), Recorder()
     first = FedADMMClientDuals(
-        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=before, checkpoint_dir=tmp_path
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        evaluate_fn=before,
+        checkpoint=Checkpointing(tmp_path),
     )
     run_rounds(first, proxies, 6)
     assert first.state.sweep.active  # round 6's resync started it
     second = FedADMMClientDuals(
-        rho=0.1, initial_parameters=zeros_parameters(), evaluate_fn=after, checkpoint_dir=tmp_path
+        rho=0.1,
+        initial_parameters=zeros_parameters(),
+        evaluate_fn=after,
+        checkpoint=Checkpointing(tmp_path),
     )
     assert (
         second.state.sweep.rebuilt == {"partition-id:4"}
@@ -281,15 +288,14 @@ def test_a_server_resumed_from_an_older_checkpoint_resyncs_its_clients(
     """The clients went on to round 8; the server comes back from its round-6 checkpoint."""
     proxies = lossy_proxies({})
     first = FedADMMClientDuals(
-        rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path, checkpoint_every=3
+        rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path, every=3)
     )
     run_rounds(first, proxies, 8)
     recorder = Recorder()
     second = FedADMMClientDuals(
         rho=0.1,
         initial_parameters=zeros_parameters(),
-        checkpoint_dir=tmp_path,
-        checkpoint_every=3,
+        checkpoint=Checkpointing(tmp_path, every=3),
         evaluate_fn=recorder,
     )
     assert second.last_round == 6

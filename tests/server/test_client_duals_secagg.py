@@ -20,6 +20,7 @@ from flwr.server.client_manager import SimpleClientManager
 from secagg_emulation import FaultyProxy, SecureSumEmulation, faulty_proxies
 from seed_task import first_round_below, gaps
 
+from flwr_admm import Checkpointing, Uplink
 from flwr_admm.core.secure_sum import SecureGrid
 from flwr_admm.node.records import load_states
 from flwr_admm.rounds.checkpoint import CheckpointError
@@ -273,7 +274,7 @@ def test_a_non_finite_or_out_of_range_aggregate_is_dropped(bad: float) -> None:
         ({"secagg_scale": 0.0}, "scale"),
         ({"max_weight": 10.5}, "max_weight"),
         ({"modulus_range": 1 << 20}, "modulus_range"),
-        ({"uplink": StochasticQuantizer(bits=8)}, "uplink"),
+        ({"uplink": Uplink(StochasticQuantizer(bits=8))}, "uplink: not supported under SecAgg"),
     ],
 )
 def test_bad_settings_name_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -365,7 +366,7 @@ def test_resume_under_secagg_is_bit_identical_and_other_settings_are_refused(
             rho=0.1,
             initial_parameters=zeros_parameters(),
             evaluate_fn=recorder,
-            checkpoint_dir=path,
+            checkpoint=Checkpointing(path),
         )
         run_rounds(SecureSumEmulation(strategy), proxies, rounds)
         return recorder
@@ -376,9 +377,11 @@ def test_resume_under_secagg_is_bit_identical_and_other_settings_are_refused(
     after = run(tmp_path / "ckpt", proxies, 3)  # the clients kept their state
     np.testing.assert_array_equal(np.vstack([before.matrix, after.matrix]), expected.matrix)
     with pytest.raises(CheckpointError, match="secagg"):
-        FedADMMClientDualsSecAgg(rho=0.1, secagg_scale=64.0, checkpoint_dir=tmp_path / "ckpt")
+        FedADMMClientDualsSecAgg(
+            rho=0.1, secagg_scale=64.0, checkpoint=Checkpointing(tmp_path / "ckpt")
+        )
     with pytest.raises(CheckpointError, match="another configuration"):
-        FedADMMClientDuals(rho=0.1, checkpoint_dir=tmp_path / "ckpt")
+        FedADMMClientDuals(rho=0.1, checkpoint=Checkpointing(tmp_path / "ckpt"))
 
 
 def test_half_the_clients_a_round_under_secagg() -> None:

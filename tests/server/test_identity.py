@@ -2,7 +2,7 @@
 
 Both strategies reject a conflicting claim and keep the owner's single reply of a
 shared key; a node that changes its key every round cannot pile up votes;
-`max_clients` keeps the most recently heard keys; reserved fit-config keys are
+`ClientPolicy.max_count` keeps the most recently heard keys; reserved fit-config keys are
 refused; what Flower's FedAvg accepts is accepted. `KeyBinding`'s rules on their own:
 tests/rounds/test_identity.py.
 """
@@ -25,6 +25,7 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 
+from flwr_admm import ClientPolicy
 from flwr_admm.rounds.identity import ABSENT_GRACE
 from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
@@ -130,8 +131,7 @@ def test_a_key_hopping_node_cannot_pile_up_votes(key_binding: str, max_clients: 
     strategy = FedADMM(
         rho=0.1,
         initial_parameters=zeros_parameters(),
-        key_binding=key_binding,
-        max_clients=max_clients,
+        clients=ClientPolicy(key_binding=key_binding, max_count=max_clients),
         min_available_clients=3,
     )
     honest = make_proxies(admm_client_fn(**CLIENT), 2)
@@ -147,7 +147,9 @@ def test_a_key_hopping_node_cannot_pile_up_votes(key_binding: str, max_clients: 
 
 
 def test_max_clients_keeps_the_most_recently_heard() -> None:
-    strategy = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), max_clients=4)
+    strategy = FedADMM(
+        rho=0.1, initial_parameters=zeros_parameters(), clients=ClientPolicy(max_count=4)
+    )
     proxies = make_proxies(admm_client_fn(**CLIENT), NUM_CLIENTS)
     first = run_rounds(strategy, proxies, 1)
     assert client_keys(strategy) == [f"partition-id:{i}" for i in range(NUM_CLIENTS)]
@@ -253,7 +255,11 @@ def test_an_absent_owners_key_is_not_taken_over_under_authenticated(
     under "authenticated" (node ids fixed by registered keys) it is a conflict and
     node 1's state stays, so an authenticated node cannot report another node's key."""
     strategy = configured(
-        strategy_class(rho=0.1, initial_parameters=zeros_parameters(), key_binding=key_binding),
+        strategy_class(
+            rho=0.1,
+            initial_parameters=zeros_parameters(),
+            clients=ClientPolicy(key_binding=key_binding),
+        ),
         ["1", "2"],
     )
     owner = first_reply(strategy_class, 0.5, 10, {"partition-id": 0})

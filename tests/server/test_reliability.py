@@ -13,6 +13,7 @@ from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
+from flwr_admm import Checkpointing
 from flwr_admm.core import ResidualBalancing
 from flwr_admm.rounds.checkpoint import CheckpointError
 from flwr_admm.server import FedADMM
@@ -139,11 +140,15 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
     straight = FedADMM(initial_parameters=zeros_parameters(), **kwargs)
     expected = run_rounds(straight, make_proxies(faulty_fn({}, **client), 10), 20)
 
-    first = FedADMM(initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path, **kwargs)
+    first = FedADMM(
+        initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path), **kwargs
+    )
     run_rounds(first, make_proxies(faulty_fn({}, **client), 10), 10)
     manifest = json.loads((tmp_path / "checkpoint.json").read_text())
     assert manifest["round"] == 10
-    second = FedADMM(initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path, **kwargs)
+    second = FedADMM(
+        initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path), **kwargs
+    )
     resumed = run_rounds(second, make_proxies(faulty_fn({}, **client), 10), 10)
 
     z_expected = parameters_to_ndarrays(expected.parameters)[0]
@@ -155,21 +160,27 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
 
 
 def test_mismatched_or_damaged_checkpoint_is_an_error(tmp_path: Path) -> None:
-    strategy = FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+    strategy = FedADMM(
+        rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path)
+    )
     run_rounds(strategy, make_proxies(faulty_fn({}, **FAST), 10), 2)
     with pytest.raises(CheckpointError, match="another configuration"):
-        FedADMM(rho=0.2, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
-    other_shape = FedADMM(rho=0.1, checkpoint_dir=tmp_path, initial_parameters=zeros_parameters())
+        FedADMM(rho=0.2, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path))
+    other_shape = FedADMM(
+        rho=0.1, checkpoint=Checkpointing(tmp_path), initial_parameters=zeros_parameters()
+    )
     assert other_shape.admm is not None
     wrong = FedADMM(
-        rho=0.1, checkpoint_dir=tmp_path, initial_parameters=ndarrays_to_parameters([np.zeros(21)])
+        rho=0.1,
+        checkpoint=Checkpointing(tmp_path),
+        initial_parameters=ndarrays_to_parameters([np.zeros(21)]),
     )
     with pytest.raises(ValueError, match="initial_parameters"):
         wrong.initialize_parameters(SimpleClientManager())
     arrays = next(tmp_path.glob("state-r*.npz"))
     arrays.write_bytes(arrays.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match="truncated"):
-        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path))
     (tmp_path / "checkpoint.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="JSON"):
-        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint_dir=tmp_path)
+        FedADMM(rho=0.1, initial_parameters=zeros_parameters(), checkpoint=Checkpointing(tmp_path))

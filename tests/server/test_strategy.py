@@ -26,6 +26,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedProx
 from seed_reference import logistic_grad, seed_admm
 
+from flwr_admm import ClientPolicy
 from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import START_MARK
 from flwr_admm.rounds.identity import ABSENT_GRACE
@@ -222,10 +223,10 @@ def test_unmodified_fedprox_client_runs_fedprox_under_fedadmm() -> None:
 
 # ------------------------------------------------------------ stable client keys
 def test_duals_keyed_by_partition_id_survive_new_node_ids_when_keys_are_trusted() -> None:
-    reference = seed_strategy(recorder := Recorder(), key_binding="reported")
+    reference = seed_strategy(recorder := Recorder(), clients=ClientPolicy(key_binding="reported"))
     run_rounds(reference, scripted_proxies(), 5)
 
-    strategy = seed_strategy(switched := Recorder(), key_binding="reported")
+    strategy = seed_strategy(switched := Recorder(), clients=ClientPolicy(key_binding="reported"))
     after: list[dict[str, np.ndarray]] = []
     switched.hook = lambda r: after.append(duals(strategy))
     first = run_rounds(strategy, scripted_proxies(), 3)

@@ -9,6 +9,7 @@ from flwr.common import Context, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from message_replies import FakeGrid, configure, named, reply
 
+from flwr_admm import Checkpointing
 from flwr_admm.protocol import START_MARK
 from flwr_admm.server import FedADMM
 from flwr_admm.serverapp import FedADMM as MessageFedADMM
@@ -62,16 +63,16 @@ def test_legacy_fedadmm_averages_statistics_and_keeps_integer_buffers() -> None:
 
 def test_legacy_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: ignore[no-untyped-def]
     kwargs = {"rho": 0.5, "tensor_names": NAMES, "min_available_clients": 2}
-    strategy = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    strategy = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)
     proxies = make_proxies(lambda ctx: Fixed(ctx).to_client(), 2)
     run_rounds(strategy, proxies, 2, initial_parameters=ndarrays_to_parameters(Z0))
-    resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    resumed = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)
     assert resumed.algorithm.tensors is not None and strategy.algorithm.tensors is not None
     assert resumed.algorithm.tensors.roles == ("consensus", "average", "keep")
     for a, b in zip(resumed.algorithm.model() or [], strategy.algorithm.model() or [], strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(Exception, match="tensor_policy"):
-        FedADMM(checkpoint_dir=tmp_path, tensor_policy={"bn.*": "keep"}, **kwargs)
+        FedADMM(checkpoint=Checkpointing(tmp_path), tensor_policy={"bn.*": "keep"}, **kwargs)
 
 
 def test_message_fedadmm_averages_statistics_and_keeps_integer_buffers() -> None:
@@ -123,7 +124,7 @@ def test_tensor_policy_is_validated_in_both_apis() -> None:
 
 
 def test_message_checkpoint_keeps_the_held_tensors(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    kwargs = {"rho": 0.5, "fraction_evaluate": 0.0, "checkpoint_dir": tmp_path}
+    kwargs = {"rho": 0.5, "fraction_evaluate": 0.0, "checkpoint": Checkpointing(tmp_path)}
     strategy = MessageFedADMM(**kwargs)
     grid = FakeGrid([11, 12])
     z = named(dict(zip(NAMES, Z0, strict=True)))
@@ -171,13 +172,13 @@ class Variances(NumPyClient):
 
 def test_legacy_fedadmm_refuses_a_negative_running_variance(tmp_path) -> None:  # type: ignore[no-untyped-def]
     kwargs = {"rho": 0.5, "tensor_names": VAR_NAMES, "min_available_clients": 2}
-    strategy = FedADMM(checkpoint_dir=tmp_path, **kwargs)
+    strategy = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)
     proxies = make_proxies(lambda ctx: Variances(ctx).to_client(), 2)
     result = run_rounds(strategy, proxies, 1, initial_parameters=ndarrays_to_parameters(VAR_Z0))
     assert result.fit_metrics[0]["num_rejected"] == 1
     z = parameters_to_ndarrays(result.parameters)
     np.testing.assert_array_equal(z[1], [2.0, 3.0])  # the honest client's alone
-    resumed = FedADMM(checkpoint_dir=tmp_path, **kwargs)  # the check survives a resume
+    resumed = FedADMM(checkpoint=Checkpointing(tmp_path), **kwargs)  # the check survives a resume
     assert resumed.algorithm.tensors is not None and resumed.algorithm.tensors.nonnegative == (1,)
 
 

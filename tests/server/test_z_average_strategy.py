@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from flower_run import NUM_CLIENTS, Recorder, admm_client_fn, zeros_parameters
 
+from flwr_admm import Checkpointing
 from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -47,6 +48,6 @@ def test_partial_participation_changes_z_and_full_participation_does_not() -> No
 
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
     straight = run(strategy(z_average="replies", **PARTIAL), 12)
-    before = run(strategy(z_average="replies", checkpoint_dir=tmp_path, **PARTIAL), 7)
-    after = run(strategy(z_average="replies", checkpoint_dir=tmp_path, **PARTIAL), 5)
+    before = run(strategy(z_average="replies", checkpoint=Checkpointing(tmp_path), **PARTIAL), 7)
+    after = run(strategy(z_average="replies", checkpoint=Checkpointing(tmp_path), **PARTIAL), 5)
     np.testing.assert_array_equal(np.vstack([before, after]), straight)

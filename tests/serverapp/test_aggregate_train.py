@@ -9,6 +9,7 @@ import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from message_replies import FakeGrid, configure, error_reply, named, raw_reply, reply
 
+from flwr_admm import ClientPolicy, Uplink
 from flwr_admm.core import ConsensusADMM
 from flwr_admm.core.types import Reply
 from flwr_admm.protocol import START_MARK
@@ -228,7 +229,7 @@ def test_key_binding_authenticated_never_hands_a_key_to_a_new_node() -> None:
     """Under SuperNode authentication a node keeps its id: a key whose node left is not
     rebound to a newcomer (the "node" binding would evict and rebind it, above); the
     owner's dual and cached w_i stay bit for bit; the owner's return is accepted."""
-    strategy = started(key_binding="authenticated")
+    strategy = started(clients=ClientPolicy(key_binding="authenticated"))
     z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
     assert z1 is not None and strategy.admm is not None
     record = strategy.admm.records["partition-id:0"]
@@ -251,7 +252,7 @@ def test_key_binding_authenticated_never_hands_a_key_to_a_new_node() -> None:
 
 def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
     """A key under a new node keeps its dual; the round it trained around z is resynced."""
-    strategy = started(key_binding="reported")
+    strategy = started(clients=ClientPolicy(key_binding="reported"))
     z1, _ = strategy.aggregate_train(1, [good(0), good(1)])
     assert z1 is not None and strategy.admm is not None
     y_before = strategy.admm.records["partition-id:0"].y[0].copy()
@@ -273,7 +274,7 @@ def test_key_binding_reported_trusts_the_reported_key_under_any_node() -> None:
 
 def test_compressed_replies_are_rebuilt_around_the_nodes_center_and_bad_ones_rejected() -> None:
     quantizer = StochasticQuantizer(bits=8)
-    strategy = started(uplink=quantizer)
+    strategy = started(uplink=Uplink(quantizer))
     offset = [np.full((2, 3), 0.5), np.array(0.25)]
     payload = quantizer.encode(offset, np.random.default_rng(0))
     tensors = [np.frombuffer(t, dtype=np.uint8) for t in payload.tensors]

@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord
 from message_apps import ZRecorder, zeros
 from seed_task import gaps
 
+from flwr_admm import Checkpointing, ClientPolicy
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.node.records import load_states
 from flwr_admm.rounds.checkpoint import (
@@ -62,9 +63,9 @@ def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) ->
     factory = STRATEGIES[name]
     straight = run(factory(**SETTINGS), grid(), 12)
     nodes = grid()  # persistent: they keep their context.state across the restart
-    first = factory(**SETTINGS, checkpoint_dir=tmp_path, checkpoint_every=3)
+    first = factory(**SETTINGS, checkpoint=Checkpointing(tmp_path, every=3))
     before = run(first, nodes, 6)
-    second = factory(**SETTINGS, checkpoint_dir=tmp_path, checkpoint_every=3)
+    second = factory(**SETTINGS, checkpoint=Checkpointing(tmp_path, every=3))
     assert second.last_round == 6
     resumed = second.resumed_arrays()  # what an app passes as initial_arrays
     np.testing.assert_array_equal(resumed["0"].numpy(), before[-1])
@@ -91,7 +92,7 @@ def test_a_checkpoint_written_with_a_deleted_option_is_refused_naming_it(
     """As the version before the deletion wrote it: its fingerprinted configuration
     names the option (not a fingerprint mismatch, not a KeyError in the state)."""
     factory = STRATEGIES[name]
-    run(factory(**SETTINGS, checkpoint_dir=tmp_path), grid(), 2)
+    run(factory(**SETTINGS, checkpoint=Checkpointing(tmp_path)), grid(), 2)
     path = tmp_path / MANIFEST
     manifest = json.loads(path.read_text())
     manifest["configuration"]["acceleration"] = deleted
@@ -99,7 +100,7 @@ def test_a_checkpoint_written_with_a_deleted_option_is_refused_naming_it(
     manifest[MANIFEST_SHA256] = manifest_sha256(manifest)
     path.write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=f"written with acceleration='{deleted}', which"):
-        factory(**SETTINGS, checkpoint_dir=tmp_path)
+        factory(**SETTINGS, checkpoint=Checkpointing(tmp_path))
 
 
 def test_a_recorded_state_dtype_resumes_if_float64_and_is_refused_naming_float32(
@@ -108,7 +109,7 @@ def test_a_recorded_state_dtype_resumes_if_float64_and_is_refused_naming_float32
     """Before float32 state was deleted, FedADMM fingerprinted its ``state_dtype``."""
     straight = run(FedADMM(**SETTINGS), grid(), 8)
     nodes = grid()
-    before = run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), nodes, 4)
+    before = run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), nodes, 4)
     path = tmp_path / MANIFEST
     manifest = json.loads(path.read_text())
     for dtype in ("float32", "float64"):
@@ -118,37 +119,39 @@ def test_a_recorded_state_dtype_resumes_if_float64_and_is_refused_naming_float32
         path.write_text(json.dumps(manifest))
         if dtype == "float32":
             with pytest.raises(CheckpointError, match="written with state_dtype='float32', which"):
-                FedADMM(**SETTINGS, checkpoint_dir=tmp_path)
-    after = run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), nodes, 4)
+                FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path))
+    after = run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), nodes, 4)
     np.testing.assert_array_equal(np.vstack([before, after]), straight)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_checkpoint_of_other_settings_or_damaged_is_refused(name: str, tmp_path: Path) -> None:
     factory = STRATEGIES[name]
-    run(factory(**SETTINGS, checkpoint_dir=tmp_path), grid(), 2)
+    run(factory(**SETTINGS, checkpoint=Checkpointing(tmp_path)), grid(), 2)
     with pytest.raises(CheckpointError, match=r"rho: checkpoint 0\.1, now 0\.2"):
-        factory(**{**SETTINGS, "rho": 0.2}, checkpoint_dir=tmp_path)
+        factory(**{**SETTINGS, "rho": 0.2}, checkpoint=Checkpointing(tmp_path))
     with pytest.raises(CheckpointError, match="sampling_seed"):
-        factory(**{**SETTINGS, "sampling_seed": 4}, checkpoint_dir=tmp_path)
-    fresh = factory(**SETTINGS, checkpoint_dir=tmp_path, resume=False)
+        factory(**{**SETTINGS, "sampling_seed": 4}, checkpoint=Checkpointing(tmp_path))
+    fresh = factory(**SETTINGS, checkpoint=Checkpointing(tmp_path, resume=False))
     assert fresh.last_round == 0
     path = tmp_path / MANIFEST
     path.write_text(path.read_text().replace('"round": 2', '"round": 3'))
     with pytest.raises(CheckpointError, match="edited or damaged"):
-        factory(**SETTINGS, checkpoint_dir=tmp_path)
+        factory(**SETTINGS, checkpoint=Checkpointing(tmp_path))
 
 
 def test_resume_refuses_initial_arrays_of_another_model(tmp_path: Path) -> None:
-    run(FedADMM(**SETTINGS, checkpoint_dir=tmp_path), grid(), 1)
-    resumed = FedADMM(**SETTINGS, checkpoint_dir=tmp_path)
+    run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), grid(), 1)
+    resumed = FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path))
     with pytest.raises(ValueError, match="initial_arrays"):
         run_strategy(resumed, grid(), ArrayRecord([np.zeros(3)]), 1)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_max_clients_evicts_the_least_recently_heard(name: str) -> None:
-    strategy = STRATEGIES[name](**{**SETTINGS, "fraction_train": 0.3}, max_clients=6)
+    strategy = STRATEGIES[name](
+        **{**SETTINGS, "fraction_train": 0.3}, clients=ClientPolicy(max_count=6)
+    )
     z = run(strategy, grid(), 30)
     held = strategy.admm.records if name == "FedADMM" else strategy.state.clients
     assert len(held) <= 6
@@ -159,7 +162,9 @@ def test_max_clients_evicts_the_least_recently_heard(name: str) -> None:
 
 def test_an_evicted_keys_share_leaves_s() -> None:
     """Client duals: the sweep takes an evicted key's share out of S exactly."""
-    strategy = FedADMMClientDuals(**{**SETTINGS, "fraction_train": 1.0}, max_client_age=2)
+    strategy = FedADMMClientDuals(
+        **{**SETTINGS, "fraction_train": 1.0}, clients=ClientPolicy(max_age=2)
+    )
     nodes = grid()
     nodes.offline = set()
     run(strategy, nodes, 4)
@@ -184,11 +189,11 @@ def test_a_resume_under_new_node_ids_keeps_every_dual(tmp_path: Path) -> None:
     restarted insecure SuperNodes) keeps every key's dual: each key moves to the node
     that claims it (resynced once) instead of being evicted (the old code kept z only)."""
     settings = {**SETTINGS, "fraction_train": 1.0, "min_train_nodes": NUM_CLIENTS}
-    first = FedADMM(**settings, checkpoint_dir=tmp_path)
+    first = FedADMM(**settings, checkpoint=Checkpointing(tmp_path))
     run(first, grid(), 4)
     assert first.admm is not None
     duals = {key: record.y[0].copy() for key, record in first.admm.records.items()}
-    second = FedADMM(**settings, checkpoint_dir=tmp_path)
+    second = FedADMM(**settings, checkpoint=Checkpointing(tmp_path))
     renewed = InProcessGrid(
         make_client_app(admm_client_fn(**CLIENT)), NUM_CLIENTS, node_ids=range(101, 111)
     )

@@ -18,6 +18,7 @@ from message_apps import ZRecorder, zeros
 from message_duals import steps_app
 
 import flwr_admm.server
+from flwr_admm import Uplink
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -93,9 +94,9 @@ def test_a_users_handler_with_admm_train_step_gives_the_same_z_sequence() -> Non
 )
 def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any) -> None:
     case = CASES["partial participation"]
-    legacy, z_legacy = legacy_run(case, uplink=compressor)
+    legacy, z_legacy = legacy_run(case, uplink=Uplink(compressor))
     app = make_client_app(admm_client_fn(**CLIENT))
-    message, z_message = message_run(case, app, uplink=compressor)
+    message, z_message = message_run(case, app, uplink=Uplink(compressor))
     np.testing.assert_array_equal(z_message, z_legacy)
     sent = [h["uplink_bytes"] for h in message.history]
     assert sent == [h["uplink_bytes"] for h in legacy.history]

@@ -17,6 +17,7 @@ from message_apps import ZRecorder, zeros
 from message_duals import FaultyGrid
 from seed_task import first_round_below, gaps
 
+from flwr_admm import Uplink
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.node.records import load_states
 from flwr_admm.serverapp import FedADMMClientDuals
@@ -112,7 +113,7 @@ def test_lost_state_under_partial_participation() -> None:
 
 def test_lost_state_under_8_bit_compression_keeps_s_the_sum_of_shares() -> None:
     """S = sum_i (n_i c_i - e_i): the sweep's full shares follow the compressed changes."""
-    strategy, z, grid = run({6: {4: "wipe"}}, uplink=StochasticQuantizer(bits=8))
+    strategy, z, grid = run({6: {4: "wipe"}}, uplink=Uplink(StochasticQuantizer(bits=8)))
     assert strategy.history[3]["num_resynced"] == 1
     assert [h["rebuilding"] for h in strategy.history[2:6]] == [0, 1, 0, 0]
     assert reached(z) == 17  # the legacy strategy's round with 8 bits and this wipe

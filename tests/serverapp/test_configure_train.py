@@ -8,6 +8,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg, strategy_utils
 from message_replies import FakeGrid, configure, named, reply
 
+from flwr_admm import Convergence, Uplink
 from flwr_admm.core.types import natural_key
 from flwr_admm.protocol import START_MARK
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
@@ -137,18 +138,17 @@ def test_config_keys_the_strategy_sets_are_refused(key: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"uplink": "8-bit"}, "uplink: must be a Compressor"),
-        ({"uplink_residual": "both"}, "uplink_residual: must be one of"),
-        ({"local_dp": 1.0}, "local_dp: must be a LocalDP"),
+        ({"uplink": "8-bit"}, r"uplink: must be Uplink\(\.\.\.\)"),
+        ({"uplink": StochasticQuantizer(bits=8)}, r"uplink: must be Uplink\(\.\.\.\)"),
     ],
 )
-def test_uplink_and_local_dp_keywords_are_checked(kwargs: dict, message: str) -> None:
+def test_the_uplink_keyword_takes_an_uplink_value(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FedADMM(rho=0.1, **kwargs)
 
 
 def test_uplink_entries_reach_the_config() -> None:
-    strategy = FedADMM(rho=0.1, uplink=StochasticQuantizer(bits=8))
+    strategy = FedADMM(rho=0.1, uplink=Uplink(StochasticQuantizer(bits=8)))
     messages = configure(strategy, 1, named(Z0), FakeGrid([1, 2]))
     config = messages[0].content["config"]
     assert config["uplink"] == "sq" and config["uplink-bits"] == 8
@@ -202,7 +202,7 @@ def test_seeded_sampling_orders_by_key_then_node_id_and_is_reproducible() -> Non
 
 
 def test_no_nodes_are_sampled_after_convergence_when_asked() -> None:
-    strategy = FedADMM(rho=0.1, stop_on_convergence=True, eps_abs=1.0, eps_rel=1.0)
+    strategy = FedADMM(rho=0.1, convergence=Convergence(stop=True, eps_abs=1.0, eps_rel=1.0))
     grid = FakeGrid([1, 2])
     configure(strategy, 1, named(Z0), grid)
     z1, metrics = strategy.aggregate_train(1, [reply(n, Z0, **{"num-examples": 5}) for n in (1, 2)])

@@ -16,6 +16,7 @@ from flower_run import NUM_CLIENTS, admm_client_fn, run_seed
 from message_apps import ZRecorder, zeros
 
 import flwr_admm.server
+from flwr_admm import Uplink
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -36,19 +37,20 @@ CASES = {
     ),
     "8-bit uplink, half participation": (
         {"fraction": 0.5, "minimum": 2},
-        {"rho": 0.1, "sampling_seed": 7, "uplink": StochasticQuantizer(bits=8)},
+        {"rho": 0.1, "sampling_seed": 7, "uplink": Uplink(StochasticQuantizer(bits=8))},
     ),
     "top-25% uplink, residual in the dual": (
         {"fraction": 1.0, "minimum": 2},
-        {"rho": 0.1, "uplink": TopK(fraction=0.25), "uplink_residual": "dual"},
+        {"rho": 0.1, "uplink": Uplink(TopK(fraction=0.25), residual="dual")},
     ),
     "local DP (clip 0.5, noise 0.3) and 8 bits": (
         {"fraction": 0.5, "minimum": 2},
         {
             "rho": 0.1,
             "sampling_seed": 2,
-            "local_dp": LocalDP(clip=0.5, noise_multiplier=0.3),
-            "uplink": StochasticQuantizer(bits=8),
+            "uplink": Uplink(
+                StochasticQuantizer(bits=8), local_dp=LocalDP(clip=0.5, noise_multiplier=0.3)
+            ),
             "client": {"dp_seed": 11},  # the noise is secret (OS entropy) without it
         },
     ),
@@ -93,9 +95,10 @@ def test_legacy_and_message_api_give_identical_z_sequences(case: str) -> None:
     assert [h["num_replies"] for h in message.history] == legacy_replies
     for name in ("uplink_bytes", "dp_epsilon"):  # present when compressing / with noise
         assert [h.get(name) for h in message.history] == [h.get(name) for h in legacy.history]
-    if "uplink" in admm:
+    uplink = admm.get("uplink")
+    if uplink is not None and uplink.compressor is not None:
         assert all(h["uplink_bytes"] > 0 for h in message.history)
-    if "local_dp" in admm:
+    if uplink is not None and uplink.local_dp is not None:
         assert message.history[-1]["dp_epsilon"] > 0
     if sampling["fraction"] < 1.0:
         assert max(legacy_replies) < NUM_CLIENTS  # the sample really was partial

@@ -13,6 +13,7 @@ from message_replies import FakeGrid, named, reply
 from seed_task import first_round_below, gaps, optimum
 
 import flwr_admm.server
+from flwr_admm import Uplink
 from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
@@ -152,7 +153,7 @@ def test_a_reply_with_a_bad_budget_is_rejected():
         ("dual_step", 0.5),
         ("regularizer", L2(0.1)),
         ("acceleration", "nesterov"),
-        ("uplink", StochasticQuantizer()),
+        ("uplink", Uplink(StochasticQuantizer())),
     ],
 )
 def test_what_the_form_fixes_is_refused_naming_the_field(keyword, value):

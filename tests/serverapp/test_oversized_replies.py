@@ -19,6 +19,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from message_replies import FakeGrid, named, raw_reply
 
+from flwr_admm import Uplink
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.serverapp.testing import flower_task_identity
 from flwr_admm.uplink import StochasticQuantizer
@@ -30,7 +31,7 @@ DUALS_NORMS = {"admm-w-sq-norm": 1.0, "admm-u-sq-norm": 0.0}
 
 STRATEGIES = {
     "FedADMM": lambda: FedADMM(rho=0.1),
-    "FedADMM-8bit": lambda: FedADMM(rho=0.1, uplink=StochasticQuantizer(bits=8)),
+    "FedADMM-8bit": lambda: FedADMM(rho=0.1, uplink=Uplink(StochasticQuantizer(bits=8))),
     "FedADMMClientDuals": lambda: FedADMMClientDuals(rho=0.1),
     "SCAFFOLD": lambda: SCAFFOLD(),
     "FedDyn": lambda: FedDyn(alpha=0.1),

@@ -1,6 +1,6 @@
 """Local DP is accounted only for replies that attest it (issue 25, item 5, server half).
 
-A strategy configured with ``local_dp`` sends ``dp-clip`` / ``dp-noise``; the ready
+A strategy configured with ``Uplink(local_dp=...)`` sends ``dp-clip`` / ``dp-noise``; the ready
 client (`ADMMClient`, and `make_client_app` around it) clips and noises and says so in
 its reply (``admm-dp-applied`` = 1 with the C and sigma it used). A handler that
 ignores the keys (a plain FedProx-style one) used to have its unprotected update
@@ -22,6 +22,7 @@ from flwr.server.strategy import FedAvg
 from message_apps import plain_app, zeros
 
 import flwr_admm.server
+from flwr_admm import Uplink
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.serverapp import FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -56,7 +57,10 @@ def expected_epsilon(rounds: int) -> float:
 
 def message_run(client_app: Any, rounds: int = ROUNDS) -> FedADMM:
     strategy = FedADMM(
-        rho=0.1, local_dp=DP, min_train_nodes=NUM_CLIENTS, min_available_nodes=NUM_CLIENTS
+        rho=0.1,
+        uplink=Uplink(local_dp=DP),
+        min_train_nodes=NUM_CLIENTS,
+        min_available_nodes=NUM_CLIENTS,
     )
     strategy.fraction_evaluate = 0.0
     run_strategy(strategy, InProcessGrid(client_app, NUM_CLIENTS), zeros(), rounds)
@@ -97,7 +101,7 @@ def test_legacy_replies_that_ignore_local_dp_are_rejected_and_not_accounted(
         if wrapped:
             kwargs.pop("rho")
             return UplinkWrapper(FedAvg(**kwargs), local_dp=DP)
-        return flwr_admm.server.FedADMM(local_dp=DP, **kwargs)
+        return flwr_admm.server.FedADMM(uplink=Uplink(local_dp=DP), **kwargs)
 
     def run(client_fn: Any) -> Any:
         strategy = factory(rho=0.1, initial_parameters=zeros_parameters())
@@ -115,7 +119,7 @@ def test_legacy_replies_that_ignore_local_dp_are_rejected_and_not_accounted(
 
 def test_legacy_and_message_ready_clients_agree() -> None:
     legacy, _, _ = run_seed(
-        flwr_admm.server.FedADMM, ROUNDS, client_kwargs=CLIENT, rho=0.1, local_dp=DP
+        flwr_admm.server.FedADMM, ROUNDS, client_kwargs=CLIENT, rho=0.1, uplink=Uplink(local_dp=DP)
     )
     message = message_run(make_client_app(admm_client_fn(**CLIENT)))
     eps = [h["dp_epsilon"] for h in message.history]

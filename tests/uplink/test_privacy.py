@@ -39,6 +39,7 @@ from flwr.server.strategy import (
 )
 from scipy import stats
 
+from flwr_admm import Checkpointing, Uplink
 from flwr_admm.client import ADMMClient
 from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.models import SoftmaxRegression
@@ -141,7 +142,11 @@ class SpyADMM(FedADMM):
 def test_clipping_bounds_every_update_of_a_run(uplink: Any) -> None:
     clip = 0.05
     strategy, _, result = run_seed(
-        SpyADMM, 8, client_kwargs=CLIENT, rho=RHO, local_dp=LocalDP(clip, 0.0), uplink=uplink
+        SpyADMM,
+        8,
+        client_kwargs=CLIENT,
+        rho=RHO,
+        uplink=Uplink(uplink, local_dp=LocalDP(clip, 0.0)),
     )
     norms = np.array(strategy.update_norms)
     assert norms.size == 8 * NUM_CLIENTS
@@ -171,7 +176,7 @@ def test_epsilon_grows_every_round_as_the_accountant_says() -> None:
         rounds,
         client_kwargs=CLIENT,
         rho=RHO,
-        local_dp=LocalDP(clip=1.0, noise_multiplier=sigma, delta=1e-5),
+        uplink=Uplink(local_dp=LocalDP(clip=1.0, noise_multiplier=sigma, delta=1e-5)),
         fraction_fit=0.5,
         min_fit_clients=5,
         min_available_clients=NUM_CLIENTS,
@@ -188,10 +193,10 @@ def test_epsilon_grows_every_round_as_the_accountant_says() -> None:
 
 def test_ledger_survives_a_checkpoint_resume(tmp_path: Any) -> None:
     dp = LocalDP(clip=1.0, noise_multiplier=2.0)
-    kwargs: dict[str, Any] = {"client_kwargs": CLIENT, "rho": RHO, "local_dp": dp}
+    kwargs: dict[str, Any] = {"client_kwargs": CLIENT, "rho": RHO, "uplink": Uplink(local_dp=dp)}
     _, _, straight = run_seed(textbook, 5, **kwargs)
-    run_seed(textbook, 3, checkpoint_dir=tmp_path, **kwargs)
-    resumed, _, _ = run_seed(textbook, 2, checkpoint_dir=tmp_path, **kwargs)
+    run_seed(textbook, 3, checkpoint=Checkpointing(tmp_path), **kwargs)
+    resumed, _, _ = run_seed(textbook, 2, checkpoint=Checkpointing(tmp_path), **kwargs)
     assert resumed.history[-1]["dp_rounds"] == 5
     assert resumed.history[-1]["dp_epsilon"] == straight.fit_metrics[-1]["dp_epsilon"]
 
