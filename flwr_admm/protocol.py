@@ -27,7 +27,7 @@ UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
 # Reply (local DP attestation): 1 = the client clipped to C and noised with sigma, the
-# two values it used following; a strategy with local_dp rejects a reply without them.
+# two values it used following; a strategy with local DP rejects a reply without them.
 DP_APPLIED = "admm-dp-applied"
 DP_APPLIED_CLIP = "admm-dp-applied-clip"
 DP_APPLIED_NOISE = "admm-dp-applied-noise"

@@ -270,7 +270,12 @@ def test_client_held_duals_refuse_what_the_form_cannot_do_and_stock_replies():
     # the prox-form settings were taken silently before (rho set the residuals' scale,
     # a regularizer's prox ran with it): refused, on both APIs, as FedADMM does
     for strategy_class in (FedADMMClientDuals, flwr_admm.server.FedADMMClientDuals):
-        fixed = {"rho": 0.5, "proximal_mu": 0.1, "regularizer": L2(0.1), "relaxation": 1.6}
+        fixed = {
+            "rho": 0.5,
+            "proximal_mu": 0.1,
+            "regularizer": L2(0.1),
+            "uplink": Uplink(StochasticQuantizer()),
+        }
         for name, value in fixed.items():
             with pytest.raises(ValueError, match=rf"^{name}: not used with form='linearized'"):
                 strategy_class(form="linearized", **{name: value})
