@@ -127,5 +127,5 @@ class FedADMM(RoundStrategy):
 
 #: The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
 textbook = functools.partial(FedADMM, **TEXTBOOK)
-#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/tuning.md).
+#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/options.md).
 fast_convex = functools.partial(FedADMM, **FAST_CONVEX)
