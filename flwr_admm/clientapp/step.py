@@ -68,7 +68,7 @@ def refuse_uplink(config: Mapping[str, Any]) -> None:
 
     A handler built on `ADMMTrainStep` or `flwr_admm.torch.TorchADMM` replies with
     plain tensors: it neither compresses nor clips and noises. The ready client
-    (`flwr_admm.clientapp.make_client_app`, `flwr_admm.ADMMClient`) does both; a
+    (`flwr_admm.clientapp.make_client_app`, `flwr_admm.client.ADMMClient`) does both; a
     silent plain reply would let the server report a privacy it did not get.
     """
     for key in config:
