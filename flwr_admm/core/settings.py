@@ -52,32 +52,9 @@ FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
 class ConsensusSettings:
     """Settings of a `ConsensusADMM` server, validated together when built.
 
-    Parameters
-    ----------
-    rho : float
-        Penalty rho >= 0, > 0 with a regularizer or ``client_rho="reported"``
-        (kept as a float).
-    rho_schedule : RhoSchedule
-        Rule for rho between rounds (`schedule_of` turns a name or None into one).
-    regularizer : Regularizer or None
-        Server regularizer g (`L1`, `L2`); the z-step is its prox.
-    client_rho : {"uniform", "reported"}
-        rho_i = rho, or rho s_i with s_i from each reply (the linearized form).
-    eps_abs, eps_rel : float
-        Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
-    relaxation : float
-        Over-relaxation alpha in (0, 2) (kept as a float).
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
-    restart_eta : float
-        Fast ADMM's restart threshold eta in (0, 1].
-    z_average : {"cached", "replies"}
-        The z-step averages the last w_i of every client seen or only this round's
-        replies (`flwr_admm.core.steps`).
-    dual_step : float
-        The dual step gamma in (0, 1] (`ConsensusADMM`); 1 is the textbook step.
-    start_momentum : float
-        beta in [0, 1) of the linearized form's momentum start (`ConsensusADMM`).
+    The fields are `ConsensusADMM`'s parameters (``rho_schedule`` is its ``schedule``;
+    `schedule_of` turns a name or None into one). rho, relaxation, dual_step and
+    start_momentum are kept as floats.
 
     Raises
     ------

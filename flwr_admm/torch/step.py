@@ -68,27 +68,15 @@ class TorchADMM:
     """What one round of a node needs: the received model, v, rho, the warm start.
 
     Build it with `from_message` (Message API) or `from_parameters` (legacy API); the
-    round's values are `flwr_admm.node.step.NodeRound`'s, by ``state_dict`` name.
+    round's values are `flwr_admm.node.step.NodeRound`'s, by ``state_dict`` name
+    (`received` is its ``center``).
 
     Attributes
     ----------
     model : torch.nn.Module
         The node's model (changed in place by `start` and the user's loop).
-    received : dict
-        The center v by name, float64 (z under the linearized form).
-    rho : float
-        rho_i (``rho``, else the FedProx mu, else 0).
-    admm : bool
-        The server is an ADMM strategy (``rho`` in the config): warm-start.
     penalty : {"prox", "loss"}
         How the penalty is applied (module docstring).
-    previous : dict or None
-        The node's last w_i (all tensors, float64), if its names and shapes match.
-    consensus : dict or None
-        The received z (float64), the start of ``init="consensus"``; None when no z
-        is received.
-    duals : DualsRound or None
-        Under client-held duals: the acknowledged state and the updated dual.
 
     """
 
