@@ -50,10 +50,9 @@ DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
 HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
-# FedADMM: the reply of our client helpers (1: the solve starts at the received z, 0:
-# elsewhere, as asked). A reply without it comes from a stock FedProx
-# handler, which starts at v_i and would feed its dual back into its drift: its dual is
-# held at 0, so the node runs FedProx's step around z.
+# FedADMM reply of our client helpers: 1 = the solve started at the received z, 0 =
+# elsewhere. A reply without it is a stock FedProx handler's: its dual is held at 0
+# (flwr_admm.rounds.fedadmm.StartMarks).
 START_MARK = "admm-started-at-z"
 # FedADMM's linearized form: the reply's step budget b_i = K_i lr_i (lr_i / (1 - momentum)
 # with momentum SGD), so rho_i = 1 / b_i; a reply without it did not run the form: rejected
@@ -135,7 +134,7 @@ DUALS_PENDING_RESIDUAL = "flwr_admm.duals.pending.uplink_residual"  # e_i' of it
 DUALS_STATE_U_PREV = "flwr_admm.duals.u_prev"  # fast ADMM: u_i,prev (committed)
 DUALS_PENDING_U_PREV = "flwr_admm.duals.pending.u_prev"  # fast ADMM: u_i,prev (pending)
 
-# ------------------------------------------ client identity and eviction (issue 12)
+# ------------------------------------------------- client identity and eviction
 NUM_KEY_CONFLICTS = "num_key_conflicts"  # replies claiming a key bound to another node
 NUM_EVICTED = "num_evicted"  # client keys whose server state was dropped this round
 # Fit-config keys the strategies set themselves: a user's on_fit_config_fn may not
@@ -160,9 +159,8 @@ MESSAGE_RESERVED_CONFIG_KEYS = (
     SERVER_ROUND,
     MODE_KEY,
 )
-# Message-API FedADMM (server-held duals): the ArrayRecord of the server's point z, the
-# start of the local solve, next to the center v_i = z - u_i under ``arrays``. A solve
-# started at the far center feeds the dual back into its own drift (docs/torch.md).
+# Message-API FedADMM (server-held duals): the ArrayRecord of z, the start of the local
+# solve (flwr_admm.node.start), next to the center v_i = z - u_i under ``arrays``
 START_RECORD = "admm-start"
 # Message-API client-held duals: the reply's ArrayRecord of the full share sigma_i'
 # (sent with ``admm-rebuild = 1``), next to Delta_i under ``arrays`` (arrayrecord_key).
@@ -171,7 +169,7 @@ SHARE_RECORD = "admm-share"
 # uint8 tensor of payload bytes per model tensor, under the model's names.
 PAYLOAD_RECORD = "admm-payload"
 
-# ------------------------------- client-held duals under SecAgg+ (issue 13)
+# ------------------------------------------------ client-held duals under SecAgg+
 # Fit config: the SecureGrid of flwr_admm.core.secure_sum. Their presence switches the
 # client to replies SecAgg+ sums exactly; see flwr_admm.server.client_duals_secagg.
 SECAGG_SCALE = "admm-secagg-scale"  # s: the client sends Delta_i / s on the grid
@@ -182,7 +180,7 @@ SECAGG_SWEEP = "admm-secagg-sweep"  # 1: also send the S_new block (a rebuild sw
 SECAGG_EXAMPLES = "admm-num-examples"  # reply metric: n_i (num_examples is the weight)
 SECURE_DROPPED = "num_secure_dropped"  # round metric: 1 if the round's aggregate was dropped
 
-# ------------------------------------------ peer baselines: SCAFFOLD and FedDyn (issue 15)
+# -------------------------------------------------- peer baselines: SCAFFOLD and FedDyn
 PEER = "peer-algorithm"  # fit config: "scaffold" or "feddyn" switches ADMMClient to it
 PEER_SCAFFOLD = "scaffold"  # parameters: x then c; reply: y_i then c_i+ - c_i
 PEER_FEDDYN = "feddyn"  # parameters: x; reply: w_i; alpha under FEDDYN_ALPHA

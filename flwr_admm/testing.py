@@ -1,11 +1,9 @@
 """In-process driver: run a legacy Flower strategy against NumPyClients without Ray.
 
-It follows the round loop of Flower's legacy ``Server`` (configure_fit, fit,
-aggregate_fit, evaluate, configure_evaluate, aggregate_evaluate) but calls clients
-directly and in a fixed order, so it is deterministic and fast. Each node keeps one
-`Context` whose ``state`` persists across rounds, as Flower does; the client object is
-rebuilt from ``client_fn(context)`` for every message, as Flower does. Users can
-test their own clients and strategies with it exactly as this project does.
+It follows the round loop of Flower's legacy ``Server`` but calls clients directly
+and in a fixed order, so it is deterministic and fast. As in Flower, each node keeps
+one `Context` whose ``state`` persists across rounds, and the client is rebuilt from
+``client_fn(context)`` for every message.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""ADMMClient: one NumPyClient for FedADMM, FedProx and FedAvg.
+"""ADMMClient: one legacy NumPyClient for FedADMM, FedProx, FedAvg, SCAFFOLD and FedDyn.
 
-The client reads the server's fit config:
-
-- ``rho`` present: ADMM. The received parameters are the prox center v_i = z - u_i;
-  run min f_i(w) + rho/2 ||w - v_i||^2 from the warm start (`local_init`).
-- only ``proximal_mu``: FedProx. Start at the received w_t, penalty mu/2 ||w - w_t||^2.
-- neither: FedAvg. Plain local gradient steps from the received parameters.
-- ``admm-duals = "client"`` (`FedADMMClientDuals`): the dual u_i is kept here
-  (`flwr_admm.node.duals`); the reply is the change of n_i (w_i + u_i), compressed with
-  error feedback on ``uplink*`` entries (no local DP), or SecAgg+'s (`client.secagg`).
-- ``peer-algorithm``: the baselines `SCAFFOLD` / `FedDyn` (`flwr_admm.node.peers`).
-- ``admm-form = "linearized"``: FedADMM's linearized form (`flwr_admm.node.step`).
-
-Each protocol's node half is `flwr_admm.node`'s; this class runs the numpy local loop
-(`penalized_local_solve`) between opening and closing a round, and translates the
-legacy wire (one flat list of tensors, `flwr_admm.node.blocks`).
-
-``local_steps``, ``local_epochs``, ``learning_rate`` and ``batch_size`` in the config
-override the constructor values. ``uplink*`` and ``dp-*`` entries switch on update
-compression and local differential privacy (`flwr_admm.uplink.channel`); use ``to_client()``
-so that compressed replies go out as packed bytes.
+The fit config names the protocol (and FedADMM's form and dual mode); its node half is
+`flwr_admm.node`'s (SecAgg+: `flwr_admm.client.secagg`). This class runs the numpy
+local loop (`penalized_local_solve`) between opening and closing a round and translates
+the legacy wire (one flat list of tensors, `flwr_admm.node.blocks`). ``local_steps``,
+``local_epochs``, ``learning_rate`` and ``batch_size`` in the config override the
+constructor values; use ``to_client()`` so that compressed replies go out as packed bytes.
 """
 
 from __future__ import annotations
@@ -78,12 +64,12 @@ class ADMMClient(NumPyClient):
     batch_size : int, optional
         Minibatch size; None = full batch.
     local_init : {"auto", "previous", "center", "consensus"}
-        Start: own last w_i (in ``context.state``), v_i, or the received z (as FedDyn;
-        client-held duals only: this client asks server-held FedADMM for no z, its
-        replies say it starts elsewhere). "auto" (default): z under client-held duals,
-        else the own last w_i. With rho = 0 the loop starts at the received z.
+        Start: own last w_i (in ``context.state``), v_i, or the received z
+        (`flwr_admm.node.start`; "consensus" under client-held duals only, as server-held
+        FedADMM sends this client no z). "auto": z under client-held duals, else the
+        own last w_i. With rho = 0 the loop starts at the received parameters.
     prox_step : {"exact", "gradient"}
-        Proximal-gradient step (stable for any rho) or the seed's explicit step.
+        Proximal-gradient step (stable for any rho) or the explicit gradient step.
     grad_tol : float, optional
         Stop once ||grad f_i(w) + rho (w - v)|| <= grad_tol.
     context : flwr.common.Context, optional

@@ -1,15 +1,10 @@
 """`make_client_app`: a ready Message-API ClientApp around a legacy ``client_fn``.
 
-The ``client_fn(context) -> ADMMClient`` (any NumPyClient speaking this package's
-legacy protocol) a legacy ``ClientApp(client_fn=...)`` takes is served through
-``@app.train()`` and ``@app.evaluate()`` handlers that translate the records: the
-received named tensors go in as float64 in record order, the round's second block
-(`flwr_admm.node.blocks`: y_i, c, z_k) appended as on the legacy wire, the config with
-its legacy spellings added (``server_round``, ``proximal_mu``); the reply goes back
-under the received names and dtypes (w_i), as float64 (Delta_i, sigma_i' under
-``admm-share``), under ``admm-payload`` when compressed, or with c_i+ - c_i under
-``scaffold-control``. `ADMMClient.fit` is the local loop, so both APIs compute the
-same numbers for the same inputs.
+The handlers translate records to the legacy call and back: the received tensors in
+record order as float64 with the round's second block appended (`flwr_admm.node.blocks`),
+the config with its legacy spellings added; the reply under the received names (record
+names: `flwr_admm.protocol`). `ADMMClient.fit` is the local loop, so both APIs compute
+the same numbers for the same inputs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Helpers for a train handler under the Message-API `SCAFFOLD` (and what `FedDyn` needs).
 
-`flwr_admm.serverapp.SCAFFOLD` sends x under ``arrays`` and the server control
-variate c under ``scaffold-control`` (same tensor names); the node's round is
-`flwr_admm.node.peers` (K steps on grad f_i - c_i + c, then c_i+ - c_i), and its reply
-y_i under ``arrays``, c_i+ - c_i under ``scaffold-control``::
+`flwr_admm.serverapp.SCAFFOLD` sends x under ``arrays`` and c under
+``scaffold-control`` (same tensor names); the node's round is `flwr_admm.node.peers`,
+its reply y_i under ``arrays`` and c_i+ - c_i under ``scaffold-control``::
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -12,11 +11,9 @@ y_i under ``arrays``, c_i+ - c_i under ``scaffold-control``::
         ...                                     # K steps; c_i+ - c_i
         return build_scaffold_reply(msg, y, control_change, num_examples=n)
 
-`flwr_admm.serverapp.FedDyn` needs nothing extra: x under ``arrays``, alpha under
-``feddyn-alpha``, and the reply is `build_reply` of w_i (grad_i kept by the node).
-A handler keeping c_i / grad_i itself should train from the state the config's
-``admm-ack-round`` names and report that state's round as ``admm-previous-round``
-(`flwr_admm.node.peers` has the rule; `make_client_app` does it): a reply without it
+`flwr_admm.serverapp.FedDyn` needs nothing extra: the reply is `build_reply` of w_i.
+A handler keeping c_i / grad_i itself should follow `flwr_admm.node.peers`'
+acknowledgement rule (`make_client_app` does): a reply without ``admm-previous-round``
 is folded as in sync, so a lost reply would leave the node's state ahead of the server's.
 """
 

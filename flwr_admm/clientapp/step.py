@@ -1,7 +1,7 @@
 """`ADMMTrainStep`: a user's own ``@app.train()`` handler under the Message-API strategies.
 
-The node's half of the round is `flwr_admm.node.step.NodeRound` (the round itself:
-`flwr_admm.serverapp.FedADMM`); this class reads it from a message and answers it::
+The node's half of the round is `flwr_admm.node.step.NodeRound`; this class reads it
+from a message and answers it::
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -10,10 +10,8 @@ The node's half of the round is `flwr_admm.node.step.NodeRound` (the round itsel
         ...                                    # local steps on f_i + step.rho/2 ||w - center||^2
         return step.reply(w, num_examples=n, metrics={"loss": loss}, context=context)
 
-Under Flower's FedProx (``proximal-mu`` only) or FedAvg, `start` is the received
-arrays and ``rho`` is mu or 0: the same handler serves every strategy, and under
-`FedADMMClientDuals` it runs the client-held-dual protocol (pass `context`: the
-states live in ``context.state``).
+The same handler serves Flower's FedProx and FedAvg (``rho`` is mu or 0) and
+`FedADMMClientDuals` (pass `context`: the states live in ``context.state``).
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ def refuse_uplink(config: Mapping[str, Any]) -> None:
 
     A handler built on `ADMMTrainStep` or `flwr_admm.torch.TorchADMM` replies with
     plain tensors: it neither compresses nor clips and noises. The ready client
-    (`flwr_admm.clientapp.make_client_app`, `flwr_admm.ADMMClient`) does both; a
+    (`flwr_admm.clientapp.make_client_app`, `flwr_admm.client.ADMMClient`) does both; a
     silent plain reply would let the server report a privacy it did not get.
     """
     for key in config:
@@ -92,15 +90,10 @@ def warm_start(context: Context, like: Mapping[str, NDArray[Any]]) -> Named | No
 class ADMMTrainStep:
     """What a train handler needs for one local ADMM step, read from the message.
 
-    The round's values are `flwr_admm.node.step.NodeRound`'s (see there), by tensor
-    name and in float64: `center` (v_i; z^k - u_i under client-held duals; z under
-    the linearized form), `rho`, `admm` (FedADMM in the prox form), `server_round`,
-    `previous` (the node's last w_i, else None), `consensus` (the received z, else
-    None), `form`, `correction` (the linearized form's y_i) and `duals` (the
-    client-held-dual round). Under the linearized form run K steps w <- w - lr
-    (grad f_i(w) + y_i) from `start` (z), no prox term, and pass
-    ``step_budget=step_budget(K, lr)`` (``step_budget(K, lr, momentum)`` with
-    momentum SGD) to `reply`: rho_i = 1 / b_i.
+    The round's values are `flwr_admm.node.step.NodeRound`'s, by tensor name and in
+    float64. Under the linearized form run K steps w <- w - lr (grad f_i(w) + y_i)
+    from `start` with y_i = `correction`, and pass ``step_budget=step_budget(K, lr)``
+    (``step_budget(K, lr, momentum)`` with momentum SGD) to `reply`.
 
     Attributes
     ----------
@@ -181,10 +174,8 @@ class ADMMTrainStep:
     def start(self, *, init: LocalInit | None = None) -> Named:
         """Return where the local solve starts (copies), by `flwr_admm.node.start`'s rule.
 
-        `init` is `ADMMClient`'s ``local_init``: "previous", "center", "consensus" (the
-        received z; ValueError if the message has none) or "auto" (the default:
-        "consensus" when z is received, else "previous"). FedProx, FedAvg and rho = 0
-        start at the received arrays; the linearized form at z.
+        `init` is `ADMMClient`'s ``local_init`` ("consensus" without a received z:
+        ValueError).
         """
         source, at_z = start_of(
             init,

@@ -1,12 +1,10 @@
 """Framework-free numpy core of inexact consensus ADMM (no `flwr` import).
 
-`ConsensusADMM` holds the server state and runs a round (begin, absorb, finish),
-`settings` the checked settings it is built from (`ConsensusSettings`);
-`schedules` (rho rules), `regularizers` (prox of g), `local_solver` (the penalized
-local loop), `client_duals` (client-held-dual arithmetic), `acceleration` (fast
-ADMM), `kernels` (one-pass array updates), `types` (value types and errors),
-`validation` (reply checks), `health` (the divergence watchdog every strategy's round
-layer feeds).
+`ConsensusADMM` holds the server state and runs a round; `steps` has the z-step and
+dual step, `sums` the running sums, `settings` the checked settings, `schedules` the
+rho rules, `regularizers` the prox of g, `linearized` the step-budget form,
+`client_duals` the client-held-dual arithmetic, `acceleration` fast ADMM, `health`
+the divergence watchdog, `types` the value types, reply checks and errors.
 """
 
 from flwr_admm.core.consensus import ConsensusADMM

@@ -1,13 +1,11 @@
 """Fast ADMM with restart (Goldstein, O'Donoghue, Setzer & Baraniuk 2014, Alg. 8) for the server.
 
-After round k's z-step and dual step have produced z_k and the replying clients'
-duals y_{i,k} from the extrapolated z^_k, y^_{i,k} the clients were sent, the
-combined residual
+After round k produced z_k and the replying duals y_i,k from the extrapolated z^_k,
+y^_i,k, the combined residual (p_i over the replies)
 
     c_k = rho_bar ( sum_i p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2 )
 
-(= rho^-1 sum p_i ||y_i,k - y^_i,k||^2 + rho ||z_k - z^_k||^2 with alpha = 1,
-p_i over the replies) decides the next point:
+decides the next point (a = 1 at the start):
 
     c_k < eta c_{k-1}:  a'   = (1 + sqrt(1 + 4 a^2)) / 2,   g = (a - 1) / a'
                         z^  = z_k + g (z_k - z_{k-1})
@@ -15,18 +13,11 @@ p_i over the replies) decides the next point:
     otherwise (restart from the current point):
                         a' = 1,  z^ = z_k,  y^_i = y_i,k  (c_k kept)
 
-with a = 1 at the start. Alg. 8 as published restarts to the previous point
-(z^ = z_{k-1}), which throws the round's client work away and, with partial
-participation (c_k measures other clients every round), stalls z; restarting from
-the current point keeps every round's plain ADMM step.
-
-y_i,prev is client i's unextrapolated dual after its previous reply (0 before its
-first one), so under partial participation a client's dual is extrapolated only in
-the rounds it replies, along its own last step; the duals of
-absent clients stay as they are. Safeguards: rho = 0 (FedAvg) turns acceleration
-off; a change of rho by the schedule, or a non-finite c_k, restarts the momentum
-(a' = 1, no comparison with the c of another rho). The state costs one model-sized
-array per cached client (y_i,prev) and z_{k-1}.
+Alg. 8 restarts to the previous point z_{k-1}, which throws the round's client work
+away and stalls z under partial participation; restarting from the current point keeps
+every round's plain ADMM step. y_i,prev is client i's unextrapolated dual after its
+previous reply (0 before), so a dual moves only in the rounds its client replies.
+rho = 0 turns acceleration off; a change of rho or a non-finite c_k restarts it.
 """
 
 from __future__ import annotations

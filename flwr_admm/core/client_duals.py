@@ -1,21 +1,18 @@
-"""Arithmetic of consensus ADMM with client-held duals (numpy only).
+"""Client-side arithmetic of consensus ADMM with client-held duals (numpy only).
 
-Client i keeps w_i, its scaled dual u_i (before the pending update), n_i and the
-round it last took part in (`DualState`). Round k, given z^k:
+The protocol is `flwr_admm.server.client_duals`'s module docstring. Client i keeps
+w_i, its scaled dual u_i (before the pending update), n_i and its last round
+(`DualState`). Round k, given z^k and the dual step gamma in (0, 1] (1 is the textbook
+step; as in `ConsensusADMM` the fixed point is unchanged and sum_i n_i u_i stays 0):
 
     if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += gamma (w_i - z^k)   (`start_round`)
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2      (the caller's local solve)
     Delta_i = n_i' (w_i' + u_i) - n_i c_i,  c_i = w_i + u_i   (`contribution_change`)
 
-gamma in (0, 1] is the server's dual step (fit config ``admm-dual-step``, absent: 1,
-the textbook step), as in `flwr_admm.core.consensus.ConsensusADMM`: the fixed point is
-unchanged and sum_i n_i u_i stays 0.
-
-The server side (`flwr_admm.server.FedADMMClientDuals`) keeps S = sum_i n_i c_i and
-acknowledges, in every fit config, the round a whose contribution S holds for this
-client. The client keeps two states: the committed one C (what S held when it last
-heard, round a_c) and the pending one P (after its last reply, round p), and trains
-from the one S holds (`acknowledged`):
+The server keeps S = sum_i n_i c_i and acknowledges in every fit config the round a
+whose contribution S holds for this client. The client keeps a committed state C
+(round a_c) and a pending one P (round p) and trains from the one S holds
+(`acknowledged`):
 
     p == a     the reply was used: commit, C = P
     a_c == a   the reply was not used (lost, rejected, its round dropped): train from C
@@ -25,24 +22,22 @@ from the one S holds (`acknowledged`):
                resynchronize, i.e. start fresh and say so; the server replaces its
                stale share
 
-Restore. The server sees a resync's full contribution sigma_i = n_i c_i and keeps it
-(not under SecAgg+); it offers c_i back with the next acknowledgements. With the
-textbook dual step gamma = 1 the client needs nothing else: u_i + (w_i - z^k) =
-c_i - z^k, so the stand-in state (w = c_i, u = 0) gives the same dual, center and
-Delta_i as the lost one; only d2_i is unknown, and the reply says so (``admm-restored``).
+Restore: the server keeps a resync's full share sigma_i = n_i c_i (not under SecAgg+)
+and offers c_i back. With gamma = 1, u_i + (w_i - z^k) = c_i - z^k, so the stand-in
+state (w = c_i, u = 0) gives the same dual, center and Delta_i as the lost one; only
+d2_i is unknown, and the reply says so.
 
-Fast ADMM with restart (`flwr_admm.core.dual_momentum`, the server half). The fit
-config then also carries z_k (the z-step's output, z^k above is its extrapolation
-z^_{k+1}) and the coefficient g. u_i above is then the extrapolated dual u^_i the
-client trained with, and it also keeps u_i,prev (its unextrapolated dual after its
+Fast ADMM (server half: `flwr_admm.core.dual_momentum`): the fit config also carries
+z_k and g, z^k above being z^_{k+1}; u_i is the extrapolated dual u^_i the client
+trained with, and the client also keeps u_i,prev (its unextrapolated dual after its
 previous reply, 0 before):
 
     u_i   = u^_i + gamma (w_i - z_k)                  (d2_i = ||w_i - z_k||^2)
     u^_i' = u_i + g (u_i - u_i,prev),  u_i,prev' = u_i     (restart: g = 0)
     center z^_{k+1} - u^_i',  Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i)
 
-so S = sum_i n_i (w_i + u^_i) stays exact, and u_i,prev is committed/pending with the
-rest of the state (a retry from C extrapolates from C's u_i,prev).
+so S = sum_i n_i (w_i + u^_i) stays exact; u_i,prev is committed and pending with the
+rest of the state.
 """
 
 from __future__ import annotations
@@ -249,10 +244,9 @@ def start_round(
 def linear_term(state: DualState | None, start: DualStart) -> Arrays:
     """Return the linearized form's y_i = u_i / b_i (b_i: the kept state's step budget).
 
-    With client-held duals the node keeps the scaled dual u_i = b_i y_i, so that
-    u_i += gamma (w_i - z^k) is the linearized form's y_i += gamma rho_i (w_i - z') with
-    rho_i = 1 / b_i, and S / N is its z-step when the budgets are equal
-    (`flwr_admm.core.linearized`). A first round (u_i = 0) needs no budget.
+    The node keeps u_i = b_i y_i, so u_i += gamma (w_i - z^k) is the linearized form's
+    y_i += gamma rho_i (w_i - z') with rho_i = 1 / b_i (`flwr_admm.core.linearized`).
+    A first round (u_i = 0) needs no budget.
     """
     if state is None or state.budget is None:
         if any(np.any(u != 0) for u in start.dual):

@@ -1,9 +1,4 @@
-"""Framework-free server state of inexact consensus ADMM over lists of numpy arrays.
-
-`ConsensusADMM` holds the state and runs the round (begin, absorb, finish); it composes
-`core.sums` (running sums, replies folded in), `core.steps` (z-step, dual step, residuals),
-`core.persistence` (checkpoints) and `core.types` (value types and errors).
-"""
+"""Server state of inexact consensus ADMM over lists of numpy arrays (`ConsensusADMM`)."""
 
 from __future__ import annotations
 
@@ -64,38 +59,30 @@ __all__ = [
 
 @dataclass
 class ConsensusADMM:
-    """Server side of consensus ADMM; the Flower strategy is a thin adapter over it.
+    """Server side of consensus ADMM; the strategies are adapters over it.
 
-    Problem: min_z sum_i p_i f_i(z) + g(z), split as w_i = z, p_i = n_i / sum_j n_j.
-    The server stores, per client key i, the last local model w_i, its unscaled dual
-    y_i = rho_i u_i and its weight n_i, with rho_i = rho s_i (s_i = 1 unless per-client
-    rho is on). One round, over-relaxed by alpha in (0, 2) (Boyd et al. 2011, 3.4.3):
+    Solves min_z sum_i p_i f_i(z) + g(z) split as w_i = z, p_i = n_i / sum_j n_j. Per
+    client key i it stores the last w_i, the unscaled dual y_i = rho_i u_i and n_i, with
+    rho_i = rho s_i (s_i = 1 unless ``client_rho="reported"``). The round, over-relaxed
+    by alpha (Boyd et al. 2011, 3.4.3), with w^_i = alpha w_i + (1 - alpha) z:
 
         v_i   = z - y_i / rho_i                                  (prox center sent out)
-        w^_i  = alpha w_i + (1 - alpha) z                        (replying clients)
         z'    = prox_{g / rho_bar}( sum_i p_i (rho_i w^_i + y_i) / rho_bar ),
-                rho_bar = sum_i p_i rho_i, over every client seen so far (stale w_i,
-                y_i of clients not sampled this round keep counting, unrelaxed)
+                rho_bar = sum_i p_i rho_i
         y_i  += gamma rho_i (w^_i - z')                          (replying clients)
 
-    With uniform rho and alpha = 1 this is z' = prox_{g/rho}(sum_i p_i (w_i + u_i)),
-    u_i += w_i - z'; alpha = 1.5-1.8 often converges faster. Keeping y instead of u
-    makes rho = 0 exactly FedAvg (y stays 0) and makes a change of rho rescale
-    u_i = y_i / rho by rho_old / rho_new for free.
-
-    Residuals (Boyd et al. 2011, 3.3, p-weighted over the replying clients,
-    n = number of parameters):
-
-        r        = sqrt(sum p_i ||w_i - z'||^2),   s = rho_bar ||z' - z||
-        eps_pri  = sqrt(n) eps_abs + eps_rel max(sqrt(sum p_i ||w_i||^2), ||z'||)
-        eps_dual = sqrt(n) eps_abs + eps_rel sqrt(sum p_i ||y_i||^2)
+    The sums run over every client seen: the stale w_i, y_i of absent clients keep
+    counting, unrelaxed. With uniform rho and alpha = gamma = 1 this is the round of
+    `flwr_admm.serverapp.FedADMM`; `flwr_admm.core.steps` has the z-step in running
+    sums and the residuals. Keeping y rather than u makes rho = 0 exactly FedAvg (y stays
+    0) and a change of rho rescale u_i = y_i / rho for free.
 
     Parameters
     ----------
     z : list of ndarray
         Initial consensus model z^0 (copied to float64).
     rho : float
-        Penalty rho >= 0; rho = 0 is FedAvg (with stale contributions if partial).
+        Penalty rho >= 0; 0 is FedAvg (with stale contributions under partial participation).
     schedule : RhoSchedule, optional
         Rule for rho between rounds; `Constant()` by default.
     regularizer : Regularizer, optional
@@ -106,19 +93,17 @@ class ConsensusADMM:
     eps_abs, eps_rel : float
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
-        Over-relaxation alpha in (0, 2); 1 is plain ADMM.
+        Over-relaxation alpha in (0, 2); 1 is plain ADMM (Boyd et al. suggest 1.5-1.8).
     acceleration : {None, "nesterov"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`): after each round z
-        and the replying clients' duals move to their extrapolations z^, y^_i, which
-        the next centers v_i = z^ - y^_i / rho_i are built from.
+        Fast ADMM with restart (`flwr_admm.core.acceleration`).
     restart_eta : float
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
         z-step over every cached w_i or the round's replies (`flwr_admm.core.steps`).
     dual_step : float
-        The dual step gamma in (0, 1]: y_i += gamma rho_i (w^_i - z') (1: the textbook
-        step). The fixed point is unchanged; gamma < 1 damps a noisy local solve's
-        feedback into its own dual (Glowinski's dual step, here kept <= 1).
+        The dual step gamma in (0, 1] (1: the textbook step). The fixed point is
+        unchanged; gamma < 1 damps a noisy local solve's feedback into its own dual
+        (Glowinski's dual step, kept <= 1).
     start_momentum : float
         beta in [0, 1) of the linearized form's momentum start with restart
         (`flwr_admm.core.start_momentum`): `start_point` is where clients start.
@@ -321,7 +306,6 @@ class ConsensusADMM:
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats = self._update(rnd, ordered)
             dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s, c_k
-            # r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z||
             report = round_report(
                 ordered,
                 self.z,

@@ -1,21 +1,17 @@
 """Server half of fast ADMM with restart for client-held duals (`FedADMMClientDuals`).
 
-Server-held fast ADMM (`flwr_admm.core.acceleration`, Goldstein et al. 2014, Alg. 8)
-moves z and the replying duals after round k by the combined residual
-
-    c_k = rho ( sum_i p_i ||w_i - z_k||^2 + ||z_k - z^_k||^2 ).
-
-With the duals on the clients the server keeps a_k, c_{k-1}, z_{k-1} and
-||z_k - z^_k||^2, extrapolates z itself and sends z_k and the coefficient g in the next
-fit config; each client extrapolates its own dual (`flwr_admm.core.client_duals`):
+The method and its restart test on c_k are `flwr_admm.core.acceleration`'s. With the
+duals on the clients the server keeps a_k, c_{k-1}, z_{k-1} and ||z_k - z^_k||^2,
+extrapolates z itself and sends z_k and g in the next fit config; each client
+extrapolates its own dual (`flwr_admm.core.client_duals`):
 
     no restart:   a' = (1 + sqrt(1 + 4 a^2)) / 2,  g = (a - 1) / a'
                   z^_{k+1} = z_k + g (z_k - z_{k-1}),  u^_i = u_i + g (u_i - u_i,prev)
     restart:      a' = 1, g = 0:  z^_{k+1} = z_k,    u^_i = u_i
 
-The dual part sum_i p_i ||w_i - z_k||^2 = sum_i p_i ||u_i - u^_i||^2 needs z_k, which a
-client sees only in its next round. Two ways to get it, from scalars the clients
-report (sums only, as under SecAgg+):
+The dual part sum_i p_i ||w_i - z_k||^2 of c_k needs z_k, which a client sees only in
+its next round. Two ways to get it from the scalar sums the clients report (all that
+SecAgg+ reveals):
 
 - In time, while every client S holds replies in every round with an unchanged n_i
   (`RoundSums.complete`): the duals' sums follow from the server's own state,
@@ -92,15 +88,7 @@ def extrapolate(
 def _in_time(
     momentum: DualMomentum, z: Arrays, z_hat: Arrays, dz_sq: float, sums: RoundSums, rho: float
 ) -> float | None:
-    """Return c_k from sums the server tracks while every client replies every round.
-
-    U = sum n_i u_i = S - N z after a complete round, and the clients' extrapolation is
-    linear, so U^_k = sum n_i u^_i,k = (1 + g) U_{k-1} - g UP_{k-1} (UP: sum of the
-    u_i,prev), 0 on the first round. Then
-    V = sum n_i (w_i,k - z^_k) = S_k - U^_k - N z^_k and
-    sum n_i ||w_i,k - z_k||^2 = sum n_i ||w_i,k - z^_k||^2 - 2 <V, d> + N ||d||^2,
-    d = z_k - z^_k. None (and tracking stops) when a round is not complete.
-    """
+    """Return c_k in time (the module's first way); None, and tracking stops, otherwise."""
     fresh = momentum.last is None and sums.all_new
     tracked = momentum.u_sum is not None and momentum.u_prev_sum is not None
     if not sums.complete or not (fresh or (tracked and sums.all_returning)):

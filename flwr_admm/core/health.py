@@ -1,28 +1,20 @@
 """Divergence watchdog: a diverging or stalled run stops with an error, never "succeeds".
 
-`HealthCheck` holds the thresholds (a frozen value, checked when built); `RunHealth`
-is the state a strategy's round layer feeds once per round (`RunHealth.observe`) with
-what it knows: how many replies it accepted, rejected and lost, the model it sent
-(z) and the one it returns (z'), and the primal residual and objective where it
-reports them. While the run is healthy `observe` returns None; otherwise it raises
-`RunDivergedError` naming the signal, the values of the last rounds and what to try.
-No `flwr` import: the strategies of both Flower APIs share it.
-
-The signals, each with its default (`HealthCheck`):
+The round layer feeds `RunHealth.observe` once per round (reply counts, z sent, z'
+returned, primal residual and objective); it raises `RunDivergedError` naming the
+signal, the last rounds and what to try. The signals (thresholds in `HealthCheck`):
 
 - **non-finite**: z' (or the primal residual) holds NaN/inf, or ||z'|| overflows;
-- **explosion**: ||z'|| > explosion * max(1, s), s the largest ||z|| so far among the
-  first model sent and the first `warmup` rounds' z' (a round is held to s before it
-  joins it, so a blow-up in the first rounds fires at once); the objective likewise,
-  |f| against max(1, its largest |f| among the first report and `warmup` more);
-- **growth**: the update norm ||z' - z|| rose in each of the last `growth_rounds`
-  aggregations, by a factor >= `growth` in all, and the last step is longer than
-  max(1, ||z||) of the model the rise started from;
+- **explosion**: ||z'|| > explosion * max(1, s), s the largest ||z|| among the first
+  model sent and the first `warmup` rounds' z' (a round is held to s before it joins
+  it, so a blow-up in the first rounds fires at once); |f| likewise against its first
+  reports;
+- **growth**: ||z' - z|| rose in each of the last `growth_rounds` aggregations, by a
+  factor >= `growth` in all, to more than max(1, ||z||) of the model the rise started from;
 - **idle**: `idle_rounds` rounds in a row had replies (or lost ones) but accepted none.
 
-Only floating-point tensors count (an integer buffer such as ``num_batches_tracked``
-can be neither NaN nor a sign of divergence). The norms are measured on the arrays the
-round layer passes: what was sent, in the wire dtypes, in one pass.
+Only floating-point tensors count: an integer buffer such as ``num_batches_tracked``
+can be neither NaN nor a sign of divergence.
 """
 
 from __future__ import annotations
@@ -54,43 +46,27 @@ PEER_ADVICE = "lower the clients' learning rate (or their local steps)"
 class HealthCheck:
     """Thresholds of the divergence watchdog (`RunHealth`); ``health=None`` turns it off.
 
-    The defaults are chosen never to fire on a healthy run, even a noisy deep-net one
-    (update norms varying 10x from round to round, accuracy going up and down), and
-    to stop a run that blows up (learning rate 10) within a few rounds.
+    The signals are the module's. The defaults never fire on a healthy run, even a noisy
+    deep-net one, and stop a run that blows up within a few rounds.
 
     Parameters
     ----------
     explosion : float
-        ||z'|| may reach `explosion` times max(1, s), s the largest ||z|| so far among
-        the first model sent and the first `warmup` rounds' z' (> 1; default 1e3). A
-        healthy model's weight norm changes by a small factor over training (a CNN's
-        grows 2-10x from its initialization); the floor 1 covers a start at z = 0 (a
-        model whose weights legitimately exceed 1e3 from a zero start, e.g. a
-        regression on unscaled targets, needs a larger value). A diverging run passes
-        1e3 within a few rounds of growing geometrically, a blown-up first round at
-        once. The objective |f| is held to the same factor of max(1, its first
-        rounds' |f|): a cross-entropy starts near log(classes) and a healthy one never
-        gets 1e3 times larger.
+        Factor > 1 (default 1e3) over the scale s that ||z'|| (and |f| over its first
+        reports) may reach. A healthy weight norm changes by a small factor over
+        training; the floor max(1, s) covers a start at z = 0 (weights that
+        legitimately exceed 1e3 from a zero start need a larger value).
     warmup : int
-        Rounds whose z' (and objective) set the scale s, after the first model sent
-        (>= 0; default 3): a model started at zero reaches its own scale in the first
-        rounds.
+        Rounds >= 0 (default 3) whose z' and objective set the scale after the first
+        model sent: a model started at zero reaches its own scale in the first rounds.
     growth : float
-        Total factor by which the update norm ||z' - z|| must rise over
-        `growth_rounds` rising rounds (> 1; default 100, about 4.6x a round for 3
-        rounds). Update norms that vary 10x round to round within a band cannot rise
-        100x monotonically; a rho schedule changes rho by at most 2x a round
-        (`ResidualBalancing`).
+        Total factor > 1 (default 100) of the rise of ||z' - z|| over `growth_rounds`
+        rising rounds: noisy update norms do not rise 100x monotonically.
     growth_rounds : int
-        Consecutive aggregations with a rising update norm (>= 1; default 3). The
-        last step must also be longer than max(1, ||z||) of the model the rise started
-        from: a healthy round never moves the model by more than its own size, and
-        round-off-sized steps of a converged run never count.
+        Consecutive aggregations >= 1 (default 3) with a rising update norm.
     idle_rounds : int
-        Consecutive rounds with replies (received or lost) but none accepted (all
-        rejected, e.g. NaN, or failed) before the run stops (>= 1; default 3). A
-        round that sent nothing (converged, ``fraction_train=0``) neither counts
-        nor resets.
+        Consecutive rounds >= 1 (default 3) with replies but none accepted. A round
+        that sent nothing (converged, ``fraction_train=0``) neither counts nor resets.
 
     """
 
@@ -180,9 +156,8 @@ class RunHealth:
     ) -> None:
         """Take one round: z sent (`before`), z' returned (`after`, None if none).
 
-        `before` and `after` are the tensors in the same order, read once, one of each
-        at a time: generators that deserialize tensor by tensor keep the peak memory
-        at two tensors.
+        Both are read once, a tensor of each at a time, so generators keep the peak
+        memory at two tensors.
 
         Raises
         ------

@@ -28,7 +28,7 @@ def _controller() -> ThreadpoolController:
 
 @contextmanager
 def single_thread_blas() -> Iterator[None]:
-    """Limit BLAS to one thread inside the block (about 5 us to enter)."""
+    """Limit BLAS to one thread inside the block."""
     with _controller().limit(limits=1, user_api="blas"):
         yield
 

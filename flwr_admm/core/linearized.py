@@ -9,33 +9,27 @@ budget b_i = K_i lr_i instead of being a knob. Client i receives z and its dual 
     z'    = sum_i n_i (rho_i w_i + y_i) / sum_i n_i rho_i
     y_i  += rho_i (w_i - z')                     (replying clients)
 
-y_i enters every local step as a constant added to the gradient, the linear term of
-f_i(w) + <y_i, w>. The server step is the prox form's (`flwr_admm.core.ConsensusADMM`
-with rho = 1 and rho_i = s_i = 1 / b_i, ``client_rho="reported"``); only what is sent
-(z and y_i instead of the center v_i = z - y_i / rho_i) and where rho_i comes from
-differ. The dual step keeps sum_i n_i y_i = 0 (it adds n_i rho_i (w_i - z') over the
-replies, which sum to 0 when z' is their rho_i-weighted mean), so with every client
-replying z' = sum_i n_i rho_i w_i / sum_i n_i rho_i, the plain n-weighted mean when
-the b_i are equal. The z-step over the replies only (``z_average="replies"``) is that
-mean under partial participation too.
+y_i enters every local step as the linear term of f_i(w) + <y_i, w>. The server step
+is `ConsensusADMM`'s with rho = 1 and rho_i = s_i = 1 / b_i (``client_rho="reported"``);
+only what is sent (z and y_i instead of v_i = z - y_i / rho_i) and where rho_i comes
+from differ. The dual step keeps sum_i n_i y_i = 0, so with every client replying
+z' = sum_i n_i rho_i w_i / sum_i n_i rho_i, the n-weighted mean when the b_i are equal
+(under partial participation too with ``z_average="replies"``).
 
 SCAFFOLD option II with server step 1 (`flwr_admm.rounds.scaffold`) is this iteration
-exactly when every client replies every round with the same b_i: with
-p_i = n_i / sum_j n_j (SCAFFOLD's weights for x and c), y_i = c - c_i. By induction:
-both start at 0; SCAFFOLD's step g - c_i + c is g + y_i, x' = sum_i p_i y_i^loc is z',
-and c_i+ - c+ = (c_i - c) - (y_i^loc - x') / (K lr), i.e. y_i' = y_i + rho (w_i - z').
+exactly when every client replies every round with the same b_i, with
+p_i = n_i / sum_j n_j and y_i = c - c_i. By induction: both start at 0; SCAFFOLD's step
+g - c_i + c is g + y_i, x' = sum_i p_i y_i^loc is z', and
+c_i+ - c+ = (c_i - c) - (y_i^loc - x') / (K lr), i.e. y_i' = y_i + rho (w_i - z').
 
-With momentum SGD (heavy ball, momentum mu) a step moves lr / (1 - mu) times the
-gradient once the velocity settles: the budget is b_i = K_i lr / (1 - mu)
-(`step_budget`).
+With heavy-ball momentum mu a step moves lr / (1 - mu) times the gradient once the
+velocity settles, so b_i = K_i lr / (1 - mu) (`step_budget`).
 
-Server steps (`Linearized`, ``FedADMM(form=Linearized(...))``; ``form="linearized"``
-is ``Linearized()``): the clients start at x = z + beta (z - z_prev) with a restart
-test (`flwr_admm.core.start_momentum`), and the dual step is damped,
-y_i += gamma rho_i (w_i - z'); neither moves the fixed point. ``Linearized()`` is
-beta 0, gamma 0.2, chosen on the CNN task; `LINEARIZED_CONVEX` (beta 0.7, gamma 1)
-the fastest on full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) the textbook
-iteration above, SCAFFOLD option II's twin.
+Server steps (`Linearized`; ``form="linearized"`` is ``Linearized()``): the clients
+start at x = z + beta (z - z_prev) with a restart test (`flwr_admm.core.start_momentum`)
+and the dual step is damped, y_i += gamma rho_i (w_i - z'); neither moves the fixed
+point. ``Linearized()`` is beta 0, gamma 0.2; `LINEARIZED_CONVEX` (beta 0.7, gamma 1)
+is for full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) is the textbook iteration.
 """
 
 from __future__ import annotations
@@ -205,10 +199,8 @@ CLIENT_HELD_FIXED: dict[str, object] = {
 def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[float, float]:
     """Return (dual step, rho = 1) of client-held duals in the linearized form.
 
-    rho_i = 1 / b_i is taken on the nodes, so the state's rho is 1 (as
-    `strategy_settings` sets for server-held duals) and the `Linearized` gives the dual
-    step. The momentum start needs z_prev on the server and each node's start, which
-    client-held duals do not send.
+    rho_i = 1 / b_i is taken on the nodes, so the state's rho is 1. The momentum start
+    is refused: it needs each node's start, which client-held duals do not send.
 
     Raises
     ------

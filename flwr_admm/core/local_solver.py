@@ -2,12 +2,11 @@
 
     min_w  f_i(w) + <a, w> + rho/2 ||w - v||^2
 
-with v the prox center (v = z - u_i for ADMM, v = received model for FedProx, no
-penalty for FedAvg) and an optional constant linear term a (SCAFFOLD's drift
-correction c - c_i, FedDyn's -grad_i; zero otherwise). Two update rules for one step
-with gradient g = grad f_i(w) + a:
+with v the prox center (z - u_i for ADMM, the received model for FedProx, no penalty
+for FedAvg) and a constant linear term a (SCAFFOLD's c - c_i, FedDyn's -grad_i; else
+zero). Two update rules for one step with gradient g = grad f_i(w) + a:
 
-- ``"gradient"`` (seed 000): w <- w - lr (g + rho (w - v))
+- ``"gradient"``: w <- w - lr (g + rho (w - v))
 - ``"exact"`` (proximal gradient, the quadratic solved in closed form):
   w <- (w - lr g + lr rho v) / (1 + lr rho), stable for every rho >= 0.
 """
@@ -102,9 +101,8 @@ def penalized_local_solve(
 ) -> LocalResult:
     """Run the local loop from `start`; `center=None` or rho=0 is plain gradient descent.
 
-    Every step uses g = grad f_i(w) + a with a = `linear` (None: a = 0). Returns the
-    final parameters, the number of steps taken, f_i at the final parameters (on the
-    full local data) and the norm of the last penalized gradient (a included).
+    `linear` is a (None: 0). The result's loss is f_i on the full local data and its
+    grad_norm the norm of the last penalized gradient (a included).
     """
     if rho < 0 or not math.isfinite(rho):
         raise ValueError(f"rho: must be a finite number >= 0, got {rho!r}")

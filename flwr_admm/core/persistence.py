@@ -19,8 +19,7 @@ from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, check_rho, natural_key
 
 StateArrays = dict[str, NDArray[np.float64]]
-# state_dtype="float32" was deleted: slower than float64 in the server-cost benchmark, its
-# one gain half the server's per-client memory. Named for a checkpoint written with it.
+# state_dtype="float32" is deleted; named in the error for a checkpoint written with it
 DELETED_STATE_DTYPE = "float32 state ran slower than float64 in the server-cost benchmark"
 
 

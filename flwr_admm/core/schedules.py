@@ -1,10 +1,8 @@
 """Penalty (rho) schedules: small pure rules ``rho', state' = schedule.update(rho, state, r)``.
 
-Every schedule keeps its state in a plain JSON-serializable dict so the server state
-can be checkpointed; tests compare generated sequences with hand-computed ones.
-Because the server stores unscaled duals y_i = rho u_i, a change of rho needs no
-explicit rescaling: the scaled dual u_i = y_i / rho is rescaled by rho_old / rho_new
-automatically (Boyd et al. 2011, sec. 3.4.1).
+The state is a JSON-serializable dict, so that it is checkpointed with the server. A
+change of rho needs no dual rescaling: the server stores unscaled duals y_i = rho u_i
+(Boyd et al. 2011, sec. 3.4.1).
 """
 
 from __future__ import annotations
@@ -111,10 +109,9 @@ class ResidualBalancing(RhoSchedule):
       constant-rho ADMM and its convergence theory applies (Boyd et al. 2011, 3.4.1);
       None lets rho change forever.
 
-    Defaults mu = 15, tau_max = 10, max_changes = 10 were measured with
-    `benchmarks.convergence` (mu = 10 pushed rho too high on the synthetic task).
-    `ResidualBalancing(mu=10, relative=False, adaptive_tau=False, max_changes=None)` is
-    Boyd's eq. 3.13 with tau = 2, the previous default, exactly.
+    The defaults (mu = 15, tau_max = 10, max_changes = 10) were chosen with
+    `benchmarks.convergence`. ``ResidualBalancing(mu=10, relative=False,
+    adaptive_tau=False, max_changes=None)`` is Boyd's eq. 3.13 with tau = 2.
     """
 
     def __init__(

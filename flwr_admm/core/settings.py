@@ -1,11 +1,4 @@
-"""The consensus-ADMM settings a server strategy is built with, checked once.
-
-`ConsensusSettings` holds rho, its schedule, the regularizer g, the per-client rho
-rule, Boyd's tolerances and the over-relaxation alpha; building one refuses a bad
-value or combination (ValueError naming the field), and `new_admm` starts the numpy
-core (`ConsensusADMM`) from it. `schedule_of` reads a schedule given by name.
-`given_rho` reads rho under either of its names, ``rho`` or FedProx's ``proximal_mu``.
-"""
+"""The consensus-ADMM settings a server strategy is built with, checked once, and its defaults."""
 
 from __future__ import annotations
 
@@ -36,23 +29,20 @@ __all__ = [
     "strategy_defaults",
 ]
 
-# Defaults of the FedADMM strategies (not of the core), chosen on the workloads users
-# run, a CNN trained by momentum SGD on minibatches first (`python -m benchmarks.cnn`,
-# docs/torch.md), and measured on the convex tasks too (`python -m benchmarks.defaults`,
-# docs/tuning.md): rho0 = 0.1 under ResidualBalancing, a damped dual step 0.2, no
-# over-relaxation and no acceleration (both speed up full-batch convex runs but blow up
-# the CNN). With rho = 0 (FedAvg) the schedule falls back to Constant.
+# Defaults of the FedADMM strategies (not of the core), chosen on a CNN trained by
+# momentum SGD on minibatches (`python -m benchmarks.cnn`) and checked on the convex tasks
+# (`python -m benchmarks.defaults`, docs/tuning.md): over-relaxation and acceleration
+# speed up full-batch convex runs but blow up the CNN. With rho = 0 the schedule is Constant.
 DEFAULT_RHO = 0.1
 DEFAULT_ACCELERATION: str | None = None
 DEFAULT_RELAXATION = 1.0
 DEFAULT_DUAL_STEP = 0.2
-# The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+# The textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
 TEXTBOOK: Mapping[str, Any] = MappingProxyType(
     {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None, "dual_step": 1.0}
 )
-# Full-batch convex clients (deterministic local solvers): fast ADMM, over-relaxation
-# 1.6, gamma = 1 from rho0 = 1, the defaults before the CNN task; 1.3-3x fewer rounds
-# there, divergent on the CNN (docs/tuning.md).
+# Full-batch convex clients (deterministic local solvers); divergent on the CNN
+# (docs/tuning.md).
 FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
     {"rho": 1.0, "relaxation": 1.6, "acceleration": "nesterov", "dual_step": 1.0}
 )
@@ -62,33 +52,9 @@ FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
 class ConsensusSettings:
     """Settings of a `ConsensusADMM` server, validated together when built.
 
-    Parameters
-    ----------
-    rho : float
-        Penalty rho >= 0, > 0 with a regularizer or ``client_rho="reported"``
-        (kept as a float).
-    rho_schedule : RhoSchedule
-        Rule for rho between rounds (`schedule_of` turns a name or None into one).
-    regularizer : Regularizer or None
-        Server regularizer g (`L1`, `L2`); the z-step is its prox.
-    client_rho : {"uniform", "reported"}
-        rho_i = rho, or rho s_i with s_i from each reply (the linearized form).
-    eps_abs, eps_rel : float
-        Finite tolerances >= 0 of Boyd's stopping thresholds (kept as given).
-    relaxation : float
-        Over-relaxation alpha in (0, 2) (kept as a float).
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`) or none.
-    restart_eta : float
-        Fast ADMM's restart threshold eta in (0, 1].
-    z_average : {"cached", "replies"}
-        The z-step averages the last w_i of every client seen ("cached", the
-        textbook step) or only this round's replies ("replies", as FedDyn's server;
-        `flwr_admm.core.steps`). The same with every client replying.
-    dual_step : float
-        The dual step gamma in (0, 1] (`ConsensusADMM`); 1 is the textbook step.
-    start_momentum : float
-        beta in [0, 1) of the linearized form's momentum start (`ConsensusADMM`).
+    The fields are `ConsensusADMM`'s parameters (``rho_schedule`` is its ``schedule``;
+    `schedule_of` turns a name or None into one). rho, relaxation, dual_step and
+    start_momentum are kept as floats.
 
     Raises
     ------
@@ -184,9 +150,8 @@ def strategy_defaults(
 def given_rho(rho: float | None, proximal_mu: float | None) -> float:
     """Return the penalty rho a strategy was given as ``rho`` or as ``proximal_mu``.
 
-    ``proximal_mu`` is Flower's FedProx name for the same weight of ||w - center||^2,
-    accepted so that a FedProx call site runs unchanged. Neither given: DEFAULT_RHO.
-    The value itself is checked where it is used (`ConsensusSettings`).
+    ``proximal_mu`` is FedProx's name for it, so that a FedProx call site runs
+    unchanged. Neither given: DEFAULT_RHO. The value is checked by `ConsensusSettings`.
 
     Raises
     ------

@@ -6,17 +6,14 @@ alpha the over-relaxation and R, W the replies' part of S_w, S_s:
     z'   = prox_{g/rho_bar}((S_w - (1 - alpha)(R - W z)) / S_s + S_y / (rho S_s))
     y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z'))       (replying clients)
 
-Which local models the z-step averages (``z_average``): with partial participation the
-textbook step averages the last w_i of every client seen, so a client sampled ten
-rounds ago still pulls z towards its ten-round-old model; "replies" averages only the
-round's replies S (FedDyn's server does the same, Acar et al. 2021), while the duals of
-every client seen keep counting. With R, W the replies' part of S_w, S_s:
+``z_average="replies"`` averages the round's replies only, as FedDyn's server does
+(Acar et al. 2021), so that a client sampled long ago stops pulling z towards its old
+model; the duals of every client seen keep counting:
 
     replies:  z' = prox_{g/rho_bar}((alpha R + (1 - alpha) W z) / W + S_y / (rho S_s))
 
-The fixed point is the same optimum (at rest w_i = z' = z, so each local solve gives
-y_i = -grad f_i(z) and sum_i n_i grad f_i(z) + N dg(z) contains 0); with every cached
-client replying both are the textbook step, and with rho = 0 "replies" is FedAvg.
+Both have the same fixed point (at rest w_i = z' = z, y_i = -grad f_i(z)); with every
+cached client replying both are the textbook step, and with rho = 0 "replies" is FedAvg.
 """
 
 from __future__ import annotations
@@ -93,12 +90,10 @@ def dual_step(
 ) -> DualStats:
     """Update y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
 
-    dz = z - z' (None: not stored, alpha = 1 only). When every cached client replied,
-    S_w holds exactly their sum R, so S_y += rho (alpha (R - W z') + (1 - alpha) W dz)
-    costs a few passes a round; otherwise each reply adds n_i rho_i alpha (w_i - z')
-    while its block is in cache, and the dz part is added once. Works block by block,
-    every reply's block while the blocks of z', dz and S_y are in cache, so that w_i
-    and y_i are read from memory once per reply and z', S_y once per round.
+    dz = z - z' (None only when alpha = 1). When every cached client replied, S_w is
+    their sum R and S_y += rho (alpha (R - W z') + (1 - alpha) W dz) takes a few passes;
+    otherwise each reply adds n_i rho_i alpha (w_i - z') while its block is in cache.
+    Blocks outer, replies inner: w_i and y_i are read from memory once per reply.
     """
     alpha, beta = relaxation, 1.0 - relaxation
     if dz is None and beta != 0.0:
@@ -179,9 +174,14 @@ def round_report(
     regularizer: Regularizer | None,
     num_clients_cached: int,
 ) -> RoundReport:
-    """Return Boyd's residuals r, s and thresholds eps_pri, eps_dual of the round.
+    """Return Boyd's residuals and thresholds of the round (Boyd et al. 2011, 3.3).
 
-    r = sqrt(sum p_i ||w_i - z'||^2), s = rho_bar ||z' - z|| (`dz_sq` = ||z' - z||^2);
+    p_i over the replies, n the number of parameters, `dz_sq` = ||z' - z||^2:
+
+        r        = sqrt(sum p_i ||w_i - z'||^2),   s = rho_bar ||z' - z||
+        eps_pri  = sqrt(n) eps_abs + eps_rel max(sqrt(sum p_i ||w_i||^2), ||z'||)
+        eps_dual = sqrt(n) eps_abs + eps_rel sqrt(sum p_i ||y_i||^2)
+
     `next_rho` is `rho` until the schedule has run.
     """
     total = float(sum(r.num_examples for r in ordered))
@@ -235,9 +235,8 @@ def averaged_z_step(
 ) -> tuple[Arrays, Arrays]:
     """Return z' averaging every cached w_i ("cached", `z_step`) or the replies' only, z - z'.
 
-    "replies": z' = prox_{g/rho_bar}((alpha R + (1 - alpha) W z) / W + S_y / (rho S_s)),
-    `shares` R and `weight` W being the replies' part of S_w and S_s; z is the round's
-    center. Pass "cached" when every cached client replied (the same step).
+    "replies": the module's second formula, with R = `shares` and W = `weight`. Pass
+    "cached" when every cached client replied (the same step).
     """
     if z_average == "cached":
         return z_step(

@@ -1,15 +1,9 @@
-"""Running sums over every cached client, and the replies folded into them.
-
-A z-step then costs a few passes over the model:
+"""Running sums over every cached client, so that a z-step costs a few passes over the model.
 
     S_w = sum_i n_i s_i w_i,   S_y = sum_i n_i y_i,   S_s = sum_i n_i s_i,   N = sum_i n_i
 
-An `OpenRound` records how S_w is kept between `begin` and `finish`: "full" (rebuilt
-from the replies, then the clients that did not reply), "incremental"
-(S_w += n_i w_i' - n_i w_i per reply) or "recompute" (exactly, in sorted key order,
-when per-client rho rescales s_i). `absorb_one` folds a reply in as it arrives,
-`absorb_many` the round's replies in order; a reply with NaN/inf entries (or a squared
-norm that overflows) is refused and the state left as if it had never arrived.
+Replies are folded in as they arrive (`absorb_one`); one with NaN/inf entries (or a
+squared norm that overflows) is refused and the state left as if it never arrived.
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Value types of the consensus ADMM core: client records, replies, round reports.
-
-A `ClientRecord` is what the server remembers of client i (w_i, the unscaled dual
-y_i = rho_i u_i, n_i and the rho multiplier s_i, rho_i = rho * s_i); a `Reply` is one
-accepted local model w_i with its n_i and local loss f_i(w_i); a `RoundReport` holds
-Boyd's residuals r, s and thresholds eps_pri, eps_dual of one aggregation, and
-`converged` is r <= eps_pri and s <= eps_dual. Replies holding NaN/inf raise
-`NonFiniteReplyError`; a run that diverges or stalls, `RunDivergedError`
-(`flwr_admm.core.health`).
-"""
+"""Value types, value checks and errors of the consensus ADMM core."""
 
 from __future__ import annotations
 
@@ -74,12 +65,7 @@ def check_relaxation(alpha: object) -> float:
 
 
 def check_dual_step(gamma: object) -> float:
-    """Return gamma as a float; ValueError unless it is a number in (0, 1].
-
-    y_i += gamma rho_i (w_i - z'): a dual step shorter than rho keeps the fixed point
-    (w_i = z, sum_i p_i y_i = -grad g) and damps the feedback a noisy local solve puts
-    into its own dual. 1 is the textbook step.
-    """
+    """Return the dual step gamma as a float; ValueError unless it is a number in (0, 1]."""
     if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0 < gamma <= 1):
         raise ValueError(f"dual_step: must be a number in (0, 1], got {gamma!r}")
     return float(gamma)
@@ -96,7 +82,7 @@ def check_scale(scale: object, field_name: str) -> float:
 
 @dataclass
 class ClientRecord:
-    """What the server remembers of client i: w_i, y_i, n_i and its rho multiplier s_i."""
+    """What the server keeps of client i: w_i, y_i = rho_i u_i, n_i and s_i (rho_i = rho s_i)."""
 
     w: Arrays
     y: Arrays

@@ -1,7 +1,7 @@
 """The federated data container and per-client standardization.
 
-Per-client standardization (seed 003's advice for institutions whose features live on
-different scales): client i fits mean_i and scale_i on its own training rows once,
+Per-client standardization, for institutions whose features live on different
+scales: client i fits mean_i and scale_i on its own training rows once,
 
     x -> (x - mean_i) / scale_i,
 

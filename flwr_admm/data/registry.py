@@ -60,7 +60,7 @@ def _classifier(
 def _seed_logreg(
     seed: int, num_clients: int = 10, n_features: int = 20, samples: int = 500
 ) -> Task:
-    """Seed 000's problem; lr 1.0 with 20 full-batch local steps (the issue's setting)."""
+    """Seed 000's problem; lr 1.0 with 20 full-batch local steps."""
     return Task(
         name="seed-logreg",
         data=seed_logreg(
@@ -135,11 +135,10 @@ def _digits(
 def _credit(
     seed: int, test_fraction: float = 0.3, standardize: bool = True, l2: float = 1e-3
 ) -> Task:
-    """Seed 003's three banks (Lending Club), logistic regression with intercept.
+    """Three banks (Lending Club), logistic regression with intercept.
 
-    Defaults: 10 full-batch local steps of lr 0.5 (no batch_size: full batch). Then
-    FedAvg is within 1e-4 of the centralized objective after 15 rounds and stays
-    there; minibatch SGD (seed 003's 2 epochs, lr 0.05-0.1) stalls ~3e-3 above it.
+    Defaults: 10 full-batch local steps of lr 0.5, with which FedAvg reaches the
+    centralized objective; minibatch SGD stalls above it.
     """
     return Task(
         name="credit",

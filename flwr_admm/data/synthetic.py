@@ -16,14 +16,10 @@ draws happen in the same order, and each user's rows are shuffled and split into
 the first int(0.9 n_k) for training and the rest for testing. The stream is
 ``numpy.random.default_rng(seed)``, so the numbers differ from the published files.
 
-A property of this construction worth knowing: u_k adds the same amount
-u_k (1 + sum_j x_j) to every class logit of a row, so the argmax, and hence every
-label, does not depend on u_k. With the other draws fixed, alpha changes nothing;
-the local models differ through the N(0, 1) parts of W_k and b_k alone.
-
-Features stay raw, as in the paper: no per-client standardization (the generating
-model is linear in the raw x, and the paper trains on raw x).
-n_k is heavy-tailed: a few users hold most of the samples.
+u_k adds the same u_k (1 + sum_j x_j) to every class logit of a row, so no label
+depends on u_k: with the other draws fixed, alpha changes nothing, and the local
+models differ through the N(0, 1) parts of W_k and b_k alone. Features stay raw, as in
+the paper. n_k is heavy-tailed: a few users hold most of the samples.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class MLP(Model):
     """MLP: logits = tanh(X W1 + b1) W2 + b2, loss = cross-entropy + l2/2 (||W1||^2 + ||W2||^2).
 
     Parameters are ``[W1 (d, h), b1 (h,), W2 (h, K), b2 (K,)]``. Weights start from a
-    seeded Glorot-uniform draw (`seed`), biases at zero: zeros would be a saddle point.
+    seeded Glorot-uniform draw (`seed`; all-zero weights are a saddle point), biases at zero.
     """
 
     def __init__(

@@ -1,14 +1,8 @@
-"""A node's round under client-held duals (`FedADMMClientDuals`): ack, dual step, Delta_i.
+"""A node's round under client-held duals; the math is `flwr_admm.core.client_duals`.
 
-The node keeps two `DualState`s (`flwr_admm.node.records`): the committed one (what
-the server's S holds) and the pending one (after its last reply), and trains from the
-one the config's ``admm-ack-round`` names, or from the share the server offers back
-(``admm-restore``), or resyncs (`flwr_admm.core.client_duals`, which also states the
-round). `DualsRound.open` picks that state and updates the dual (fast ADMM: it also
-extrapolates it); `DualsRound.close` returns Delta_i = n_i' (w_i' + u_i) - n_i c_i,
-with a compressor x = Delta_i + e_i compressed with error feedback (without one a
-kept e_i is flushed), sigma_i' = n_i' c_i' - e_i' when asked to rebuild, the
-protocol metrics, and the states to keep.
+`DualsRound.open` picks the acknowledged state and updates the dual; `DualsRound.close`
+returns Delta_i (with a compressor: x = Delta_i + e_i with error feedback; without one a
+kept e_i is flushed), the rebuild share, the protocol metrics and the states to keep.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """A node's round of the peer baselines SCAFFOLD and FedDyn (``peer-algorithm``).
 
-The servers' rounds and the acknowledgement rule are in `flwr_admm.rounds.peers`.
-The node keeps its newest state P (SCAFFOLD's c_i, FedDyn's grad_i; round p) and the
-one before it C (round a_c), and trains from the one the config's ``admm-ack-round``
-a names: P if p == a, C if a_c == a, else the zero state (no ``admm-ack-round``: P).
-The reply reports the round of the state it trained from (``admm-previous-round``,
-0: the zero state); the new state becomes P and the one it trained from C.
-
-SCAFFOLD (option II): from y = x, K steps of size lr on grad f_i(y) - c_i + c, then
-c_i+ = c_i - c + (x - y_i) / (K lr); the reply is y_i, then c_i+ - c_i (K = 0: none).
-FedDyn: from w = x, steps on f_i(w) - <grad_i, w> + alpha/2 ||w - x||^2, then
-grad_i <- grad_i - alpha (w_i - x); the reply is w_i.
+The algorithms are `flwr_admm.rounds.scaffold`'s and `flwr_admm.rounds.feddyn`'s, the
+server's side of the acknowledgement `flwr_admm.rounds.peers`'. The node keeps its
+newest state P (c_i or grad_i; round p) and the one before it C (round a_c), and
+trains from the one the config's ``admm-ack-round`` a names: P if p == a, C if
+a_c == a, else the zero state (no ``admm-ack-round``: P). The reply reports that
+state's round (``admm-previous-round``, 0: the zero state); the new state becomes P
+and the one it trained from C.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""What a node keeps between rounds: its ``context.state`` records, one slot per protocol.
+"""What a node keeps between rounds in ``context.state``, one slot per protocol.
 
-- FedADMM, legacy API (`ADMMClient`, `TorchADMM.from_parameters`): w_i under
-  ``flwr_admm.w`` (wire order), its round and the fit count under ``flwr_admm.meta``,
-  and `ADMMClient`'s compression residual under ``flwr_admm.uplink_residual``;
-- FedADMM, Message API (`ADMMTrainStep`, `TorchADMM.from_message`): w_i by tensor
-  name under ``flwr_admm.message.w``, its round under ``flwr_admm.message.meta``;
-- client-held duals: the committed and the pending `DualState` (w_i, u_i, n_i, round,
-  residual e_i, u_i,prev, budget b_i), each in its own slot (`COMMITTED`, `PENDING`);
-- SCAFFOLD / FedDyn: the newest state (c_i or grad_i) and the one before it, each with
-  its round.
+The record names are in `flwr_admm.protocol`. FedADMM keeps w_i and its round (legacy
+API: in wire order, with the fit count and the compression residual; Message API: by
+tensor name); client-held duals keep the committed and the pending `DualState`;
+SCAFFOLD and FedDyn keep the newest state (c_i or grad_i) and the one before it.
 
-A state of other shapes than the received model is no state: it reads as None. Every
-writer is called last, after all that can fail, so a failed round leaves the state as
-it was (Flower's deployment keeps what a failed handler wrote).
+A state whose shapes differ from the received model's reads as None. Writers are
+called last, after all that can fail, so a failed round leaves the state as it was
+(Flower's deployment keeps what a failed handler wrote).
 """
 
 from __future__ import annotations

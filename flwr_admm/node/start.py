@@ -44,13 +44,10 @@ def local_init_of(init: str | None = None) -> LocalInit:
 def resolved_init(local_init: str, z_received: bool) -> str:
     """Return the start `local_init` means: "auto" is "consensus" where z is received.
 
-    A solve started at the far center v_i = z - u_i drifts away from z by about its
-    plain local drift d_i, so the next dual u_i ~ d_i - mean(d) puts the next start
-    opposite that drift: with momentum SGD on a CNN the gain per round exceeds 1 and
-    the run diverges (docs/torch.md). Started at z the dual only corrects. Under
-    client-held duals z is also FedDyn's start, measured better or equal on every case
-    of ``python -m benchmarks.client_start`` but one (one round more of 70). Where no z
-    is received (the legacy server-held API) "auto" is "previous", the own last w_i.
+    Why z: a solve started at v_i = z - u_i drifts from z by about its local drift d_i,
+    so the next dual u_i ~ d_i - mean(d) puts the next start opposite that drift; with
+    momentum SGD on a CNN that feedback diverges (docs/torch.md). Started at z the dual
+    only corrects. Where no z is received (legacy server-held API) "auto" is "previous".
     """
     if local_init == "auto":
         return "consensus" if z_received else "previous"

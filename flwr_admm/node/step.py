@@ -1,20 +1,9 @@
 """One FedADMM round at a node, in the form and dual mode its config names.
 
-The round is stated once, in `flwr_admm.serverapp.FedADMM`'s docstring (and
-`FedADMMClientDuals`'s); a node's part of it, by config:
-
-- prox form, server-held duals (``rho``; FedProx's mu alone: FedProx; neither:
-  FedAvg): approximately solve min_w f_i(w) + rho/2 ||w - v_i||^2 from where
-  ``local_init`` says (`flwr_admm.node.start`); under FedADMM the reply says whether
-  that start is z (``admm-started-at-z``);
-- linearized form, server-held duals (``admm-form = "linearized"``, y_i next to z):
-  K steps w <- w - lr (grad f_i(w) + y_i) from z, no prox term; the reply carries the
-  step budget b_i (``admm-step-budget``), rho_i = 1 / b_i;
-- client-held duals (``admm-duals = "client"``, either form): `flwr_admm.node.duals`
-  keeps u_i here, the center is z^k - u_i (linearized: y_i = u_i / b_i from z^k).
-
-`NodeRound.open` reads the round, the caller runs its own local loop,
-`NodeRound.close` builds the wire-neutral `Reply`.
+The round is `flwr_admm.serverapp.FedADMM`'s. `NodeRound.open` reads the node's part
+(prox form: center v_i and rho, FedProx's mu alone is FedProx, neither is FedAvg;
+linearized form: z and y_i; client-held duals: `flwr_admm.node.duals`), the caller runs
+its own local loop, and `NodeRound.close` builds the wire-neutral `Reply`.
 """
 
 from __future__ import annotations
@@ -53,7 +42,7 @@ def start_mark(admm: bool, at_z: bool) -> dict[str, Scalar]:
     """Return a prox-form reply's ``admm-started-at-z`` (FedADMM only; 1: started at z).
 
     A FedADMM reply without it comes from a stock FedProx handler, whose dual the
-    server holds at 0 (`flwr_admm.core.start_marks`).
+    server holds at 0 (`flwr_admm.rounds.fedadmm.StartMarks`).
     """
     return {START_MARK: int(at_z)} if admm else {}
 

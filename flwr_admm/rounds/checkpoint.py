@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from flwr_admm.core.acceleration import DELETED, deleted_message
 from flwr_admm.core.persistence import state_dtype_message
 
-FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings (issue 12)
+FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings
 MANIFEST = "checkpoint.json"
 ARRAYS_GLOB = "state-r*.npz"
 MANIFEST_SHA256 = "manifest_sha256"
@@ -186,8 +186,7 @@ def load_matching_checkpoint(
 
     The checkpoint's ``fingerprint`` must equal ``config_fingerprint(settings)``;
     otherwise the `CheckpointError` names every field that differs, or the deleted
-    option it was written with. A ``state_dtype`` of "float64" (recorded before float32
-    state was deleted) is the state every run now keeps: such a checkpoint resumes.
+    option it was written with. A recorded ``state_dtype`` "float64" resumes.
     """
     arrays, manifest = load_checkpoint(directory)
     saved = manifest.get("configuration")

@@ -1,21 +1,13 @@
 """Consensus ADMM with client-held duals: the round, wire neutral.
 
-The math is `flwr_admm.server.FedADMMClientDuals`'s module docstring; in short, node i
-keeps w_i and its scaled dual u_i, the server keeps z, S = sum_i n_i c_i
-(c_i = w_i + u_i), N = sum_i n_i and, per client key, n_i and its last round:
+The protocol is `flwr_admm.server.client_duals`'s module docstring, the node's
+arithmetic `flwr_admm.core.client_duals`; the server keeps z, S = sum_i n_i c_i,
+N = sum_i n_i and per key n_i and its last round, and takes
 
-    node    u_i += gamma (w_i - z^k)   (if it took part before)
-            w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2
-            sends Delta_i = n_i' (w_i' + u_i) - n_i c_i
-    server  S += Delta_i,  N += n_i' - n_i,  z^{k+1} = prox_{g/rho}(S / N)
+    S += Delta_i,  N += n_i' - n_i,  z^{k+1} = prox_{g/rho}(S / N)
 
-`ClientDualsRound` is the `Algorithm` both `FedADMMClientDuals` translators drive.
-A node gets z^k (the model block as received, one copy for all), ``rho``,
-``admm-duals`` = "client", its acknowledgement (`ClientDualsState.instructions`) and,
-with fast ADMM, z_k as the block ``admm-accel-z``. A reply's model block is Delta_i
-(or its compressed payload), and during a rebuild sweep the block ``admm-share`` is
-its full share sigma_i'. The server state, its checks and the sweep are
-`flwr_admm.rounds.client_duals_state`.
+`ClientDualsRound` is the `Algorithm` both `FedADMMClientDuals` translators drive; its
+state, checks and sweep are `flwr_admm.rounds.client_duals_state`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """Server-side arithmetic of client-held duals: reply checks, round statistics, z-step.
 
-The server keeps, per client key, only n_i and the round it last took part in
-(`flwr_admm.rounds.client_duals_state.ClientEntry`). A reply is consistent with that
-record iff it reports the same previous round and n_i' = n_i + (its change of n), and
-it sends d2_i = ||w_i - z^k||^2 exactly when it took part before (`protocol_problem`);
-a reply with previous round 0 is a full contribution (a new key, or a resync of a key
-S holds: n_i' is all new). `RoundStats` sums the accepted replies' n-weighted
-||w_i'||^2, ||u_i||^2, d2_i and losses for the residuals: previous primal residual
-sqrt(sum n_i d2_i / sum n_i), sqrt(sum p_i ||w_i'||^2) and sqrt(sum p_i ||u_i||^2)
-with p_i = n_i / sum of the replies' n. `z_round` takes the z-step
-z = prox_{g/rho}(S / N) in place (N: the weight S holds) and fast ADMM's extrapolation.
+A reply must agree with the server's record of its key (n_i and last round,
+`ClientEntry`; `protocol_problem`). `RoundStats` sums the accepted replies' reports for
+the residuals (`round_residuals`); `z_round` takes the z-step and fast ADMM's
+extrapolation.
 
-The stopping test must not rest on what one client says. The norms are reports, so
-the decision bounds them: each reply's ||w_i'||^2 and ||u_i||^2 count at most as much
-as the largest report of the *other* replies of the round (one client cannot raise
-eps_pri or eps_dual beyond another client's value; alone, it raises neither; the
-``eps_primal`` / ``eps_dual`` metrics stay the reported ones, as server-held
-FedADMM's), and the test also needs the server's own primal residual
-``checked_primal_residual`` = sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i) over the
-steady replies (took part before, same n_i), computed from the Delta_i the server
-folds: ||c_i' - c_i|| -> 0 exactly as the iterates settle, and a client cannot shrink
-it without changing S. Under SecAgg+ the server sees sums only
-(`flwr_admm.server.client_duals_secagg`): there the test is the reported one.
+The stopping test must not rest on what one client says. Each reply's reported
+||w_i'||^2 and ||u_i||^2 count at most as much as the largest report of the *other*
+replies (`_screened_sums`; the ``eps_primal`` / ``eps_dual`` metrics stay the reported
+ones), and the test also needs the server's own ``checked_primal_residual`` =
+sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i) over the steady replies (took part before,
+same n_i): ||c_i' - c_i|| -> 0 as the iterates settle, and a client cannot shrink it
+without changing S. Under SecAgg+ the server sees sums only: the test is the reported one.
 """
 
 from __future__ import annotations
@@ -78,18 +68,13 @@ def protocol_problem(
 ) -> tuple[str, int] | None:
     """Return why a reply's metrics break the protocol (and 1 if it is a state mismatch).
 
-    `linearized`: the linearized form, whose replies carry the step budget b_i
-    (``admm-step-budget``, `flwr_admm.core.linearized.budget_scale`; whether they agree
-    across nodes is `budget_mismatch`).
-
-    `offered`: the server offered this key its share back (``admm-restore``); only then
-    may a reply say it trained from it (``admm-restored`` = 1, no d2_i).
-
-    Framework-neutral: `metrics` and `num_examples` (n_i') of a legacy `FitRes` or of
-    a Message-API reply. A reply with previous round 0 is a full contribution: a new
-    key's, or (for a key S holds) a resync's; its change of n is then all of n_i'.
-    Under SecAgg+ (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is
-    SecAgg+'s weight) and the squared norms travel inside the masked sum, not as metrics.
+    Consistent: the same previous round as the server's record and
+    n_i' = n_i + (its change of n), and d2_i sent exactly when it took part before.
+    Previous round 0 is a full contribution (a new key, or a resync of a key S holds).
+    `offered`: the server offered this key its share back; only then may a reply say it
+    trained from it. `linearized`: replies carry b_i (`budget_scale`). Under SecAgg+
+    (`secure`) n_i' is the metric ``admm-num-examples`` (num_examples is SecAgg+'s
+    weight) and the squared norms travel inside the masked sum.
     """
     if linearized and (why := budget_scale(metrics)[1]) is not None:
         return why, 0
@@ -161,11 +146,7 @@ def z_step(
     regularizer: Regularizer | None,
     rho: float,
 ) -> float:
-    """Set z <- prox_{g/rho}(S / N) in place, block by block; return ||z' - z||^2.
-
-    (No model-sized temporary: each block of the new z is compared with the old one
-    while both are in cache.)
-    """
+    """Set z <- prox_{g/rho}(S / N) in place, block by block (no temporary); return ||z' - z||^2."""
     largest = max(t.size for t in z)
     new, diff = np.empty(min(BLOCK, largest)), np.empty(min(BLOCK, largest))
     total = 0.0
@@ -342,10 +323,8 @@ def z_round(
 ) -> tuple[Arrays, dict[str, Scalar], bool]:
     """Take round k's z-step and, with fast ADMM, the extrapolation; return (z, metrics, converged).
 
-    z_k = prox_{g/rho}(S / weight) in place (weight = N + N_stale), the residuals of
-    `round_residuals`, then, if `state.momentum` is set, z^_{k+1} = z_k + g (z_k - z_{k-1})
-    (`flwr_admm.core.dual_momentum.extrapolate`; ``num_restarts`` reported). The
-    returned z is what the next round sends.
+    `weight` = N + N_stale; the extrapolation is `flwr_admm.core.dual_momentum.extrapolate`.
+    The returned z is what the next round sends.
     """
     z, contribution_sum, momentum = state.z, state.contribution_sum, state.momentum
     assert z is not None and contribution_sum is not None

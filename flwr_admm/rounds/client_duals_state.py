@@ -1,21 +1,9 @@
 """The server's state with client-held duals: z, S, N, the per-key entries and the sweep.
 
-`flwr_admm.rounds.client_duals.ClientDualsRound` holds one `ClientDualsState`; the
-protocol's server arithmetic lives here once (the math is in the legacy module's
-docstring, `flwr_admm.server.client_duals`):
-
-    fold     S += Delta_i,  N += n_i' - n_i,  entry_i = (n_i', k)
-             (a resync, a full share for a key S holds: its old share is taken out
-             if the server kept it, K in the sweep module, else it goes stale)
-    evict    N -= n_i; the key's share is taken out, or the rebuild sweep does it
-    z-round  z_k = prox_{g/rho}(S / (N + N_stale)), residuals, fast ADMM's z^_{k+1}
-
-The settings it supports (`check_settings`): the server keeps only z, S and N, so rho
-must be one constant > 0 for every client (a client's u_i = y_i / rho would change
-meaning under a new rho; there is no rho schedule, per-client rho or over-relaxation)
-and the z-step is the plain z = prox_{g/rho}(S / N). Fast ADMM (``acceleration``) is
-checked as for `FedADMM`: the server extrapolates z, each client its own dual
-(`flwr_admm.core.dual_momentum`, restart threshold `DEFAULT_ETA`).
+The protocol is `flwr_admm.server.client_duals`'s module docstring. Settings
+(`check_settings`): the server keeps only z, S and N, so rho must be one constant > 0
+for every client (a client's u_i = y_i / rho would change meaning under a new rho) and
+the z-step is the plain z = prox_{g/rho}(S / (N + N_stale)), without over-relaxation.
 """
 
 from __future__ import annotations

@@ -19,17 +19,17 @@ A stale share inside S_new (a rebuilt key resyncs again, or is evicted) restarts
 sweep: S_new = sum_{i in K} sigma_i, R = K.
 
 Known shares K. A resync's full contribution F_i is all of the key's new share, and
-the server sees it (not under SecAgg+, which shows only sums): it keeps sigma_i = F_i
-(plus the key's later Delta_i while a sweep is on, so sigma_i stays exact in S and
-S_new; a Delta_i outside a sweep forgets it). A key in K is in R whenever a sweep is
-on. Its next resync, or its eviction, then takes its share out exactly:
+the server sees it (not under SecAgg+, which shows only sums): it keeps sigma_i = F_i,
+plus the key's later Delta_i while a sweep is on or after its client trained from the
+offered share, so sigma_i stays exact (any other Delta_i forgets it). A key in K is in
+R whenever a sweep is on. Its next resync, or its eviction, takes its share out exactly:
 
     S -= sigma_i,  S_new -= sigma_i,  N_stale unchanged         (`take_out`)
 
-so a client that loses its state every round, or one that forges resync claims,
-adds its n to N_stale at most once per sweep, never more. A key in K is also offered
-its share back (``admm-restore``, `flwr_admm.core.client_duals.restored_state`): a
-client that lost its state again trains from it, and is no memoryless client.
+so a client that loses its state every round, or forges resync claims, adds its n to
+N_stale at most once per sweep. A key in K is also offered its share back
+(`flwr_admm.core.client_duals.restored_state`), so a client that loses its state again
+trains from it instead of from scratch.
 """
 
 from __future__ import annotations

@@ -9,13 +9,10 @@ linear term (zero at first), h the server state (zero at first), S the round's c
                   (h <- h - alpha/m sum_{i in S} (w_i - x) in the paper)
              x' = sum_{i in S} p_i w_i - h / alpha
 
-p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
-equal n_i and every client seen this is the paper's). At a fixed point w_i = x and
-grad_i = grad f_i(x), so h = 0 = sum_i p_i grad f_i(x): the pooled optimum, like
-ADMM (FedDyn is ADMM-like with the duals -grad_i on the clients). The wire is
-FedAvg's, with ``feddyn-alpha`` in the config. The client commits grad_i only once
-the server acknowledges the reply (`flwr_admm.rounds.peers`), so h stays the mean of
-the clients' grad_i through lost and rejected replies.
+p_i = n_i / sum_{j in S} n_j (the weighting and the acknowledgement:
+`flwr_admm.rounds.peers`). At a fixed point w_i = x and grad_i = grad f_i(x), so
+h = 0 = sum_i p_i grad f_i(x): the pooled optimum, as in ADMM with the duals -grad_i
+on the clients. The wire is FedAvg's, with ``feddyn-alpha`` in the config.
 """
 
 from __future__ import annotations
@@ -34,12 +31,7 @@ __all__ = ["FedDynRound"]
 
 
 class FedDynRound(PeerRound):
-    """FedDyn's server round: penalty alpha (> 0) and server state h.
-
-    Sent: x (and ``feddyn-alpha`` in the config); a reply: w_i.
-
-    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
-    """
+    """FedDyn's server round (module docstring) with penalty alpha > 0."""
 
     label = "FedDyn"
     peer = PEER_FEDDYN

@@ -13,10 +13,9 @@ When every tau_i is equal this is FedAvg's x' = sum_i p_i w_i; when they differ 
 removes the objective inconsistency of FedAvg, which over-weights clients that take
 more steps.
 
-`FedNovaRound` is the `flwr_admm.rounds.layer.Algorithm` both APIs' `FedNova` run:
-FedAvg's wire (x as received, w_i back with the integer metric ``local_steps``), the
-round layer's sampling, client keys and admission, the replies summed in key order.
-It holds no per-client state: x is the model each round is configured with.
+`FedNovaRound` is the `flwr_admm.rounds.exchange.Algorithm` both APIs' `FedNova` run:
+FedAvg's wire plus the integer reply metric ``local_steps``, replies summed in key
+order, no per-client state.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """Client identity: the key a reply is filed under, which node may speak for it, the draw.
 
-The sample (`sample_ids`) orders the nodes by the client key they speak for, then by
-node id, and draws with a generator seeded by (sampling_seed, round): both APIs pick
-the same clients.
+A reply's key is its ``client-key`` metric, else its ``partition-id``, else the node id
+(`client_key_of`); a bad value is an error for that reply only, never for the round.
 
-A reply's client key is its ``client-key`` metric, else its ``partition-id``, else the
-node id (``ClientProxy.cid``), in a canonical form (`client_key_of`); a value of the
-wrong type or size is an error for that reply only, never for the round.
+`KeyBinding` ties keys to nodes (cids). Under ``"node"`` a key is accepted only from
+the node it was first bound to, and a node speaks for one key; any other claim is a
+conflict (rejected, the owner untouched). A node absent for up to `ABSENT_GRACE`
+samplings finds its key and state as it left them; after that it has left, its key is
+freed (state evicted) and the next claimant starts fresh. ``"authenticated"`` (node ids
+fixed by SuperNode authentication) never hands a key to another node; ``"reported"``
+trusts the reported key (trusted deployments only).
 
-`KeyBinding` ties keys to the nodes Flower's transport names (cids). With the policy
-``"node"`` a key is accepted only from the node it was first bound to, and a node
-speaks for one key; a reply claiming another node's key, or a node's second key, is a
-conflict (rejected, the owner untouched). A key whose node is away keeps it for
-`ABSENT_GRACE` samplings (a node that misses a round, or a SuperNode reconnecting,
-finds its key and dual as it left them, and another node's claim meanwhile is a
-conflict); once the node has been absent from more samplings in a row it has left: the
-key is freed (its state evicted) and the next node claiming it starts fresh.
-With ``"authenticated"`` (for deployments with SuperNode authentication, where a node
-id is fixed by the node's registered key and survives restarts) a key is never handed
-to another node, not even when its owner has left. With ``"reported"`` the reported key
-is trusted as it is (trusted deployments only).
-
-State stays bounded with the default settings: under ``"node"`` and ``"reported"`` a
-key whose node has left (absent from more than `ABSENT_GRACE` samplings in a row) is
-stale (`stale`), so a node reconnecting under a new id every round leaves at most
-`ABSENT_GRACE` + 1 records behind; `ClientPolicy`'s ``max_age`` and ``max_count``
-bound them further. Bindings restored from a checkpoint are provisional under ``"node"``
-(node ids mean nothing in a new run): a key's first claim moves it to the claiming
-node, which keeps the key's state (the strategy resynchronizes it).
+State stays bounded: under ``"node"`` and ``"reported"`` a departed node's key is stale
+(`KeyBinding.stale`), so a node reconnecting under a new id every round leaves at most
+`ABSENT_GRACE` + 1 records behind; `ClientPolicy`'s ``max_age`` and ``max_count`` bound
+them further. Bindings restored from a checkpoint are provisional
+under ``"node"`` (node ids mean nothing in a new run): a key's first claim moves it to
+the claiming node, which keeps the key's state.
 """
 
 from __future__ import annotations
@@ -328,10 +317,9 @@ class KeyBinding:
         self.provisional = set(node_of) if self.policy == "node" else set()
 
 
-# Sort keys of client keys and ids, parsed once per string instead of twice per client
-# every round: without the cache, ordering 10,000 clients cost ~0.15 s a round, more
-# than the round itself (benchmarks/scale.py). Bounded, so a churning federation
-# cannot grow it without limit.
+# Sort keys parsed once per string instead of twice per client every round: at 10,000
+# clients the parsing cost more than the round itself. Bounded, so a churning
+# federation cannot grow it without limit.
 SORT_KEY_CACHE_SIZE = 1 << 17
 
 

@@ -1,12 +1,9 @@
 """The round the peer baselines `SCAFFOLD` and `FedDyn` share, wire neutral.
 
-`PeerRound` is the `flwr_admm.rounds.layer.Algorithm` both APIs' `SCAFFOLD` and
-`FedDyn` run: the round layer samples, binds client keys, admits and evicts; this
-round keeps the global model x in float64 between rounds, sends it (SCAFFOLD with its
-control variate as a further block) under a ``peer-algorithm`` config, checks every
-reply (finite, the model's shapes, num_examples > 0) and folds the admitted ones in
-natural key order. What differs is a hook each: the further blocks sent, the config,
-the update (`flwr_admm.rounds.scaffold`, `flwr_admm.rounds.feddyn`).
+`PeerRound` is the `flwr_admm.rounds.exchange.Algorithm` both APIs' `SCAFFOLD` and
+`FedDyn` run: it keeps x in float64, checks every reply and folds the admitted ones in
+natural key order; the blocks sent, the config and the update are hooks
+(`flwr_admm.rounds.scaffold`, `flwr_admm.rounds.feddyn`).
 
 Both weight clients by examples: p_i = n_i / sum_{j in S} n_j over the round's
 accepted replies for the model step, and n_i / sum_{j held} n_j over every client
@@ -16,30 +13,18 @@ has been seen these are the papers' uniform 1/|S| and 1/N; before that the state
 averages the clients seen so far, where the papers count unseen clients as zero.
 
 Acknowledgement. Client i's state s_i (SCAFFOLD's c_i, FedDyn's grad_i; zero at
-first) changes by ds_i with every reply it sends, and the server state is
-Sigma / N, Sigma = sum_{i held} n_i s_i, N = sum_{i held} n_i. A reply the server
-never folds (lost, rejected, a NaN) must not change s_i, and a client that lost s_i
-must not leave its old share in Sigma. So the server keeps, per key, n_i, the round
-a_i of the last reply it folded and s_i^S, the state as folded (one model-sized array
-per key), and tells each sampled node, in ``admm-ack-round``, a_i for the key the
-node speaks for (0: it holds none). The client keeps its newest state P (round p,
-after its last reply) and, until acknowledged, the one before it C (round a_c), and
-trains from
-
-    P  if p == a       (its last reply was folded: C := P)
-    C  if a_c == a     (it was not: P is dropped)
-    0  otherwise       (a == 0: the server holds none of it; else its state is gone)
-
-reporting in ``admm-previous-round`` the round q of the state it trained from (0: the
-zero state). The server folds a reply with q == a_i (a_i = 0 for a new key):
-s_i^S += ds_i, Sigma += n_i ds_i, a_i := k; with q == 0 for a key it holds (a
-resync) it first takes the old share out, Sigma -= n_i s_i^S, and forgets the key,
-which then starts over as a new one; any other q is rejected (``num_state_mismatch``)
-and the next acknowledgement brings the client back. By induction s_i^S is client
-i's state after every instruction, so Sigma / N is exactly (up to rounding) the
-n-weighted mean of the clients' states, as in a run without the fault, and the fixed
-point is the fault-free one. A reply without ``admm-previous-round`` (a handler that
-ignores the acknowledgement) is folded as in sync.
+first) changes by ds_i with every reply, and the server state is Sigma / N with
+Sigma = sum_{i held} n_i s_i, N = sum_{i held} n_i. A reply the server never folds
+must not change s_i, and a client that lost s_i must not leave its old share in Sigma.
+So the server keeps per key n_i, the round a_i of the last reply it folded and s_i^S,
+the state as folded, and sends a_i in ``admm-ack-round``; the client trains from the
+state it names (`flwr_admm.node.peers`) and reports that state's round q. The server
+folds a reply with q == a_i (0 for a new key): s_i^S += ds_i, Sigma += n_i ds_i,
+a_i := k; with q == 0 for a key it holds (a resync) it first takes the old share out,
+Sigma -= n_i s_i^S, and starts the key over; any other q is rejected
+(``num_state_mismatch``). By induction s_i^S is client i's state after every
+instruction, so Sigma / N is the n-weighted mean of the clients' states and the fixed
+point is the fault-free one. A reply without ``admm-previous-round`` is folded as in sync.
 """
 
 from __future__ import annotations

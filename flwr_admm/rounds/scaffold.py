@@ -8,14 +8,10 @@ c the server's control variate, c_i client i's (zero at first), S the round's cl
     server:  x  <- x + eta_g sum_{i in S} p_i (y_i - x)
              c   = sum_{i held} n_i c_i / sum_{i held} n_i   (c += that share of dc_i)
 
-p_i = n_i / sum_{j in S} n_j (`flwr_admm.rounds.peers` on the weighting: with
-equal n_i this is the paper's mean over S and, once every client has been seen,
-its c = (1/N) sum_i c_i, updated by (|S|/N) mean_S (c_i+ - c_i)). Both directions
-carry two model-sized blocks, x then c down and y_i then c_i+ - c_i up (the block
-``scaffold-control``: its own ArrayRecord on the Message API, the second half of the
-legacy parameters): twice FedAvg's bytes per round. The client commits c_i+ only once
-the server acknowledges the reply (`flwr_admm.rounds.peers`), so c stays the mean of
-the clients' c_i through lost and rejected replies.
+p_i = n_i / sum_{j in S} n_j (the weighting and the acknowledgement that keeps c the
+mean of the clients' c_i through lost replies: `flwr_admm.rounds.peers`). Both
+directions carry two model-sized blocks (x, c down; y_i, c_i+ - c_i up): twice
+FedAvg's bytes per round.
 """
 
 from __future__ import annotations
@@ -34,12 +30,10 @@ __all__ = ["ScaffoldRound"]
 
 
 class ScaffoldRound(PeerRound):
-    """SCAFFOLD's server round: option II control variates, server step size eta_g.
+    """SCAFFOLD's server round (module docstring).
 
-    `server_learning_rate` is eta_g (> 0; default 1, the paper's choice with full
-    participation). Sent: x and c (``scaffold-control``); a reply: y_i and c_i+ - c_i.
-
-    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
+    `server_learning_rate` is eta_g > 0 (default 1, the paper's choice with full
+    participation).
     """
 
     label = "SCAFFOLD"

@@ -1,16 +1,10 @@
 """FedADMM's linearized form under PyTorch: the step budget b_i of the user's own loop.
 
-`TorchADMM` runs the form (`flwr_admm.core.linearized`); this module counts what
-the server needs for rho_i = 1 / b_i over the user's own optimizer steps.
-
-The message carries z and the node's dual y_i; `start` loads z, `penalty_term` returns the
-linear term <y_i, w> (in either ``penalty`` mode, so the user's optimizer sees
-grad f_i + y_i, through its momentum or preconditioner), `after_step` counts the step
-and its budget, and the reply reports b_i (`step_budget`): sum over steps of
-lr (1 - dampening) / (1 - momentum) for `torch.optim.SGD`; for any other optimizer
-(Adam, RMSprop) the fitted budget K <w_0 - w_K, G> / ||G||^2, G the sum of the
-gradients it stepped on (exactly K lr for plain SGD). A loop that stepped but never
-added `penalty_term` is refused at the reply: its y_i would be silently dropped.
+`TorchADMM` runs the form (`flwr_admm.core.linearized`) and adds <y_i, w> to the
+user's loss, so the optimizer sees grad f_i + y_i through its momentum or
+preconditioner; `Budget` counts b_i (rho_i = 1 / b_i) over the optimizer's steps. The
+fitted budget is exactly K lr for plain SGD. A loop that stepped but never added the
+linear term is refused at the reply: its y_i would be silently dropped.
 """
 
 from __future__ import annotations

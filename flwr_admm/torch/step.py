@@ -1,12 +1,7 @@
 """`TorchADMM`: one node's inexact ADMM w-step for a `torch.nn.Module`, both Flower APIs.
 
-The node approximately solves, over its trainable parameters w,
-
-    min_w  f_i(w) + rho/2 ||w - v||^2
-
-with v its center (`flwr_admm.node.step`: v_i = z - u_i sent by `FedADMM`, z^k - u_i
-from the dual kept here under client-held duals, the received model under FedProx;
-no penalty under FedAvg). Inside the user's own loop::
+The node approximately solves min_w f_i(w) + rho/2 ||w - v||^2 over its trainable
+parameters, v its center (`flwr_admm.node.step`). Inside the user's own loop::
 
     admm = TorchADMM.from_message(model, msg, context)      # or .from_parameters(...)
     admm.start()                       # load the start into `model` (init="auto")
@@ -29,14 +24,12 @@ the raw gradient, against rho (w - v), so it minimizes a preconditioned variant.
 trainable tensor, recomputed per call) for the loss, so any optimizer minimizes the
 exact objective; `after_step` does nothing.
 
-Linearized form (``FedADMM(form="linearized")``): `start` loads z, `penalty_term`
-is the linear term <y_i, w> in either mode, `after_step` counts the step budget b_i
-the reply reports (`flwr_admm.torch.linearized`).
+Linearized form: `penalty_term` is the linear term <y_i, w> in either mode and
+`after_step` counts the step budget (`flwr_admm.torch.linearized`).
 
-Tensors: the trainable parameters carry the penalty and, under FedADMM with rho > 0,
-start where `start`'s ``init`` says (`flwr_admm.node.start`). Every other tensor
-(BatchNorm statistics, ``num_batches_tracked``) is loaded from the received model:
-the server's ``tensor_policy`` decides what it holds (`flwr_admm.core.tensor_policy`).
+Only the trainable parameters carry the penalty and a warm start; every other tensor
+(BatchNorm statistics) is loaded from the received model, as the server's
+``tensor_policy`` holds it (`flwr_admm.core.tensor_policy`).
 """
 
 from __future__ import annotations
@@ -75,27 +68,15 @@ class TorchADMM:
     """What one round of a node needs: the received model, v, rho, the warm start.
 
     Build it with `from_message` (Message API) or `from_parameters` (legacy API); the
-    round's values are `flwr_admm.node.step.NodeRound`'s, by ``state_dict`` name.
+    round's values are `flwr_admm.node.step.NodeRound`'s, by ``state_dict`` name
+    (`received` is its ``center``).
 
     Attributes
     ----------
     model : torch.nn.Module
         The node's model (changed in place by `start` and the user's loop).
-    received : dict
-        The center v by name, float64 (z under the linearized form).
-    rho : float
-        rho_i (``rho``, else the FedProx mu, else 0).
-    admm : bool
-        The server is an ADMM strategy (``rho`` in the config): warm-start.
     penalty : {"prox", "loss"}
         How the penalty is applied (module docstring).
-    previous : dict or None
-        The node's last w_i (all tensors, float64), if its names and shapes match.
-    consensus : dict or None
-        The received z (float64), the start of ``init="consensus"``; None when no z
-        is received.
-    duals : DualsRound or None
-        Under client-held duals: the acknowledged state and the updated dual.
 
     """
 
@@ -233,12 +214,8 @@ class TorchADMM:
     def start(self, *, init: LocalInit | None = None) -> None:
         """Load the starting point into the model (`flwr_admm.node.start`'s rule).
 
-        Under FedADMM with rho > 0 the trainable parameters start at the previous w_i
-        (``init="previous"``; v in a first round), at v ("center") or at the received z
-        ("consensus": ValueError if none was received); "auto" (the default) is
-        "consensus" wherever z is received, else "previous". Every other tensor, and
-        every tensor under FedProx, FedAvg or rho = 0, starts at the received values.
-        The linearized form starts at z ("auto" or "consensus"; else ValueError).
+        Only the trainable parameters take the warm start; every other tensor starts at
+        the received values.
         """
         source, at_z = start_of(
             init,

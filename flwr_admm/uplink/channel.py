@@ -1,24 +1,18 @@
-"""The uplink channel: what a client does to its reply, and how a server undoes it.
+"""The uplink channel: what a client does to its reply (`ClientUplink`), and how a server undoes it.
 
-Server side (`UplinkChannel`, used by `FedADMM` and `UplinkWrapper`): puts the
-compression scheme and the local-DP settings into every fit config, decodes every
-reply against the parameters that client was sent (w_i = c_i + decode(payload)),
-counts the payload bytes and keeps the privacy ledger.
-
-Client side (`ClientUplink`, used by `ADMMClient`): from the fit config and the
-client's kept residual r_i,
+`UplinkChannel` puts the scheme into every fit config, decodes each reply against what
+that client was sent (w_i = c_i + decode(payload)), counts the bytes and keeps the
+privacy ledger. A client, from the fit config and its kept residual r_i:
 
     delta_i = w_i - c_i                        c_i = the parameters received
     delta_i = LocalDP.privatize(delta_i)       if dp-clip is configured
     delta_i = delta_i + r_i                    residual "update" (error feedback)
     payload = encode(delta_i);  d_i = decode(payload);  r_i = delta_i - d_i
 
-and replies with the payload; the server reconstructs c_i + d_i, exactly the arrays
-`ADMMClient.fit` returns. With residual "dual" (FedADMM only, seed 001's "the dual
-absorbs the quantization residual") the client instead accumulates the residuals
-E_i += delta_i - d_i and trains around the shifted center c_i - E_i: E_i is its
-private share of the dual, u_i = u_i(server) + E_i, which the server cannot hold
-because it never sees w_i (see docs/compression_privacy.md for the comparison).
+and replies with the payload; the server rebuilds c_i + d_i. With residual "dual"
+(FedADMM only) the client instead accumulates E_i += delta_i - d_i and trains around
+c_i - E_i: E_i is its private share of the dual, u_i = u_i(server) + E_i, which the
+server cannot hold because it never sees w_i (docs/compression_privacy.md).
 """
 
 from __future__ import annotations
@@ -211,13 +205,11 @@ class UplinkChannel:
     def decode(
         self, parameters: Parameters, sent: Callable[[], Arrays], *, add_center: bool = True
     ) -> Arrays:
-        """Rebuild a reply: w_i = c_i + the decoded payload.
+        """Rebuild a reply: w_i = c_i + the decoded payload; plain numpy replies as they are.
 
-        Plain numpy replies (clients that do not compress) are taken as they are.
-        `sent()` returns the parameters that client received (called only when needed).
-        With ``add_center=False`` the decoded payload itself is returned (`sent()` then
-        only gives the shapes): for `FedADMMClientDuals`, whose payload is the change
-        of a contribution, not an offset from what the client received.
+        `sent()` returns what that client received (called only when needed).
+        ``add_center=False`` returns the decoded payload itself (`sent()` gives the
+        shapes): `FedADMMClientDuals`' payload is a change of a sum, not an offset.
         Raises ValueError (or what numpy raises) for an unusable payload.
         """
         self._bytes += sum(len(t) for t in parameters.tensors)
@@ -245,12 +237,9 @@ class UplinkChannel:
 class UplinkClient(Client):
     """A `Client` that sends an `ADMMClient`'s encoded payload when there is one.
 
-    `fit` runs the NumPyClient as Flower's own wrapper does, then swaps in the packed
-    `Parameters` the client prepared (their own ``tensor_type``), which NumPyClient
-    cannot return itself. Everything else is Flower's standard NumPyClient wrapper.
-    When a payload exists, the arrays `fit` returned (c + decoded delta, the same
-    values) are not sent: a subclass that edits them after ``super().fit`` must not
-    expect the edit on the wire.
+    Flower's NumPyClient wrapper, except that `fit` swaps in the packed `Parameters`,
+    which a NumPyClient cannot return. The arrays `fit` returned are then not sent: a
+    subclass that edits them after ``super().fit`` must not expect the edit on the wire.
     """
 
     def __init__(self, numpy_client: NumPyClient, standard: Client) -> None:

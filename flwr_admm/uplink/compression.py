@@ -1,14 +1,10 @@
 """Uplink compression of client updates: stochastic quantization and top-k.
 
-A client compresses its update delta_i = w_i - v_i (v_i = the parameters it received)
-and the server reconstructs w_i = v_i + decode(payload). Payloads are real bit strings:
-one ``bytes`` tensor per model array inside a `Parameters` whose ``tensor_type`` names
-the scheme (`SQ_TENSOR_TYPE`, `TOPK_TENSOR_TYPE`), never float arrays holding few
-distinct values.
-
-Every tensor starts with a fixed header (magic, version, parameters of the scheme,
-entry count, CRC-32 of the body), so a truncated, corrupted or mismatched payload is a
-`ValueError` at decode time rather than a silently wrong model.
+Payloads are real bit strings, one ``bytes`` tensor per model array inside a
+`Parameters` whose ``tensor_type`` names the scheme (`SQ_TENSOR_TYPE`,
+`TOPK_TENSOR_TYPE`). Every tensor starts with a header (magic, version, the scheme's
+parameters, entry count, CRC-32 of the body), so a truncated, corrupted or mismatched
+payload is a `ValueError` at decode time rather than a silently wrong model.
 
 `StochasticQuantizer` (QSGD-style, unbiased): per tensor or per block of ``block_size``
 entries, levels lo + j s, j = 0..2^b - 1, with lo = min, s = (max - min) / (2^b - 1);
@@ -19,8 +15,8 @@ E[decode(encode(x))] = x.
 ceil(log2 n) bits and values as float32.
 
 Both default to error feedback (Seide et al. 2014; Karimireddy et al. 2019): the
-client adds the residual it could not send last time to the next update before
-compressing (`flwr_admm.uplink.channel` keeps it in ``context.state``).
+client adds what it could not send last time to the next update
+(`flwr_admm.uplink.channel`).
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ the noisy replies); with partial participation the server reuses cached replies 
 absent clients, and ``dp_epsilon`` is an approximation (``dp_epsilon_unamplified``,
 which charges every round to every client, still bounds it).
 
-The accountant's backend is optional: ``pip install -e ".[dp]"`` in the flwr-admm
-checkout. Without it `LocalDP` still clips (and noises), and a `PrivacyLedger` refuses
-to start.
+The accountant's backend is the optional ``dp`` extra; without it `LocalDP` still
+clips and noises, and a `PrivacyLedger` refuses to start.
 """
 
 from __future__ import annotations
@@ -171,7 +170,9 @@ def _require_dp_accounting() -> None:
 
 
 class PrivacyLedger:
-    """Maintained RDP accountant for per-round sampled Gaussian releases.
+    """RDP accountant for per-round sampled Gaussian releases (module docstring).
+
+    Call `record(sample_size, population)` once per aggregated round.
 
     Parameters
     ----------
@@ -179,10 +180,6 @@ class PrivacyLedger:
         sigma > 0 of every release.
     delta : float
         Target delta of the reported epsilon.
-
-    Call `record(sample_size, population)` once per aggregated round; `metrics()`
-    returns ``dp_epsilon``, ``dp_epsilon_unamplified``, ``dp_delta``,
-    ``dp_sampling_rate`` and ``dp_rounds``.
 
     """
 

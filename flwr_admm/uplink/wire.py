@@ -1,10 +1,8 @@
 """Zero-copy reading of Flower's numpy wire format (one ``.npy`` file per tensor).
 
-Flower's `parameters_to_ndarrays` runs `np.load` on each tensor, which copies the
-payload into a new array. The server only reads a reply, so a read-only view into
-the received bytes does the same job without the copy: at 1e6 parameters `np.load`
-costs about 2.5 passes over the model, the view a few microseconds. A view keeps its
-bytes object alive; that memory is the reply itself, which a copy would duplicate.
+Flower's `parameters_to_ndarrays` copies each payload with `np.load`; the server only
+reads a reply, so a read-only view into the received bytes does without the copy. A
+view keeps its bytes object alive: that memory is the reply itself.
 """
 
 from __future__ import annotations
@@ -152,8 +150,7 @@ def parameters_to_views(
 def to_parameters(arrays: Sequence[NDArray[Any]], dtypes: Sequence[np.dtype[Any]]) -> Parameters:
     """`ndarrays_to_parameters` of the arrays cast to `dtypes`, with one copy per tensor.
 
-    The same bytes as Flower's `np.save` (tests/uplink/test_wire.py), which copies each
-    tensor about three times (tobytes, the stream's write, getvalue).
+    The same bytes as Flower's `np.save`, which copies each tensor about three times.
     """
     tensors = []
     for array, dtype in zip(arrays, dtypes, strict=True):

@@ -1,15 +1,9 @@
 """`UplinkWrapper`: the uplink channel (compression, local DP) for any legacy Strategy.
 
-In the style of Flower's ``DifferentialPrivacy*FixedClipping`` wrappers: it wraps a
-strategy (FedAvg, FedProx, ...), adds the ``uplink*`` / ``dp-*`` entries to every
-fit config, and hands the wrapped strategy plain float replies rebuilt as
-w_i = c_i + decode(payload), where c_i are the parameters that client was sent. The
-wrapped strategy never sees a packed payload, so baselines and `FedADMM` can be
-compared at equal bytes (and equal privacy) with the same `ADMMClient`.
-
-Clients must understand the entries (`ADMMClient` does, through ``to_client()``).
-Unusable payloads are dropped before aggregation and counted in ``num_rejected``.
-`FedADMM` takes the same options itself (``uplink=``, ``local_dp=``); do not wrap it.
+As Flower's ``DifferentialPrivacy*FixedClipping`` wrappers: the wrapped strategy gets
+plain replies w_i = c_i + decode(payload), so baselines and `FedADMM` can be compared
+at equal bytes and privacy with the same `ADMMClient`. Unusable payloads are dropped
+and counted in ``num_rejected``. `FedADMM` takes the same options itself; do not wrap it.
 """
 
 from __future__ import annotations
