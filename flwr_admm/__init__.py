@@ -1,16 +1,15 @@
-"""flwr-admm: approximate (inexact) consensus ADMM for Flower.
+"""flwr-admm: inexact consensus ADMM for Flower.
 
-The strategies here are Flower's Message API ones (``@app.main()`` ServerApps,
-``strategy.start``; `flwr_admm.serverapp`): `FedADMM` (server-held duals),
-`FedADMMClientDuals` (the duals on the nodes) and the peer baselines `FedNova`,
-`SCAFFOLD` and `FedDyn`; their nodes run `flwr_admm.clientapp` (`ADMMTrainStep`,
-`make_client_app`) or `flwr_admm.torch.TorchADMM`. The legacy API's classes
-(``ServerApp(server_fn=...)``, `NumPyClient`) are `flwr_admm.server.FedADMM` etc. and
-`flwr_admm.client.ADMMClient`, as Flower keeps `flwr.server.strategy` beside
-`flwr.serverapp.strategy`. The math lives in `ConsensusADMM` (`flwr_admm.core`); every
-`FedADMM(form=Linearized(...))` is the linearized (Scaffnew) form with its server steps;
-every strategy stops a diverging or stalled run with `RunDivergedError` (thresholds:
-`HealthCheck`, the ``health`` keyword).
+The strategies are Flower's Message-API ones (``@app.main()`` ServerApps,
+``strategy.start``; `flwr_admm.serverapp`): `FedADMM` (server-held duals; its docstring
+states the round), `FedADMMClientDuals` (the duals on the nodes) and the peer baselines
+`FedNova`, `SCAFFOLD` and `FedDyn`; their nodes run `flwr_admm.clientapp` or
+`flwr_admm.torch.TorchADMM`. The legacy API's classes (``ServerApp(server_fn=...)``,
+`NumPyClient`) are in `flwr_admm.server` and `flwr_admm.client`, as Flower keeps
+`flwr.server.strategy` beside `flwr.serverapp.strategy`. Exported with them: the option
+values of `flwr_admm.options`, `Linearized` (FedADMM's ``form``), `HealthCheck` (the
+``health`` keyword) and `RunDivergedError`, which every strategy raises to stop a
+diverging or stalled run. The math is `flwr_admm.core` (no `flwr` import).
 """
 
 from flwr_admm.core import HealthCheck, Linearized, RunDivergedError

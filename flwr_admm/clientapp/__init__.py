@@ -3,7 +3,7 @@
 `ADMMTrainStep` (and, as functions, `received_arrays` and `build_reply`) serves a
 user's own handler on the node rounds of `flwr_admm.node`; `make_client_app` serves
 the legacy ``client_fn`` of an `ADMMClient` (the project's numpy models) through train
-and evaluate handlers (also under the Message-API `SCAFFOLD` / `FedDyn`);
+and evaluate handlers, for every strategy of `flwr_admm.serverapp`;
 `received_control` and `build_scaffold_reply` serve a user's own SCAFFOLD handler.
 """
 

@@ -1,6 +1,6 @@
 """Client-side arithmetic of consensus ADMM with client-held duals (numpy only).
 
-The protocol is `flwr_admm.server.client_duals`'s module docstring. Client i keeps
+The protocol is `flwr_admm.rounds.client_duals`'s module docstring. Client i keeps
 w_i, its scaled dual u_i (before the pending update), n_i and its last round
 (`DualState`). Round k, given z^k and the dual step gamma in (0, 1] (1 is the textbook
 step; as in `ConsensusADMM` the fixed point is unchanged and sum_i n_i u_i stays 0):

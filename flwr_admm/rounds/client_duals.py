@@ -1,13 +1,89 @@
-"""Consensus ADMM with client-held duals: the round, wire neutral.
+"""Consensus ADMM with client-held duals: the protocol, and its round (wire neutral).
 
-The protocol is `flwr_admm.server.client_duals`'s module docstring, the node's
-arithmetic `flwr_admm.core.client_duals`; the server keeps z, S = sum_i n_i c_i,
-N = sum_i n_i and per key n_i and its last round, and takes
+This docstring states the protocol; its keys are in `flwr_admm.protocol` and
+docs/client_duals.md, the node's arithmetic in `flwr_admm.core.client_duals` and the
+node's round in `flwr_admm.node.duals` (which `ADMMClient`, `ADMMTrainStep` and
+`TorchADMM` run on ``admm-duals = "client"``). rho > 0 is one constant for every node.
+Node i keeps w_i, its scaled dual u_i, n_i and its last round in its ``context.state``;
+the server keeps z, S = sum_i n_i c_i with c_i = w_i + u_i, N = sum_i n_i and per
+client key n_i and the round it last took part in. Round k:
 
-    S += Delta_i,  N += n_i' - n_i,  z^{k+1} = prox_{g/rho}(S / N)
+    server   sends z^k, rho and each sampled node's acknowledgement (below)
+    node     if it took part before:  d2_i = ||w_i - z^k||^2,  u_i += gamma (w_i - z^k)
+             w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2    (inexact local solve)
+             sends Delta_i = n_i' (w_i' + u_i) - n_i c_i, keeps w_i', u_i, n_i'
+    server   S += Delta_i,  N += n_i' - n_i                        (one pass per reply)
+             z^{k+1} = prox_{g/rho}(S / N)
+
+With every node in every round and gamma = 1 this is `flwr_admm.serverapp.FedADMM`'s
+round at constant rho: the z-step of round k+1 averages w_i^{k+1} + u_i^k with u_i^k
+updated by z^k. Under partial participation it is a delayed-dual variant: a node's
+dual update uses the z it sees at its next participation, and absent nodes count with
+their pre-update dual. A changing or per-client rho, or over-relaxation, would need
+every dual on the server.
+
+Residuals (`flwr_admm.rounds.client_duals_replies`). s = rho ||z^{k+1} - z^k||. The
+primal residual arrives a round late: node i reports d2_i for its previous w_i, so
+``previous_primal_residual`` = sqrt(sum n_i d2_i / sum n_i) over the replying nodes that
+took part before is server-held FedADMM's r of round k - 1 (full participation).
+
+Acknowledgement. A reply the server does not use (lost after the node saved its state,
+a duplicate, a replay, a NaN, a truncated payload, a round dropped with
+``accept_failures=False``) must not leave the node a step ahead of S. Each sampled
+node's config carries ``admm-ack-round`` = a, the round whose contribution S holds for
+its key (0: none); the node keeps its committed state C (round a_c, what S holds) next
+to its pending state P (round p, after its last reply) and trains from P if p == a (the
+reply was used: C := P), from C if a_c == a (it was not: P and its compression residual
+are dropped), fresh if a == 0. Otherwise its state is gone (a SuperNode restart): it
+trains from the share the server offers back (``admm-restore``, below), or
+resynchronizes with a full contribution F_i = n_i' c_i' as a new node (previous round
+0, ``admm-resync`` = 1). A reply whose previous round or n_i disagrees with the server's
+record (a replay, a duplicate) is rejected (``num_state_mismatch``) without touching S;
+the next acknowledgement brings the node back.
+
+Rebuild sweep (`flwr_admm.rounds.client_duals_sweep`). A resync for a key S holds is
+accepted (N += n_i' - n_i, S += F_i, ``num_resynced``), but S still holds the key's old
+share, which the server never had and cannot subtract. So every sampled key not yet
+rebuilt gets ``admm-rebuild`` = 1 and sends, next to Delta_j, its full share
+sigma_j' = n_j' c_j' - e_j' in full precision (``admm-share``); once every key the
+server holds has rebuilt, S := S_new exactly. Until then the stale shares keep their
+weight N_stale in z = prox_{g/rho}(S / (N + N_stale)) and the round metric
+``rebuilding`` is 1 (``converged`` 0). An evicted key's share leaves S the same way.
+Cost: one extra model-sized upload per node per sweep, one extra model copy (S_new) on
+the server while it runs; under full participation it ends one round after it started,
+and a key that never returns keeps it open until it is evicted. The server keeps a
+resync's F_i as the key's known share: its next resync or eviction takes that share out
+of S exactly, and in the prox form with gamma = 1, without compression, fast ADMM or
+SecAgg+, it is offered back (``admm-restore``), so a node that loses its state again
+trains from it (`flwr_admm.core.client_duals.restored_state`).
+
+Fast ADMM with restart (``acceleration``; the server half is
+`flwr_admm.core.dual_momentum`, the node half `flwr_admm.core.client_duals`): the model
+sent is the extrapolation z^_{k+1}, with z_k (``admm-accel-z``) and g
+(``admm-accel-gamma``); each node extrapolates its own dual and S stays exact. The
+restart test is `FedADMM`'s, in time while every node replies every round; otherwise it
+lags a round.
+
+The linearized form (``form="linearized"``; `flwr_admm.core.linearized.client_held_steps`
+names what it refuses): the config carries ``admm-form = "linearized"``; node i keeps
+u_i = b_i y_i, runs K_i steps on grad f_i + u_i / b_i from z^k and replies its step
+budget b_i (``admm-step-budget``; a reply without it is rejected). The server's rho is 1.
+
+Uplink compression (``Uplink(compressor=...)``; error feedback is required, as S would
+keep every compression error without it). Node i keeps a residual e_i, compresses
+x = Delta_i + e_i and keeps e_i' = x - decode(payload); the server adds decode(payload)
+to S (no center: the payload is the change itself), so S = sum_i n_i c_i - sum_i e_i
+(up to float rounding): the unsent part enters S with the node's next reply.
+``uplink_bytes`` counts the payload bytes of each round. Local DP is not supported
+(`compressor_of`).
+
+Checkpoints hold z, S, N, the per-key entries, the sweep, fast ADMM's state, the round,
+the convergence flag and a fingerprint of the configuration. The duals stay on the
+nodes: a resumed run continues exactly if they kept their ``context.state``; a node
+that lost it, or went on past the checkpoint's round, resynchronizes.
 
 `ClientDualsRound` is the `Algorithm` both `FedADMMClientDuals` translators drive; its
-state, checks and sweep are `flwr_admm.rounds.client_duals_state`.
+server state is `flwr_admm.rounds.client_duals_state`.
 """
 
 from __future__ import annotations
@@ -152,10 +228,8 @@ class ClientDualsRound:
     ) -> list[bool]:
         """S += Delta_i, N += n_i' - n_i for each reply that keeps the protocol.
 
-        A reply whose previous round or n_i disagrees with the server's record is a
-        state mismatch (rejected; its next acknowledgement brings the node back). A
-        full contribution (previous round 0) for a key S holds is a resync: its old
-        share goes stale and the sweep takes it out of S.
+        A state mismatch is rejected; a full contribution for a key S holds is a resync
+        (module docstring).
         """
         state = self.state
         state.stats = RoundStats()

@@ -1,6 +1,6 @@
 """The server's state with client-held duals: z, S, N, the per-key entries and the sweep.
 
-The protocol is `flwr_admm.server.client_duals`'s module docstring. Settings
+The protocol is `flwr_admm.rounds.client_duals`'s module docstring. Settings
 (`check_settings`): the server keeps only z, S and N, so rho must be one constant > 0
 for every client (a client's u_i = y_i / rho would change meaning under a new rho) and
 the z-step is the plain z = prox_{g/rho}(S / (N + N_stale)), without over-relaxation.

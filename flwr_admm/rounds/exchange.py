@@ -196,12 +196,10 @@ MAX_REPLY_METRICS = 64
 def without_reply_keys(aggregated: Mapping[str, V]) -> dict[str, V]:
     """Return aggregated reply metrics without the replies' identity and protocol keys.
 
-    Dropped: ``client-key``, ``partition-id``, ``num-examples`` and every ``admm-*``
-    key (`flwr_admm.protocol.REPLY_ONLY_METRICS`): Flower's default
-    ``train_metrics_aggr_fn`` weight-averages every numeric reply metric, ids included,
-    and an average of ids or protocol counters is no round metric. The function that
-    produced `aggregated` saw the replies unchanged. At most `MAX_REPLY_METRICS` names
-    are kept, the first in sorted order (a warning counts the others).
+    Dropped: `flwr_admm.protocol.REPLY_ONLY_METRICS` and every ``admm-*`` key, since
+    Flower's default ``train_metrics_aggr_fn`` weight-averages every numeric reply
+    metric, ids included. At most `MAX_REPLY_METRICS` names are kept, the first in
+    sorted order (a warning counts the others).
     """
     names = sorted(
         name

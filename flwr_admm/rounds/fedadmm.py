@@ -78,19 +78,8 @@ StartPolicy = Literal["always", "marked"]
 class FedADMMRound:
     """Server-held consensus ADMM (`ConsensusADMM`) as a strategy's `Algorithm`.
 
-    Parameters
-    ----------
-    settings : ConsensusSettings
-        The core settings (rho, schedule, relaxation, dual step, ...).
-    form : {"prox", "linearized"}
-        The prox step around v_i, or the linearized (Scaffnew) one.
-    channel : UplinkChannel
-        Uplink compression and local DP.
-    tensor_rules : tuple of (pattern, role)
-        The tensor policy (`flwr_admm.core.tensor_policy`).
-    start : {"always", "marked"}
-        `StartPolicy`.
-
+    `tensor_rules` is the checked tensor policy (`flwr_admm.core.tensor_policy`),
+    `start` the `StartPolicy`.
     """
 
     label = "FedADMM"

@@ -64,21 +64,14 @@ class RoundLayer:
 
     Parameters
     ----------
-    algorithm : Algorithm
-        The strategy's math and state.
-    sampling_seed : int or None
-        Seed of the node sample: round k draws ``default_rng([seed, k])`` from the
-        nodes ordered by client key (None: Python's `random`, as Flower).
-    clients : ClientPolicy
-        Client identity and eviction.
-    checkpoint : Checkpointing, optional
-        Where and how often the state is written, and whether to resume from it.
-    health : HealthCheck or None
-        Divergence watchdog thresholds (None: off); it only reads.
+    sampling_seed, clients, checkpoint, health
+        As in `flwr_admm.serverapp.FedADMM`; the watchdog only reads.
     stop_on_convergence : bool
         Sample no node once the algorithm reports convergence.
     settings : dict
         The translator's own settings that change the iterates (fingerprinted).
+    advice : str
+        What the watchdog's error suggests trying (`flwr_admm.core.health.RunHealth`).
 
     """
 

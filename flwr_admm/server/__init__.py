@@ -1,12 +1,10 @@
-"""Legacy `flwr.server.strategy` adapters: FedADMM, FedADMMClientDuals and the baselines.
+"""Flower's legacy-API strategies (``ServerApp(server_fn=...)``), as in `flwr_admm.serverapp`.
 
-The baselines are FedNova, SCAFFOLD and FedDyn (their rounds: `flwr_admm.rounds`).
-
-Thin translations between Flower's FitIns/FitRes and the rounds of `flwr_admm.rounds`:
-FedADMM and FedADMMClientDuals are keyword front-ends over one translator
-(`flwr_admm.server.strategy.RoundStrategy`) driving their round
-(`flwr_admm.rounds.fedadmm`, `flwr_admm.rounds.client_duals`) through the round layer
-(`flwr_admm.rounds.layer`: seeded sampling, reply order, duplicate keys, checkpoints).
+Translators (`strategy.RoundStrategy`, Flower's legacy `FedAvg`) over the rounds of
+`flwr_admm.rounds`, the same the Message-API classes run: `FedADMM`,
+`FedADMMClientDuals`, `FedADMMClientDualsSecAgg` (client-held duals under SecAgg+; this
+API only) and the peer baselines `FedNova`, `SCAFFOLD` and `FedDyn`. Their clients run
+`flwr_admm.client.ADMMClient`.
 """
 
 from flwr_admm.server.client_duals import FedADMMClientDuals

@@ -267,7 +267,7 @@ def _round_stats(metrics: list[Mapping[str, Any]], stats: list[float]) -> RoundS
 class FedADMMClientDualsSecAgg(FedADMMClientDuals):
     """`FedADMMClientDuals` for Flower's SecAgg+ (see the module docstring).
 
-    Takes every keyword of `FedADMMClientDuals` (but ``uplink``) plus:
+    Takes the keywords of `FedADMMClientDuals` (``uplink`` and ``acceleration`` unset) plus:
 
     Parameters
     ----------

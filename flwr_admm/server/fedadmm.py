@@ -1,12 +1,4 @@
-"""FedADMM on Flower's legacy strategy API (the round: `flwr_admm.FedADMM`).
-
-A drop-in for Flower's legacy ``FedProx``: ``configure_fit`` sends client i its prox
-center v_i = z - u_i as the parameters and ``rho`` (and ``proximal_mu`` = rho) in the
-config, so an unmodified FedProx client (start at the received parameters, add
-proximal_mu/2 ||w - received||^2) runs a valid inexact ADMM w-step. The round is
-`flwr_admm.rounds.fedadmm.FedADMMRound`, the same the Message-API strategy runs: the
-same replies give the same iterates.
-"""
+"""FedADMM on Flower's legacy strategy API: a drop-in for Flower's legacy ``FedProx``."""
 
 from __future__ import annotations
 
@@ -32,25 +24,22 @@ __all__ = ["FedADMM", "fast_convex", "textbook"]
 class FedADMM(RoundStrategy):
     """Federated inexact consensus ADMM (server-held duals), Flower's legacy strategy API.
 
-    The round, the defaults and every keyword below are those of the Message-API
-    `flwr_admm.serverapp.FedADMM`, the reference; the same replies give the same
-    iterates. Takes Flower's legacy `FedAvg` keywords plus these, all keyword-only as
-    Flower's legacy FedAvg:
+    As `flwr_admm.serverapp.FedADMM` (the round, the defaults, the keywords); the same
+    replies give the same iterates. Takes Flower's legacy `FedAvg` keywords, that
+    class's own and `tensor_names`, all keyword-only.
+
+    Legacy wire: the parameters are v_i and the config holds ``rho`` = ``proximal_mu``
+    = rho_i, the keys Flower's legacy FedProx client reads (a stock one, whose replies
+    carry no ``admm-started-at-z``, has its dual held at 0 as in the Message API). For a
+    client whose last reply said it starts at z (``admm-started-at-z`` = 1) and whose
+    v_i is not z, z follows v_i as a second block (config ``admm-start`` = 1). In the
+    linearized form the parameters are z followed by y_i, with ``admm-form`` =
+    "linearized" and ``proximal_mu`` = 0.
 
     Parameters
     ----------
-    rho, proximal_mu, rho_schedule, regularizer, relaxation, dual_step, acceleration, \
-    z_average, form, convergence, sampling_seed, clients, checkpoint, uplink, \
-    tensor_policy, health :
-        As in `flwr_admm.serverapp.FedADMM`. Clients are Flower's `ClientProxy`s (keyed
-        by ``client-key`` or ``partition-id`` in the fit metrics, else the cid); the
-        start point z follows the center as a second block of tensors (config
-        ``admm-start = 1``) for clients whose replies say they start there
-        (`flwr_admm.rounds.fedadmm.StartMarks`). Under ``form="linearized"`` the parameters
-        are z followed by y_i, the config holds ``admm-form = "linearized"`` and
-        ``proximal_mu = 0``, and a reply without ``admm-step-budget`` is rejected.
     tensor_names : sequence of str, optional
-        The names the `tensor_policy` patterns match (e.g. ``list(model.state_dict())``);
+        The names the ``tensor_policy`` patterns match (e.g. ``list(model.state_dict())``);
         default ``"0"``, ``"1"``, ... (legacy parameters carry no names).
 
     """
@@ -125,7 +114,7 @@ class FedADMM(RoundStrategy):
         )
 
 
-#: The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+#: As `flwr_admm.serverapp.fedadmm.textbook`, on the legacy API.
 textbook = functools.partial(FedADMM, **TEXTBOOK)
-#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/options.md).
+#: As `flwr_admm.serverapp.fedadmm.fast_convex`, on the legacy API.
 fast_convex = functools.partial(FedADMM, **FAST_CONVEX)

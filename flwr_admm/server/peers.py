@@ -1,10 +1,10 @@
 """The peer baselines SCAFFOLD, FedDyn and FedNova on Flower's legacy strategy API.
 
-Keyword front-ends over their rounds (`flwr_admm.rounds.scaffold`, `.feddyn`,
-`.fednova`), which the Message-API classes of `flwr_admm.serverapp` run too, through
-the legacy translator `flwr_admm.server.strategy.RoundStrategy`: the same replies give
-the same iterates. The parameters a client receives are x followed by the round's
-further blocks (SCAFFOLD: c); its reply, the same blocks in the same order.
+Each is as its `flwr_admm.serverapp` namesake (the same round: the same replies give
+the same iterates) and takes Flower's legacy `FedAvg` keywords besides. Legacy wire:
+the parameters a client receives are x followed by the round's further blocks
+(SCAFFOLD: c); its reply, the same blocks in the same order (SCAFFOLD: y_i, then
+c_i+ - c_i); FedNova's ``local_steps`` is a fit metric.
 """
 
 from __future__ import annotations
@@ -24,22 +24,9 @@ __all__ = ["SCAFFOLD", "FedDyn", "FedNova"]
 
 
 class PeerStrategy(RoundStrategy):
-    """The keywords every peer baseline takes besides its own and Flower's `FedAvg`'s.
+    """The keywords every peer baseline takes, as `flwr_admm.serverapp.peers.PeerStrategy`.
 
-    Parameters
-    ----------
-    sampling_seed : int or None
-        Seed of the client sample: round k draws ``default_rng([seed, k])`` from the
-        clients ordered by key, as `FedADMM` (None: Flower's `ClientManager.sample`).
-    clients : ClientPolicy
-        Client identity and eviction, as in `FedADMM`: a claim the binding refuses is
-        rejected (``num_key_conflicts``); an evicted key's share leaves c / h.
-    checkpoint : Checkpointing, optional
-        Write x, the per-client states and the key bindings every ``every``
-        aggregations; with ``resume`` start from them (`flwr_admm.rounds.checkpoint`).
-    health : HealthCheck or None
-        Divergence watchdog (`flwr_admm.core.health`); None: off.
-
+    Without a ``sampling_seed`` the sample is Flower's `ClientManager.sample`.
     """
 
     def __init__(
@@ -69,20 +56,10 @@ class PeerStrategy(RoundStrategy):
 
 
 class SCAFFOLD(PeerStrategy):
-    """SCAFFOLD with option II control variates and server step size eta_g.
+    """SCAFFOLD on Flower's legacy API, as `flwr_admm.serverapp.SCAFFOLD`.
 
-    Takes Flower's `FedAvg` keywords, `PeerStrategy`'s and `server_learning_rate`
-    (eta_g > 0, default 1: the paper's choice with full participation). Clients MUST
-    follow the ``peer-algorithm = "scaffold"`` contract: the parameters are x followed
-    by c (two blocks of the model's shapes); run K gradient steps on grad f_i - c_i + c
-    from x; reply y_i followed by c_i+ - c_i, committing c_i+ once acknowledged
-    (``admm-ack-round``, `flwr_admm.rounds.peers`). `flwr_admm.client.ADMMClient` does,
-    keeping c_i in its ``context.state``. A reply of any other layout, with NaN/inf
-    entries or num_examples <= 0, out of sync with its acknowledgement
-    (``num_state_mismatch``) or refused by the key binding is rejected (counted in
-    ``num_rejected``) and leaves the state untouched.
-
-    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
+    `flwr_admm.client.ADMMClient` follows its contract, keeping c_i in its
+    ``context.state``.
     """
 
     def __init__(self, *, server_learning_rate: float = 1.0, **keywords: Any) -> None:
@@ -98,19 +75,10 @@ class SCAFFOLD(PeerStrategy):
 
 
 class FedDyn(PeerStrategy):
-    """FedDyn with penalty alpha and server state h.
+    """FedDyn on Flower's legacy API, as `flwr_admm.serverapp.FedDyn`.
 
-    Takes Flower's `FedAvg` keywords, `PeerStrategy`'s and `alpha` (> 0, required:
-    the paper tunes it over 0.1, 0.01, 0.001). Clients MUST follow the
-    ``peer-algorithm = "feddyn"`` contract: from the received x, approximately
-    minimize f_i(w) - <grad_i, w> + alpha/2 ||w - x||^2 with alpha from
-    ``feddyn-alpha``, update grad_i <- grad_i - alpha (w_i - x), reply w_i and commit
-    grad_i once acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`).
-    `flwr_admm.client.ADMMClient` does, keeping grad_i in its ``context.state``. Bad
-    replies (layout, NaN/inf, num_examples <= 0, out of sync, refused by the key
-    binding) are rejected and counted in ``num_rejected``; they leave the state as it was.
-
-    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    `flwr_admm.client.ADMMClient` follows its contract, keeping grad_i in its
+    ``context.state``.
     """
 
     def __init__(self, *, alpha: float, **keywords: Any) -> None:
@@ -126,16 +94,9 @@ class FedDyn(PeerStrategy):
 
 
 class FedNova(PeerStrategy):
-    """Federated normalized averaging for clients running plain local (S)GD.
+    """FedNova on Flower's legacy API, as `flwr_admm.serverapp.FedNova`.
 
-    Takes Flower's `FedAvg` keywords and `PeerStrategy`'s. Clients MUST run plain
-    gradient steps from the received parameters (no proximal term) and report the
-    number of steps they took as the integer fit metric ``"local_steps"``
-    (`flwr_admm.client.ADMMClient` does). A reply without a valid ``local_steps`` is
-    rejected, like one with wrong shapes or NaN entries; a client that took 0 steps
-    must return x unchanged and then contributes d_i = 0.
-
-    Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
+    `flwr_admm.client.ADMMClient` reports ``local_steps``.
     """
 
     def __init__(self, **keywords: Any) -> None:

@@ -1,9 +1,7 @@
-"""Legacy `flwr.server.strategy` plumbing of the round translator: keywords, sampling.
+"""Legacy-API plumbing of the round translator: keyword checks, the client sample, the fit config.
 
-Keyword checks of Flower's legacy `FedAvg`, the seeded draw from a `ClientManager`
-(`sample_clients`: the order and the draw are the round layer's,
-`flwr_admm.rounds.identity.sample_ids`, which the Message-API strategies use too) and
-the user's fit-config check.
+The seeded draw is the round layer's (`flwr_admm.rounds.identity.sample_ids`), the same
+the Message-API strategies make.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ def check_user_config(
     """
     for key in sorted(user):
         if key == SERVER_ROUND and server_round is not None and user[key] == server_round:
-            continue  # Flower's examples send the round themselves: the same value is no clash
+            continue
         overwritten = any(
             key not in ins.config
             or (ins.config[key] is not user[key] and ins.config[key] != user[key])

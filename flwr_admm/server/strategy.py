@@ -65,8 +65,7 @@ class RoundStrategy(FedAvg):
     """Flower's legacy `FedAvg` whose fit rounds are a `RoundLayer`'s.
 
     Clients are keyed by ``client-key`` or ``partition-id`` in their fit metrics, else
-    by their cid. `tensor_names` are the names a tensor policy matches (legacy
-    parameters carry none: ``"0"``, ``"1"``, ...).
+    by their cid; `tensor_names` as in `flwr_admm.server.FedADMM`.
     """
 
     def __init__(

@@ -1,13 +1,12 @@
-"""Flower Message-API side: the strategies for ``@app.main()`` ServerApps and ``strategy.start``.
+"""Flower's Message-API strategies, for ``@app.main()`` ServerApps and ``strategy.start``.
 
-`FedADMM` subclasses `flwr.serverapp.strategy.FedAvg` and runs the same numpy core
-(`flwr_admm.core.ConsensusADMM`) as the legacy `flwr_admm.server.FedADMM`. Swap it in
-for Flower's ``FedProx`` in one line; a FedProx-style ``@app.train()`` handler then
-runs ADMM's local step (`flwr_admm.clientapp` has helpers for warm starts and
-replies). `FedADMMClientDuals` keeps the duals on the nodes (the legacy protocol,
-with acknowledgement, resync and rebuild sweep); its nodes run `flwr_admm.clientapp`.
-The peer baselines `FedNova`, `SCAFFOLD` and `FedDyn` run the rounds of
-`flwr_admm.rounds` on this API; `flwr_admm.clientapp.make_client_app` serves them.
+Translators (`strategy.RoundStrategy`, Flower's `FedAvg`) over the rounds of
+`flwr_admm.rounds`: `FedADMM` (server-held duals, a drop-in for Flower's ``FedProx``;
+its docstring states the round), `FedADMMClientDuals` (the duals on the nodes) and the
+peer baselines `FedNova`, `SCAFFOLD` and `FedDyn`. Their nodes run `flwr_admm.clientapp`
+(`ADMMTrainStep` for a user's handler, `make_client_app` for the numpy models) or
+`flwr_admm.torch.TorchADMM`; a stock FedProx handler runs too, its dual held at 0.
+`testing` runs a strategy against a ClientApp in process.
 """
 
 from flwr_admm.serverapp.client_duals import FedADMMClientDuals

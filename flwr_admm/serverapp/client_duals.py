@@ -21,73 +21,57 @@ __all__ = ["FedADMMClientDuals"]
 
 
 class FedADMMClientDuals(RoundStrategy):
-    r"""Federated consensus ADMM with client-held duals (Message API).
+    """Federated consensus ADMM with client-held duals (Message API).
 
-    The protocol, math and server arithmetic of the legacy `flwr_admm.server.FedADMMClientDuals`
-    (read its module docstring); the round is `flwr_admm.rounds.client_duals.ClientDualsRound`,
-    the same the legacy strategy runs: node i keeps w_i and its scaled dual u_i in its
-    ``context.state``; the server keeps z, S = sum_i n_i c_i (c_i = w_i + u_i),
-    N = sum_i n_i and, per client key, n_i and the round it last took part in.
+    The protocol, its round and its round metrics are `flwr_admm.rounds.client_duals`'s
+    (the legacy `flwr_admm.server.FedADMMClientDuals` runs the same round). The server
+    keeps z, S = sum_i n_i c_i, N = sum_i n_i and two integers per client key; node i
+    keeps w_i and u_i in its ``context.state``.
 
-    Wire (Message API). Each sampled node gets z^k under ``arrays`` (one record for
-    all) and, in ``config``, a copy of the given config plus ``rho``, ``server-round``,
-    ``admm-duals`` = "client", ``admm-ack-round`` (the round whose contribution S holds
-    for its key, 0: none) and ``admm-rebuild`` (1 while the rebuild sweep needs its full
-    share). A reply carries Delta_i under ``arrays`` (the model's tensor names and
-    shapes, any real dtype: send float64, it is a change of a sum), with
-    ``admm-rebuild`` = 1 also sigma_i' = n_i' c_i' under ``admm-share``, and one
-    MetricRecord with ``num-examples`` and the protocol metrics (``admm-previous-round``,
+    Wire. Each sampled node gets z^k under ``arrays`` (one record for all) and, in
+    ``config``, a copy of the given config plus ``rho``, ``server-round``,
+    ``admm-duals`` = "client" and the protocol's keys (``admm-ack-round``,
+    ``admm-rebuild``, ...; `flwr_admm.protocol`). A reply carries
+    Delta_i under ``arrays`` (the model's tensor names and shapes, any real dtype: send
+    float64, it is a change of a sum), with ``admm-rebuild`` = 1 also sigma_i' under
+    ``admm-share``, and one MetricRecord with ``num-examples``, the client key as in
+    `FedADMM` and the protocol metrics (``admm-previous-round``,
     ``admm-examples-change``, ``admm-w-sq-norm``, ``admm-u-sq-norm``,
-    ``admm-delayed-sq-residual``, ``admm-resync``) and the client key as in `FedADMM`.
-    `flwr_admm.clientapp.make_client_app` and `flwr_admm.clientapp.ADMMTrainStep` speak it.
-
-    Acknowledgement, state-mismatch rejection (``num_state_mismatch``), resync
-    (``num_resynced``) and the rebuild sweep (``rebuilding``) are the legacy ones, as are
-    the round metrics. Bad replies (error replies: ``num_failures``; missing arrays,
-    other names, shapes or dtypes, NaN/inf, a bad ``num-examples``, missing or
-    inconsistent protocol metrics: ``num_rejected``) never touch S; the run goes on.
+    ``admm-delayed-sq-residual``, ``admm-resync``, ...). Bad replies (error replies:
+    ``num_failures``; missing arrays, other names, shapes or dtypes, NaN/inf, a bad
+    ``num-examples``, missing or inconsistent protocol metrics: ``num_rejected``) never
+    touch S; the run goes on. `flwr_admm.clientapp.make_client_app` and
+    `flwr_admm.clientapp.ADMMTrainStep` speak it.
 
     Parameters
     ----------
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        As in Flower's Message-API `FedAvg`, and positional in its order; the rest is
-        keyword-only (Flower's FedProx takes proximal_mu 11th: here a TypeError).
-        Metrics as in `FedADMM` (identity and protocol keys dropped).
+        As in `FedADMM`.
     rho, proximal_mu : float
-        Constant penalty rho > 0 (default 1). ``proximal_mu`` is FedProx's name for
-        it: give either (both: equal, else ValueError; `given_rho`).
+        Constant penalty rho > 0 (default 0.1), as in `FedADMM`. A rho schedule,
+        per-client rho or over-relaxation would need every dual on the server: use
+        `FedADMM` for them.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
     dual_step : float in (0, 1]
-        The clients' dual step gamma: u_i += gamma (w_i - z^k), sent as
-        ``admm-dual-step`` when it is not 1 (as `FedADMM`'s ``dual_step``; the same
-        fixed point).
+        The nodes' dual step gamma (default 1): u_i += gamma (w_i - z^k), sent as
+        ``admm-dual-step`` when it is not 1.
     acceleration : {None, "nesterov"}
-        Fast ADMM with restart, as in the legacy class (`flwr_admm.core.dual_momentum`):
-        the server extrapolates z and sends z_k under ``admm-accel-z`` with the
-        coefficient g; each node extrapolates its own dual.
+        Fast ADMM with restart (`flwr_admm.core.dual_momentum`): z_k goes under
+        ``admm-accel-z``; each node extrapolates its own dual.
     form : {"prox", "linearized"} or Linearized
-        The linearized form with client-held duals, as in the legacy class (config
-        ``admm-form``; a reply without ``admm-step-budget`` is rejected).
-    convergence, sampling_seed :
-        As in `FedADMM` (convergence uses the delayed primal residual).
-    clients : ClientPolicy
-        Identity and eviction as in `FedADMM`; an evicted key's share leaves S
-        through the rebuild sweep.
-    checkpoint : Checkpointing, optional
-        Checkpoints of z, S, N, the per-key entries and the sweep (`ClientDualsState`).
-        The duals stay on the nodes: a resumed run continues exactly if they kept
-        their ``context.state``; a node that lost it resynchronizes.
+        The linearized form with client-held duals (module docstring of
+        `flwr_admm.rounds.client_duals`).
+    convergence, sampling_seed, clients, checkpoint, health
+        As in `FedADMM`; the stopping test uses the delayed primal residual, an evicted
+        key's share leaves S through the rebuild sweep, and a checkpoint holds no
+        duals (the nodes must keep their state).
     uplink : Uplink, optional
-        Uplink compression of Delta_i with error feedback, as in the legacy class (each
-        node keeps its residual e_i; S = sum_i n_i c_i - sum_i e_i); a compressor only
-        (``local_dp`` or ``residual="dual"``: ValueError). The node sends the
-        payload under ``admm-payload`` (one uint8 tensor of bytes per model tensor)
-        instead of ``arrays``; ``uplink_bytes`` counts the payload bytes per round.
-    health : HealthCheck or None
-        Divergence watchdog, as in `FedADMM` (`flwr_admm.core.health`); None: off.
+        A compressor with error feedback (``local_dp`` or ``residual="dual"``:
+        ValueError); the node sends the compressed Delta_i under ``admm-payload`` (one
+        uint8 tensor of bytes per model tensor) instead of ``arrays``.
 
     """
 

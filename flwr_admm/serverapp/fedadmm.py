@@ -28,8 +28,8 @@ __all__ = ["FedADMM", "fast_convex", "textbook"]
 class FedADMM(RoundStrategy):
     r"""Federated inexact consensus ADMM with server-held duals (Message API).
 
-    The round (the reference for every module of the package), with u_i = y_i / rho_i
-    the scaled dual of client i, p_i = n_i / sum_j n_j over every client seen:
+    The round, the reference for every module of the package, with u_i = y_i / rho_i
+    the scaled dual of client i and p_i = n_i / sum_j n_j over every client seen:
 
         send  v_i = z - u_i, rho_i and z                 (center, penalty, start)
         w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (local solve, started at z)
@@ -43,27 +43,27 @@ class FedADMM(RoundStrategy):
         w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from z    (no prox term)
         z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i,   y_i += rho_i (w_i - z')
 
-    The core is `flwr_admm.core.ConsensusADMM` (over-relaxation, per-client rho,
-    acceleration); the legacy `flwr_admm.server.FedADMM` runs the same round.
+    The general form (over-relaxation, per-client rho, unscaled duals) is
+    `flwr_admm.core.ConsensusADMM`'s; the legacy `flwr_admm.server.FedADMM` runs the
+    same round (`flwr_admm.rounds.fedadmm.FedADMMRound`).
 
-    Wire contract: what each sampled node gets is `flwr_admm.rounds.fedadmm.FedADMMRound`'s
-    instruction (prox form: v_i, z and rho_i). A reply carries one ArrayRecord (w_i) and
-    one MetricRecord with ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's
-    key (``client-key``, else ``partition-id``, else the node id) and
-    ``admm-started-at-z``, which our helpers (`flwr_admm.torch.TorchADMM`,
-    `flwr_admm.clientapp.ADMMTrainStep`) set.
-    A reply without it comes from a stock FedProx handler, which starts at v_i: with
-    momentum SGD that start feeds the dual back into the drift and diverges, so such
-    a node's dual is held at 0 and it runs FedProx's step around z
-    (`flwr_admm.rounds.fedadmm.StartMarks`, ``num_stock_replies``).
+    Wire. Each sampled node gets v_i under ``arrays``, z under ``admm-start`` (when
+    rho_i > 0) and ``rho`` = ``proximal-mu`` = rho_i in the config; in the linearized
+    form z (or the momentum start) under ``arrays``, y_i under ``admm-dual``,
+    ``admm-form`` = "linearized" and ``proximal-mu`` = 0. A reply carries one
+    ArrayRecord (w_i) and one MetricRecord with ``num-examples``, optionally ``loss``
+    (f_i(w_i)), the client's key (``client-key``, else ``partition-id``, else the node
+    id), ``admm-started-at-z`` (set by `flwr_admm.torch.TorchADMM` and
+    `flwr_admm.clientapp.ADMMTrainStep`) and, in the linearized form,
+    ``admm-step-budget`` (required). A reply without ``admm-started-at-z`` comes from a
+    stock FedProx handler, which starts at v_i: such a node's dual is held at 0 and it
+    runs FedProx's step around z (``num_stock_replies``; why: `flwr_admm.rounds.fedadmm`).
 
     Robustness: error replies count as ``num_failures``; replies with missing or extra
     records, other tensor names, shapes or non-numeric dtypes, NaN/inf, or a bad
     ``num-examples`` are rejected (``num_rejected``) and the round goes on (Flower's
-    FedAvg would raise `InconsistentMessageReplies`). A key is accepted only from the
-    node it was first accepted from (``num_key_conflicts``, `KeyBinding`). Nodes are
-    sampled after waiting for ``min_available_nodes``; with ``sampling_seed`` the draw
-    is reproducible and the same as the legacy strategy's.
+    FedAvg would raise `InconsistentMessageReplies`). Nodes are sampled after waiting
+    for ``min_available_nodes``.
 
     Parameters
     ----------
@@ -76,7 +76,7 @@ class FedADMM(RoundStrategy):
         returns is one of ours, ours wins; identity and protocol keys are dropped.
     rho, proximal_mu : float
         Penalty rho >= 0 (default 0.1); rho = 0 is FedAvg. ``proximal_mu`` is FedProx's
-        name for it: give either (both: equal, else ValueError; `given_rho`).
+        name for it: give either (both: equal, else ValueError).
     rho_schedule : RhoSchedule or str, optional
         `Constant`, `ResidualBalancing`, or a name.
         None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.
@@ -84,53 +84,48 @@ class FedADMM(RoundStrategy):
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     relaxation : float or None
         Over-relaxation alpha in (0, 2); 1 (default, also None) is plain ADMM.
-    dual_step : float
-        The dual step gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook
-        step. The default damps the feedback a noisy local solve (momentum SGD,
-        minibatches) puts into its own dual (docs/torch.md); the fixed point is the same.
+    dual_step : float or None
+        The dual step gamma in (0, 1] (None: 0.2); 1 is the textbook step. gamma < 1
+        damps the feedback a noisy local solve (momentum SGD, minibatches) puts into
+        its own dual (docs/torch.md); the fixed point is the same.
     acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
         z and the replying clients' duals are extrapolated between rounds, restarting
         from the current point when the combined residual grows. None (default) is
-        plain ADMM. The defaults are measured on the CNN task and the convex ones
-        (`flwr_admm.core.settings`, docs/tuning.md); the recipes `textbook` (the seeds'
-        iteration) and `fast_convex` (full-batch convex clients) are partials of this class.
+        plain ADMM.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
         (docs/peers.md), the same with every client replying. Fingerprinted if set.
     form : {"prox", "linearized"} or Linearized
-        The prox step around v_i ("prox", default, the seeds' iteration) or the
-        linearized one above with a `Linearized`'s server steps ("linearized" is
-        ``Linearized()``; `flwr_admm.core.linearized`). That form fixes rho,
-        proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
-        acceleration (given: ValueError), takes no compressor or local DP, and rejects a
-        reply without ``admm-step-budget`` (wire: `flwr_admm.rounds.fedadmm`).
+        The prox step around v_i ("prox", default) or the linearized one above with a
+        `Linearized`'s server steps ("linearized" is ``Linearized()``). That form fixes
+        rho, proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
+        acceleration (given: ValueError) and takes no compressor or local DP.
     convergence : Convergence
-        Boyd's tolerances eps_abs, eps_rel of the thresholds eps_pri / eps_dual, and
-        whether to sample no nodes once r <= eps_pri and s <= eps_dual (``stop``).
+        Boyd's stopping thresholds (`flwr_admm.options.Convergence`).
     sampling_seed : int or None
-        Seed of the node sample (None: Python's `random`, as Flower).
+        Seed of the node sample: round k draws ``default_rng([seed, k])`` from the nodes
+        ordered by client key, so both APIs pick the same nodes (None: Python's
+        `random`, as Flower).
     clients : ClientPolicy
-        Client identity and eviction: under ``key_binding="node"`` (default) a key is
-        accepted only from its node; keys unheard for more than ``max_age`` rounds, or
-        the least recently heard beyond ``max_count``, are evicted (their w_i and dual
-        leave the sums).
+        Client identity and eviction (`flwr_admm.options.ClientPolicy`): an evicted
+        key's w_i and dual leave the sums; rejected claims count as
+        ``num_key_conflicts``.
     checkpoint : Checkpointing, optional
-        The state (z, every cached w_i and dual, the sums, rho and its schedule, key
-        bindings) written to ``directory`` every ``every`` aggregations; with
-        ``resume`` the strategy starts from it and continues bit-identically.
+        Where and how often the state is written (`flwr_admm.options.Checkpointing`):
+        z, every cached w_i and dual, the sums, rho and its schedule, the key bindings
+        and the held tensors; a resumed run continues bit-identically.
     uplink : Uplink, optional
-        Uplink compression and local DP (`flwr_admm.uplink`): nodes send the
-        compressed w_i - v_i under ``admm-payload`` (one uint8 tensor of bytes per
-        model tensor) and the server rebuilds w_i = v_i + decode(payload);
+        Compression and local DP of the updates (`flwr_admm.options.Uplink`): nodes
+        send the compressed w_i - v_i under ``admm-payload`` (one uint8 tensor of bytes
+        per model tensor) and the server rebuilds w_i = v_i + decode(payload);
         ``uplink_bytes`` and, with noise, ``dp_epsilon`` are reported every round.
     tensor_policy : mapping, optional
         ``{name pattern: role}`` over the ArrayRecord's tensor names, roles
         ``"consensus"`` (ADMM), ``"average"`` (FedAvg, no dual) or ``"keep"`` (never
         changed); unmatched tensors: integer dtypes keep, ``*running_mean`` /
         ``*running_var`` average, the rest consensus (`flwr_admm.core.tensor_policy`).
-        The held (non-consensus) tensors are in the checkpoints too.
     health : HealthCheck or None
         Divergence watchdog (`flwr_admm.core.health`); None: off.
 
@@ -140,6 +135,10 @@ class FedADMM(RoundStrategy):
         The server state (built from the first z received).
     history : list of dict
         The round metrics of every aggregation, with ``round``.
+
+    See Also
+    --------
+    textbook, fast_convex : recipes of this class (docs/options.md).
 
     """
 

@@ -32,10 +32,16 @@ __all__ = ["SCAFFOLD", "FedDyn", "FedNova"]
 class PeerStrategy(RoundStrategy):
     """The keywords every peer baseline takes besides its own and Flower's `FedAvg`'s.
 
-    Flower's Message-API `FedAvg` keywords are keyword-only here. The others are the
-    legacy `flwr_admm.server.peers.PeerStrategy`'s: ``sampling_seed`` (the node
-    sample, as `FedADMM`'s), ``clients`` (a `ClientPolicy`), ``checkpoint`` (a
-    `Checkpointing`) and ``health``.
+    Flower's Message-API `FedAvg` keywords are keyword-only here.
+
+    Parameters
+    ----------
+    sampling_seed, clients, health
+        As in `flwr_admm.serverapp.FedADMM`; an evicted key's share leaves c / h.
+    checkpoint : Checkpointing, optional
+        As in `FedADMM`: x, the per-client states and the key bindings
+        (`flwr_admm.rounds.checkpoint`).
+
     """
 
     def __init__(
@@ -67,15 +73,15 @@ class PeerStrategy(RoundStrategy):
 class SCAFFOLD(PeerStrategy):
     """SCAFFOLD with option II control variates and server step size eta_g.
 
-    Takes `PeerStrategy`'s keywords and `server_learning_rate` (eta_g > 0, default 1).
-    Nodes MUST follow the ``peer-algorithm = "scaffold"`` contract (the module
-    docstring; the round: `flwr_admm.rounds.scaffold`) and commit c_i+ only once
-    acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
-    `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping c_i in
-    ``context.state`` (a user's handler: `flwr_admm.clientapp.received_control` and
-    `build_scaffold_reply`).
+    x' = x + eta_g sum_S p_i (y_i - x),  c = sum_held n_i c_i / sum_held n_i
 
-    Update: x' = x + eta_g sum_S p_i (y_i - x); c = sum_held n_i c_i / sum_held n_i.
+    Takes `PeerStrategy`'s keywords and `server_learning_rate` (eta_g > 0, default 1:
+    the paper's choice with full participation). Nodes MUST follow the
+    ``peer-algorithm = "scaffold"`` contract (the client steps: `flwr_admm.rounds.scaffold`;
+    the wire: the module docstring) and commit c_i+ only once acknowledged
+    (``admm-ack-round``, `flwr_admm.rounds.peers`); `flwr_admm.clientapp.make_client_app`
+    around an `ADMMClient` does, keeping c_i in ``context.state`` (a user's handler:
+    `flwr_admm.clientapp.received_control` and `build_scaffold_reply`).
     """
 
     def __init__(self, *, server_learning_rate: float = 1.0, **keywords: Any) -> None:
@@ -93,13 +99,13 @@ class SCAFFOLD(PeerStrategy):
 class FedDyn(PeerStrategy):
     """FedDyn with penalty alpha and server state h.
 
-    Takes `PeerStrategy`'s keywords and `alpha` (> 0, required). Nodes MUST follow the
-    ``peer-algorithm = "feddyn"`` contract (the round: `flwr_admm.rounds.feddyn`) and
-    commit grad_i only once acknowledged (``admm-ack-round``, `flwr_admm.rounds.peers`);
-    `flwr_admm.clientapp.make_client_app` around an `ADMMClient` does, keeping grad_i
-    in ``context.state``.
+    h = sum_held n_i grad_i / sum_held n_i,  x' = sum_S p_i w_i - h / alpha
 
-    Update: sum_held n_i grad_i -= alpha n_i (w_i - x); x' = sum_S p_i w_i - h / alpha.
+    Takes `PeerStrategy`'s keywords and `alpha` (> 0, required; the paper tunes it over
+    0.1, 0.01, 0.001). Nodes MUST follow the ``peer-algorithm = "feddyn"`` contract
+    (`flwr_admm.rounds.feddyn`) and commit grad_i only once acknowledged
+    (``admm-ack-round``, `flwr_admm.rounds.peers`); `flwr_admm.clientapp.make_client_app`
+    around an `ADMMClient` does, keeping grad_i in ``context.state``.
     """
 
     def __init__(self, *, alpha: float, **keywords: Any) -> None:
@@ -117,11 +123,13 @@ class FedDyn(PeerStrategy):
 class FedNova(PeerStrategy):
     """Federated normalized averaging for nodes running plain local (S)GD.
 
+    x' = x - tau_eff sum_i p_i (x - w_i) / tau_i,  tau_eff = sum_i p_i tau_i
+
     Takes `PeerStrategy`'s keywords. Nodes MUST run plain gradient steps from the
     received arrays (no proximal term) and report the number of steps as the integer
-    metric ``"local_steps"`` (`flwr_admm.clientapp`'s app around an `ADMMClient` does).
-
-    Update: x' = x - tau_eff * sum_i p_i (x - w_i) / tau_i, tau_eff = sum_i p_i tau_i.
+    metric ``"local_steps"`` (`flwr_admm.clientapp`'s app around an `ADMMClient` does);
+    a reply without a valid one is rejected, and a node that took 0 steps must return
+    x unchanged (`flwr_admm.rounds.fednova`).
     """
 
     def __init__(self, **keywords: Any) -> None:

@@ -184,9 +184,8 @@ def array_problem(array: Array, shape: Sequence[int]) -> str | None:
 def copy_config(config: ConfigRecord, *, check: bool = False) -> dict[str, Any]:
     """Return a copy of `config` (lists copied too); never touch the given record.
 
-    With `check`, refuse a key the strategy sets itself: ``rho``, ``proximal-mu``,
-    ``server-round``, the legacy ``proximal_mu``, ``server_round``, ``admm-duals``,
-    and keys starting with ``admm-``, ``uplink`` or ``dp-`` (ValueError naming it).
+    With `check`, refuse a key the strategy sets itself (`MESSAGE_RESERVED_CONFIG_KEYS`,
+    `RESERVED_CONFIG_PREFIXES`; ValueError naming it).
     """
     copied = {k: list(v) if isinstance(v, list) else v for k, v in config.items()}
     if check:

@@ -75,9 +75,9 @@ class RoundStrategy(FedAvg):
     """Flower's Message-API `FedAvg` whose train rounds are a `RoundLayer`'s.
 
     Sampling waits for ``min_available_nodes`` first and sizes the sample from the
-    nodes connected then (Flower's FedAvg sizes it before waiting, so round 1 of a
-    simulation can sample 2 of 10 nodes); the draw is the layer's, seeded by
-    (sampling_seed, round) over the nodes ordered by client key.
+    nodes connected then (Flower's FedAvg sizes it before waiting, so it samples too
+    few while nodes are still connecting); the draw is the layer's
+    (`flwr_admm.rounds.identity.sample_ids`).
     """
 
     def __init__(
