@@ -16,10 +16,8 @@ Flower's legacy ``Server.fit`` has no try/except around ``aggregate_fit``: a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from logging import WARNING
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,10 +45,10 @@ from flwr_admm.rounds.exchange import (
     Incoming,
     Instruction,
     Layout,
+    RoundViews,
     Tally,
     without_reply_keys,
 )
-from flwr_admm.rounds.identity import KeyBinding
 from flwr_admm.rounds.layer import RoundLayer
 from flwr_admm.server.sampling import check_flower_fields, check_user_config, sample_clients
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, to_parameters
@@ -61,7 +59,7 @@ Results = list[tuple[ClientProxy, FitRes]]
 Failures = list[tuple[ClientProxy, FitRes] | BaseException]
 
 
-class RoundStrategy(FedAvg):
+class RoundStrategy(RoundViews, FedAvg):
     """Flower's legacy `FedAvg` whose fit rounds are a `RoundLayer`'s.
 
     Clients are keyed by ``client-key`` or ``partition-id`` in their fit metrics, else
@@ -102,37 +100,6 @@ class RoundStrategy(FedAvg):
         self._model_sent: Parameters | None = None  # this round's z^k, as received
         self._returned: Parameters | None = None  # the last z' we returned
         self.round.resume()
-
-    # ---------------------------------------------------------------- views
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """The round metrics of every aggregation, with ``round``."""
-        return self.round.history
-
-    @property
-    def binding(self) -> KeyBinding:
-        """Which node speaks for each client key (`flwr_admm.rounds.identity`)."""
-        return self.round.binding
-
-    @property
-    def key_binding(self) -> str:
-        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
-        return self.round.clients.key_binding
-
-    @property
-    def converged(self) -> bool:
-        """Whether the last aggregation met the stopping thresholds."""
-        return self.round.converged
-
-    @property
-    def last_round(self) -> int:
-        """The round of the last aggregation (continued after a resume)."""
-        return self.round.last_round
-
-    @property
-    def sampling_seed(self) -> int | None:
-        """The seed of the client sample."""
-        return self.round.sampling_seed
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """Return the restored z after a resume, else Flower's `initial_parameters`."""
@@ -266,24 +233,3 @@ class RoundStrategy(FedAvg):
         assert model is not None and layout is not None
         self._returned = to_parameters(model, layout.dtypes)  # Flower's bytes, one copy
         return self._returned
-
-    # ------------------------------------------------------------- checkpoints
-    def settings(self) -> dict[str, Any]:
-        """Return every setting that changes the iterates: what a checkpoint must match."""
-        return self.round.settings()
-
-    def fingerprint(self) -> str:
-        """Return the SHA-256 of `settings`, the value a checkpoint must match."""
-        return self.round.fingerprint()
-
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
-        return self.round.save(path)
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
-        """Restore the server state from directory `path`; return its round."""
-        return self.round.load(path)
-
-    def configuration(self) -> dict[str, Any]:
-        """Return the algorithm's own settings a checkpoint must agree with (JSON)."""
-        return self.round.algorithm.configuration()

@@ -17,11 +17,9 @@ nothing: a reply means something only against what configure_train sent its node
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from logging import INFO, WARNING
-from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -39,8 +37,7 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.rounds.checks import check_sizes, unconfigured
-from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction, Layout
-from flwr_admm.rounds.identity import KeyBinding
+from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction, RoundViews
 from flwr_admm.rounds.layer import RoundLayer
 from flwr_admm.serverapp.records import (
     check_overwritten,
@@ -71,7 +68,7 @@ def wait_for_nodes(grid: Grid, minimum: int, interval: float | None = None) -> l
     return node_ids
 
 
-class RoundStrategy(FedAvg):
+class RoundStrategy(RoundViews, FedAvg):
     """Flower's Message-API `FedAvg` whose train rounds are a `RoundLayer`'s.
 
     Sampling waits for ``min_available_nodes`` first and sizes the sample from the
@@ -119,42 +116,6 @@ class RoundStrategy(FedAvg):
         self._model_sent: ArrayRecord | None = None  # this round's z^k, as received
         self._returned: ArrayRecord | None = None  # the last z' we returned
         self.round.resume()
-
-    # ---------------------------------------------------------------- views
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """The round metrics of every aggregation, with ``round``."""
-        return self.round.history
-
-    @property
-    def binding(self) -> KeyBinding:
-        """Which node speaks for each client key (`flwr_admm.rounds.identity`)."""
-        return self.round.binding
-
-    @property
-    def key_binding(self) -> str:
-        """Who may speak for a client key (`ClientPolicy.key_binding`)."""
-        return self.round.clients.key_binding
-
-    @property
-    def converged(self) -> bool:
-        """Whether the last aggregation met the stopping thresholds."""
-        return self.round.converged
-
-    @property
-    def last_round(self) -> int:
-        """The round of the last aggregation (continued after a resume)."""
-        return self.round.last_round
-
-    @property
-    def layout(self) -> Layout | None:
-        """The model's tensor names, dtypes and shapes (from the first z received)."""
-        return self.round.layout
-
-    @property
-    def sampling_seed(self) -> int | None:
-        """The seed of the node sample."""
-        return self.round.sampling_seed
 
     # ------------------------------------------------------------------ train
     def configure_train(
@@ -317,24 +278,3 @@ class RoundStrategy(FedAvg):
         if train:
             self.round.connect(node_ids)
         return self.round.sample(node_ids, size, server_round)
-
-    # ------------------------------------------------------------- checkpoints
-    def settings(self) -> dict[str, Any]:
-        """Return every setting that changes the iterates: what a checkpoint must match."""
-        return self.round.settings()
-
-    def fingerprint(self) -> str:
-        """Return the SHA-256 of `settings`, the value a checkpoint must match."""
-        return self.round.fingerprint()
-
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
-        """Write the full server state to directory `path` (atomic, checksummed, no pickle)."""
-        return self.round.save(path)
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
-        """Restore the server state from directory `path`; return its round."""
-        return self.round.load(path)
-
-    def configuration(self) -> Mapping[str, Any]:
-        """Return the algorithm's own settings a checkpoint must agree with (JSON)."""
-        return self.round.algorithm.configuration()
