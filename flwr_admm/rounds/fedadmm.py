@@ -6,16 +6,6 @@ consensus variables), the start marks of stock FedProx handlers (`StartMarks`) a
 the uplink channel (compression, local DP), and turns them into instructions and
 folds. Every center a node was sent is recomputed, never stored: z, the duals and
 the dtypes do not change within a round.
-
-Start marks (`StartMarks`). Our client helpers (`TorchADMM`, `ADMMTrainStep`,
-`ADMMClient`) mark every reply with ``admm-started-at-z``: 1 when the local solve
-started at the received z, 0 when it started elsewhere (its own last w_i, or v_i, as
-asked). A reply without the mark comes from a stock FedProx handler, which starts at
-the received center v_i = z - u_i and uses it as its prox center. Started there,
-w_i ~ v_i + d_i (d_i the node's plain local drift), so the next dual u_i ~ d_i - mean(d)
-puts the next start opposite that drift: with momentum SGD on a CNN the gain per round
-exceeds 1 and the run diverges (docs/torch.md). Such a client's dual is therefore held
-at 0: its center is z and its step FedProx's.
 """
 
 from __future__ import annotations
@@ -32,16 +22,27 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.linearized import Form, budget_scale, dual_tensors
+from flwr_admm.core.linearized import (
+    Form,
+    FormSpec,
+    budget_scale,
+    check_form,
+    dual_tensors,
+    strategy_settings,
+)
+from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import ConsensusSettings
 from flwr_admm.core.snapshot import restore, snapshot
+from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import (
     Rules,
     TensorSplit,
+    check_rules,
     nonnegative_of,
     roles_of,
 )
 from flwr_admm.core.types import NON_FINITE, Arrays, Reply, RoundReport, check_reply
+from flwr_admm.options import Convergence, Uplink, option
 from flwr_admm.protocol import (
     CONVERGED,
     DUAL_RECORD,
@@ -104,6 +105,42 @@ class FedADMMRound:
         self.marks = StartMarks()  # stock FedProx handlers: their duals are held at 0
         self.sent_key: dict[str, str | None] = {}  # node -> key whose center it got
         self._start: Arrays = AS_RECEIVED  # this round's start, the same for every node
+
+    @classmethod
+    def of(
+        cls,
+        given: dict[str, Any],
+        *,
+        regularizer: Regularizer | None,
+        relaxation: float | None,
+        dual_step: float | None,
+        acceleration: str | None,
+        z_average: ZAverage,
+        form: FormSpec,
+        convergence: Convergence,
+        uplink: Uplink | None,
+        tensor_policy: Mapping[str, str] | None,
+        start: StartPolicy,
+    ) -> FedADMMRound:
+        """Return the round a `FedADMM` front-end's keywords describe (checked).
+
+        `given` holds ``rho``, ``proximal_mu`` and ``rho_schedule`` (`strategy_settings`).
+        """
+        link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
+        settings = strategy_settings(
+            form,
+            given,
+            regularizer=regularizer,
+            eps_abs=convergence.eps_abs,
+            eps_rel=convergence.eps_rel,
+            relaxation=relaxation,
+            acceleration=acceleration,
+            z_average=z_average,
+            dual_step=dual_step,
+            channel={"uplink": link.compressor, "local_dp": link.local_dp},
+        )
+        channel = UplinkChannel(link.compressor, link.local_dp, link.residual)
+        return cls(settings, check_form(form), channel, check_rules(tensor_policy), start)
 
     # ------------------------------------------------------------------ model
     def adopt(self, z: Arrays, layout: Layout) -> None:
@@ -310,22 +347,19 @@ class FedADMMRound:
 
 @dataclass
 class StartMarks:
-    """The marks of one strategy's clients: stock ones this round, those starting at z.
+    """Which clients start at z, read from their replies' ``admm-started-at-z``.
 
-    Attributes
-    ----------
-    stock : set of str
-        Keys whose reply this round carried no mark (with rho > 0).
-    at_z : set of str
-        Keys whose last accepted reply started at z (mark 1).
-    warned : set of str
-        Stock keys already logged.
-
+    Our helpers (`TorchADMM`, `ADMMTrainStep`, `ADMMClient`) mark every reply: 1 when
+    the solve started at the received z, 0 elsewhere. A reply without the mark comes
+    from a stock FedProx handler, which starts at v_i = z - u_i: then w_i ~ v_i + d_i
+    (d_i its drift) and u_i ~ d_i - mean(d) puts the next start opposite the drift,
+    which diverges with momentum SGD (docs/torch.md). Its dual is held at 0: its
+    center is z and its step FedProx's.
     """
 
-    stock: set[str] = field(default_factory=set)
-    at_z: set[str] = field(default_factory=set)
-    warned: set[str] = field(default_factory=set)
+    stock: set[str] = field(default_factory=set)  # unmarked replies this round (rho > 0)
+    at_z: set[str] = field(default_factory=set)  # last accepted reply started at z
+    warned: set[str] = field(default_factory=set)  # stock keys already logged
 
     def begin(self) -> None:
         """Open a round: no stock reply seen yet."""

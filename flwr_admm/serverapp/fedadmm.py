@@ -10,17 +10,15 @@ from flwr.common.logger import log
 
 from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
 from flwr_admm.core.health import DEFAULT_HEALTH
-from flwr_admm.core.linearized import FormSpec, check_form, strategy_settings
+from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
-from flwr_admm.core.tensor_policy import check_rules
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
 from flwr_admm.protocol import NUM_EXAMPLES
 from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
-from flwr_admm.uplink.channel import UplinkChannel
 
 __all__ = ["FedADMM", "fast_convex", "textbook"]
 
@@ -172,24 +170,20 @@ class FedADMM(RoundStrategy):
         tensor_policy: Mapping[str, str] | None = None,
         health: HealthCheck | None = DEFAULT_HEALTH,
     ) -> None:
-        form_name = check_form(form)
-        rules = check_rules(tensor_policy)
         stopping = option("convergence", convergence, Convergence)
-        link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
-        settings = strategy_settings(
-            form,
+        self.algorithm = FedADMMRound.of(
             {"rho": rho, "proximal_mu": proximal_mu, "rho_schedule": rho_schedule},
             regularizer=regularizer,
-            eps_abs=stopping.eps_abs,
-            eps_rel=stopping.eps_rel,
             relaxation=relaxation,
+            dual_step=dual_step,
             acceleration=acceleration,
             z_average=z_average,
-            dual_step=dual_step,
-            channel={"uplink": link.compressor, "local_dp": link.local_dp},
+            form=form,
+            convergence=stopping,
+            uplink=uplink,
+            tensor_policy=tensor_policy,
+            start="always",
         )
-        channel = UplinkChannel(link.compressor, link.local_dp, link.residual)
-        self.algorithm = FedADMMRound(settings, form_name, channel, rules, start="always")
         super().__init__(
             self.algorithm,
             {
