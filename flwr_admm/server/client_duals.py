@@ -55,12 +55,12 @@ class FedADMMClientDuals(RoundStrategy):
         )
         super().__init__(
             self.algorithm,
+            fedavg_kwargs,
             sampling_seed=sampling_seed,
             clients=clients,
             checkpoint=checkpoint,
             health=health,
             stop_on_convergence=convergence.stop,
-            **fedavg_kwargs,
         )
 
     def _round(self, **settings: Any) -> ClientDualsRound:

@@ -80,13 +80,13 @@ class FedADMM(RoundStrategy):
         )
         super().__init__(
             self.algorithm,
+            fedavg_kwargs,
             sampling_seed=sampling_seed,
             clients=clients,
             checkpoint=checkpoint,
             health=health,
             stop_on_convergence=stopping.stop,
             tensor_names=tensor_names,
-            **fedavg_kwargs,
         )
 
     @property

@@ -41,12 +41,12 @@ class PeerStrategy(RoundStrategy):
     ) -> None:
         super().__init__(
             algorithm,
+            fedavg_kwargs,
             sampling_seed=sampling_seed,
             clients=clients,
             checkpoint=checkpoint,
             health=health,
             advice=PEER_ADVICE,
-            **fedavg_kwargs,
         )
 
     @property

@@ -63,12 +63,16 @@ class RoundStrategy(RoundViews, FedAvg):
     """Flower's legacy `FedAvg` whose fit rounds are a `RoundLayer`'s.
 
     Clients are keyed by ``client-key`` or ``partition-id`` in their fit metrics, else
-    by their cid; `tensor_names` as in `flwr_admm.server.FedADMM`.
+    by their cid; `tensor_names` as in `flwr_admm.server.FedADMM`. ``fedavg`` holds the
+    keywords for Flower's `FedAvg` (the front-ends' ``**fedavg_kwargs``), apart from
+    this class's own, so a front-end's user cannot reach ``stop_on_convergence`` or
+    ``advice`` through them.
     """
 
     def __init__(
         self,
         algorithm: Algorithm,
+        fedavg: dict[str, Any],
         *,
         sampling_seed: int | None = 0,
         clients: ClientPolicy | None = None,
@@ -77,9 +81,8 @@ class RoundStrategy(RoundViews, FedAvg):
         stop_on_convergence: bool = False,
         tensor_names: Sequence[str] | None = None,
         advice: str = ADMM_ADVICE,
-        **fedavg_kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_kwargs)
+        super().__init__(**fedavg)
         check_flower_fields(self, sampling_seed)
         self.tensor_names = None if tensor_names is None else [str(n) for n in tensor_names]
         self.round = RoundLayer(

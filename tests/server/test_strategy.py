@@ -30,7 +30,7 @@ from flwr_admm import ClientPolicy
 from flwr_admm.client import ADMMClient
 from flwr_admm.protocol import START_MARK
 from flwr_admm.rounds.identity import ABSENT_GRACE
-from flwr_admm.server import FedADMM
+from flwr_admm.server import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn, FedNova
 from flwr_admm.server.fedadmm import textbook
 from flwr_admm.testing import make_proxies, run_rounds
 
@@ -540,3 +540,20 @@ def test_legacy_sends_z_after_the_center_to_clients_that_start_there() -> None:
         assert count == 2 and config["admm-start"] == 1
         config, count = by_round[(0, server_round)]
         assert count == 1 and "admm-start" not in config
+
+
+@pytest.mark.parametrize(
+    ("build", "keyword"),
+    [
+        (lambda: SCAFFOLD(stop_on_convergence=True), "stop_on_convergence"),
+        (lambda: FedDyn(alpha=0.1, advice="try again"), "advice"),
+        (lambda: FedNova(tensor_names=["w"]), "tensor_names"),
+        (lambda: FedADMMClientDuals(tensor_names=["w"]), "tensor_names"),
+        (lambda: FedADMM(stop_on_convergence=True), "stop_on_convergence"),
+    ],
+)
+def test_the_translators_own_keywords_are_not_public(build: Any, keyword: str) -> None:
+    """The legacy translator's internal keywords are not reachable through a front-end's
+    Flower keywords (they were, silently: SCAFFOLD(stop_on_convergence=True) ran)."""
+    with pytest.raises(TypeError, match=keyword):
+        build()
