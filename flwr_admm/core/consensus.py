@@ -10,6 +10,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
+from flwr_admm.core.dual_steps import (
+    AdaptiveDualStep,
+    DualStep,
+    alignment,
+    check_dual_step_spec,
+    first_gamma,
+)
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
@@ -100,10 +107,11 @@ class ConsensusADMM:
         Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
         z-step over every cached w_i or the round's replies (`flwr_admm.core.steps`).
-    dual_step : float
-        The dual step gamma in (0, 1] (1: the textbook step). The fixed point is
-        unchanged; gamma < 1 damps a noisy local solve's feedback into its own dual
-        (Glowinski's dual step, kept <= 1).
+    dual_step : float or AdaptiveDualStep
+        The dual step gamma in (0, 1] (1: the textbook step), or the rule that sets it
+        each round from the replies (`flwr_admm.core.dual_steps`; the current gamma is
+        ``gamma``). The fixed point is unchanged; gamma < 1 damps a noisy local
+        solve's feedback into its own dual (Glowinski's dual step, kept <= 1).
     start_momentum : float
         beta in [0, 1) of the linearized form's momentum start with restart
         (`flwr_admm.core.start_momentum`): `start_point` is where clients start.
@@ -123,8 +131,9 @@ class ConsensusADMM:
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
-    dual_step: float = 1.0
+    dual_step: DualStep = 1.0
     start_momentum: float = 0.0
+    gamma: float = field(init=False, default=1.0)  # this round's dual step
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
     fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
@@ -141,7 +150,8 @@ class ConsensusADMM:
         check_tolerances(self.eps_abs, self.eps_rel)
         self.relaxation = check_relaxation(self.relaxation)
         check_acceleration(self.acceleration, self.restart_eta)
-        self.dual_step = check_dual_step(self.dual_step)
+        self.dual_step = check_dual_step_spec(self.dual_step)
+        self.gamma = first_gamma(self.dual_step)
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         if self.acceleration is not None:
@@ -343,7 +353,9 @@ class ConsensusADMM:
             relaxation=self.relaxation,
             regularizer=self.regularizer,
         )
-        # y_i += rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
+        rule = self.dual_step if isinstance(self.dual_step, AdaptiveDualStep) else None
+        c = None if rule is None else alignment(ordered, self.records, self.z, self.rho)
+        # y_i += gamma rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
             ordered,
             self.records,
@@ -352,9 +364,11 @@ class ConsensusADMM:
             self.sums,
             shares,
             weight,
-            rho=self.rho * self.dual_step,  # y_i += gamma rho_i (...): the dual step size
+            rho=self.rho * self.gamma,  # y_i += gamma rho_i (...): the dual step size
             relaxation=self.relaxation,
         )
+        if rule is not None:
+            self.gamma = rule.next(self.gamma, c)
         return dz, stats
 
     def _accelerate(
@@ -386,6 +400,8 @@ class ConsensusADMM:
         if self.momentum is not None:
             extra, meta["start_momentum"] = self.momentum.dump()
             arrays.update(extra)
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            meta["gamma"] = self.gamma
         return arrays, meta
 
     def load_state_dict(self, arrays: StateArrays, meta: dict[str, Any]) -> None:
@@ -397,3 +413,8 @@ class ConsensusADMM:
             self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))
         if self.momentum is not None and "start_momentum" in meta:
             self.momentum.load(arrays, meta["start_momentum"], len(self.z))
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            gamma = meta.get("gamma")
+            if isinstance(gamma, bool) or not isinstance(gamma, int | float):
+                raise ValueError(f"gamma: the checkpoint holds no dual step, got {gamma!r}")
+            self.gamma = check_dual_step(gamma, "gamma")

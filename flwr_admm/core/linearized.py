@@ -42,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.dual_steps import DualStep, check_dual_step_spec, first_gamma
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant
 from flwr_admm.core.settings import (
@@ -53,7 +54,7 @@ from flwr_admm.core.settings import (
 from flwr_admm.core.start_momentum import check_momentum
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import TensorSplit
-from flwr_admm.core.types import Arrays, check_dual_step, check_scale
+from flwr_admm.core.types import Arrays, check_scale
 from flwr_admm.protocol import STEP_BUDGET
 
 __all__ = [
@@ -92,17 +93,19 @@ class Linearized:
     momentum : float
         beta in [0, 1) of the momentum start with restart: the clients start at
         x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z.
-    dual_step : float
-        gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step.
+    dual_step : float or AdaptiveDualStep
+        gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step. An
+        `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.dual_steps`); under
+        client-held duals, where the server never sees y_i, gamma stays at its floor.
 
     """
 
     momentum: float = DEFAULT_MOMENTUM
-    dual_step: float = DEFAULT_LINEARIZED_DUAL_STEP
+    dual_step: DualStep = DEFAULT_LINEARIZED_DUAL_STEP
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "momentum", check_momentum(self.momentum, "momentum"))
-        object.__setattr__(self, "dual_step", check_dual_step(self.dual_step))
+        object.__setattr__(self, "dual_step", check_dual_step_spec(self.dual_step))
 
 
 SCAFFNEW = Linearized(momentum=0.0, dual_step=1.0)  # the textbook iteration
@@ -130,7 +133,7 @@ def strategy_settings(
     relaxation: float | None,
     acceleration: str | None,
     z_average: ZAverage,
-    dual_step: float | None,
+    dual_step: DualStep | None,
     channel: dict[str, object],
 ) -> ConsensusSettings:
     """Return the core settings a FedADMM strategy's keywords give, in either form.
@@ -223,7 +226,7 @@ def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[floa
                 f"no prox term, regularizer, over-relaxation or uplink); leave it unset, "
                 f"got {value!r}"
             )
-    return steps.dual_step, 1.0
+    return first_gamma(steps.dual_step), 1.0
 
 
 def step_budget(steps: int, learning_rate: float, momentum: float = 0.0) -> float:

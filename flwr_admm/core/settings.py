@@ -11,6 +11,7 @@ import numpy as np
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.dual_steps import AdaptiveDualStep, DualStep, check_dual_step_spec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
 from flwr_admm.core.steps import ZAverage
@@ -24,6 +25,7 @@ __all__ = [
     "FAST_CONVEX",
     "TEXTBOOK",
     "ConsensusSettings",
+    "describe_step",
     "given_rho",
     "schedule_of",
     "strategy_defaults",
@@ -73,7 +75,7 @@ class ConsensusSettings:
     acceleration: str | None = None
     restart_eta: float = DEFAULT_ETA
     z_average: ZAverage = "cached"
-    dual_step: float = 1.0
+    dual_step: DualStep = 1.0
     start_momentum: float = 0.0
 
     def __post_init__(self) -> None:
@@ -89,7 +91,7 @@ class ConsensusSettings:
         self.new_admm([np.zeros(1)])
         object.__setattr__(self, "rho", float(self.rho))
         object.__setattr__(self, "relaxation", float(self.relaxation))
-        object.__setattr__(self, "dual_step", float(self.dual_step))
+        object.__setattr__(self, "dual_step", check_dual_step_spec(self.dual_step))
         object.__setattr__(self, "start_momentum", float(self.start_momentum))
 
     def new_admm(self, z: Arrays) -> ConsensusADMM:
@@ -124,9 +126,14 @@ class ConsensusSettings:
             "restart_eta": self.restart_eta,
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
-            **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
+            **({} if self.dual_step == 1.0 else {"dual_step": describe_step(self.dual_step)}),
             **({} if self.start_momentum == 0.0 else {"start_momentum": self.start_momentum}),
         }
+
+
+def describe_step(step: DualStep) -> float | dict[str, Any]:
+    """Return a dual step as JSON: the number, or the rule's `describe`."""
+    return step.describe() if isinstance(step, AdaptiveDualStep) else step
 
 
 def strategy_defaults(

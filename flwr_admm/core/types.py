@@ -64,10 +64,10 @@ def check_relaxation(alpha: object) -> float:
     return float(alpha)
 
 
-def check_dual_step(gamma: object) -> float:
+def check_dual_step(gamma: object, field_name: str = "dual_step") -> float:
     """Return the dual step gamma as a float; ValueError unless it is a number in (0, 1]."""
     if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0 < gamma <= 1):
-        raise ValueError(f"dual_step: must be a number in (0, 1], got {gamma!r}")
+        raise ValueError(f"{field_name}: must be a number in (0, 1], got {gamma!r}")
     return float(gamma)
 
 

@@ -22,6 +22,7 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ConsensusADMM
+from flwr_admm.core.dual_steps import DualStep
 from flwr_admm.core.linearized import (
     Form,
     FormSpec,
@@ -113,7 +114,7 @@ class FedADMMRound:
         *,
         regularizer: Regularizer | None,
         relaxation: float | None,
-        dual_step: float | None,
+        dual_step: DualStep | None,
         acceleration: str | None,
         z_average: ZAverage,
         form: FormSpec,

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
+from flwr_admm.core.dual_steps import DualStep
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
@@ -50,7 +51,7 @@ class FedADMM(RoundStrategy):
         rho_schedule: RhoSchedule | str | None = None,
         regularizer: Regularizer | None = None,
         relaxation: float | None = None,
-        dual_step: float | None = None,
+        dual_step: DualStep | None = None,
         acceleration: str | None = DEFAULT_ACCELERATION,
         z_average: ZAverage = "cached",
         form: FormSpec = "prox",
