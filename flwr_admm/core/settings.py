@@ -38,7 +38,9 @@ __all__ = [
 DEFAULT_RHO = 0.1
 DEFAULT_ACCELERATION: str | None = None
 DEFAULT_RELAXATION = 1.0
-DEFAULT_DUAL_STEP = 0.2
+# gamma from 0.2, raised while the replies' residuals keep pointing along their duals
+# (deterministic local solves), kept at 0.2 under minibatch noise (`core.dual_steps`)
+DEFAULT_DUAL_STEP: DualStep = AdaptiveDualStep()
 # The textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
 TEXTBOOK: Mapping[str, Any] = MappingProxyType(
     {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None, "dual_step": 1.0}

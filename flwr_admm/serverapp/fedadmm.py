@@ -83,9 +83,11 @@ class FedADMM(RoundStrategy):
         Server regularizer g (`L1`, `L2`); the z-step is its prox.
     relaxation : float or None
         Over-relaxation alpha in (0, 2); 1 (default, also None) is plain ADMM.
-    dual_step : float or None
-        The dual step gamma in (0, 1] (None: 0.2); 1 is the textbook step. gamma < 1
-        damps the feedback a noisy local solve (momentum SGD, minibatches) puts into
+    dual_step : float, AdaptiveDualStep or None
+        The dual step gamma in (0, 1]; 1 is the textbook step. None (default):
+        ``AdaptiveDualStep()``, gamma from 0.2, raised toward 1 while the replies'
+        residuals keep pointing along their duals (`flwr_admm.core.dual_steps`). gamma <
+        1 damps the feedback a noisy local solve (momentum SGD, minibatches) puts into
         its own dual (docs/torch.md); the fixed point is the same.
     acceleration : {None, "nesterov"}
         Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):

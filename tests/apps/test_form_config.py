@@ -34,15 +34,21 @@ def _last(tmp_path, api, strategy, form):
     return document["rounds"][-1]
 
 
-def test_the_linearized_form_is_one_iteration_on_both_strategies_and_apis(tmp_path):
+def test_the_linearized_form_is_one_iteration_per_strategy_on_both_apis(tmp_path):
+    """Server-held duals adapt gamma from 0.2 (`AdaptiveDualStep`), client-held duals stay
+    at 0.2: the same run on either API, the server-held one far ahead at round 15."""
     runs = {
         (api, strategy): _last(tmp_path, api, strategy, "linearized")
         for api in RUNS
         for strategy in ("fedadmm", "fedadmm-client-duals")
     }
-    gaps = [last["relative_gap"] for last in runs.values()]
-    assert 0 < max(gaps) < 1e-4  # measured 4.1e-5 at round 15
-    assert max(gaps) - min(gaps) <= 1e-9 * max(gaps)
+    for strategy in ("fedadmm", "fedadmm-client-duals"):
+        legacy, message = (runs[api, strategy]["relative_gap"] for api in RUNS)
+        assert legacy == pytest.approx(message, rel=1e-9, abs=0)
+    held = runs["message", "fedadmm-client-duals"]["relative_gap"]
+    server = runs["message", "fedadmm"]["relative_gap"]
+    assert 0 < held < 1e-4  # measured 4.1e-5 at round 15
+    assert 0 < server < held / 100  # measured 1.5e-7
     for (_, strategy), last in runs.items():
         assert last["num_results"] == 10 and last["rho"] == 1.0
         copies_down = 2 if strategy == "fedadmm" else 1  # z and y_i, or z
@@ -53,7 +59,7 @@ def test_the_convex_recipe_runs_with_server_held_duals_and_is_faster_here(tmp_pa
     convex = [_last(tmp_path, api, "fedadmm", "linearized-convex") for api in RUNS]
     plain = _last(tmp_path, "message", "fedadmm", "linearized")
     assert convex[0]["relative_gap"] == pytest.approx(convex[1]["relative_gap"], rel=1e-9)
-    assert convex[0]["relative_gap"] < 1e-3 * plain["relative_gap"]  # measured 1.1e-8
+    assert convex[0]["relative_gap"] < 0.2 * plain["relative_gap"]  # 1.1e-8 against 1.5e-7
 
 
 def test_the_prox_form_is_the_default_and_keeps_its_keys():

@@ -150,3 +150,18 @@ def test_settings_fingerprint_the_rule() -> None:
     described = ConsensusSettings(dual_step=AdaptiveDualStep()).describe()
     assert described["dual_step"] == {"adaptive": {"floor": 0.2, "threshold": 0.7, "rate": 1.0}}
     assert "dual_step" not in ConsensusSettings().describe()  # gamma = 1: as before
+
+
+def test_noisy_replies_keep_the_floor_and_steady_ones_reach_one() -> None:
+    """Replies that are fresh noise each round (a minibatch solve around consensus) hold
+    gamma at 0.2; replies that pull the same way every round (a deterministic solve
+    away from consensus) raise it to 1. A model of 1,000 parameters."""
+    rng, dim = np.random.default_rng(0), 1000
+    noisy = ConsensusADMM([np.zeros(dim)], 1.0, dual_step=AdaptiveDualStep())
+    steady = ConsensusADMM([np.zeros(dim)], 1.0, dual_step=AdaptiveDualStep())
+    pulls = [rng.normal(size=dim) for _ in range(CLIENTS)]
+    for k in range(20):
+        noisy.step([Reply(str(i), [rng.normal(size=dim)], 10) for i in range(CLIENTS)], k + 1)
+        steady.step([Reply(str(i), [pulls[i]], 10) for i in range(CLIENTS)], k + 1)
+        assert noisy.gamma == 0.2
+    assert steady.gamma == 1.0

@@ -14,7 +14,7 @@ import pytest
 from flower_run import run_seed
 from seed_task import first_round_below, gaps
 
-from flwr_admm.core import ResidualBalancing
+from flwr_admm.core import AdaptiveDualStep, ResidualBalancing
 from flwr_admm.core.schedules import Constant
 from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.server.fedadmm import fast_convex, textbook
@@ -60,9 +60,9 @@ def test_defaults_are_the_measured_ones_and_rho_zero_is_fedavg() -> None:
     strategy = FedADMM()
     settings = strategy.admm_settings
     assert settings.acceleration is None and settings.relaxation == 1.0
-    assert settings.rho == 0.1 and settings.dual_step == 0.2
+    assert settings.rho == 0.1 and settings.dual_step == AdaptiveDualStep(floor=0.2)
     assert isinstance(settings.rho_schedule, ResidualBalancing)
-    assert strategy.configuration()["dual_step"] == 0.2
+    assert strategy.configuration()["dual_step"] == AdaptiveDualStep().describe()
     assert fast_convex().configuration()["acceleration"] == "nesterov"
     fedavg = FedADMM(rho=0.0)
     assert isinstance(fedavg.admm_settings.rho_schedule, Constant)

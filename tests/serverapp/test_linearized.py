@@ -255,9 +255,11 @@ def test_client_held_duals_run_the_linearized_form_at_two_copies(app):
     assert train[-1].content["config"]["admm-form"] == "linearized"
 
 
-def test_client_held_duals_default_linearized_equals_the_server_held_one():
+def test_client_held_duals_default_linearized_is_the_server_held_one_at_the_floor():
+    """Client-held duals cannot adapt gamma (the server never sees y_i): the default
+    `Linearized()` runs there at the adaptive rule's floor, gamma = 0.2."""
     held, _ = _run(FedADMMClientDuals(form="linearized", **_every_node()), 40)
-    server, _ = _run(FedADMM(form=Linearized(momentum=0.0), **_every_node()), 40)
+    server, _ = _run(FedADMM(form=Linearized(momentum=0.0, dual_step=0.2), **_every_node()), 40)
     np.testing.assert_allclose(held, server, rtol=0, atol=1e-12)
     assert gaps(held)[-1] < gaps(held)[0] * 1e-3
 
