@@ -47,7 +47,12 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedProx (mu 0.1)": {"strategy": "fedprox"},
     "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
     "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
+    "FedADMM (dual step 0.2), TorchADMM": {"strategy": "fedadmm", "dual-step": 0.2},
     "FedADMM linearized, TorchADMM": {"strategy": "fedadmm-linearized", "handler": "torchadmm"},
+    "FedADMM linearized (dual step 0.2), TorchADMM": {
+        "strategy": "fedadmm-linearized",
+        "dual-step": 0.2,
+    },
     "FedADMM linearized (convex recipe), TorchADMM": {"strategy": "fedadmm-linearized-convex"},
     "FedADMMClientDuals (defaults), TorchADMM": {"strategy": "fedadmm-client-duals"},
     "SCAFFOLD": {"strategy": "scaffold"},

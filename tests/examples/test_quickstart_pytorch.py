@@ -110,6 +110,23 @@ def test_settings_are_the_pyproject_keys() -> None:
         Settings.from_run_config({k: v for k, v in CONFIG.items() if k != "seed"})
     with pytest.raises(ValueError, match="batch-norm: not supported with strategy 'scaffold'"):
         Settings.from_run_config({**CONFIG, "strategy": "scaffold", "batch-norm": True})
+    for bad in (0.0, 1.5, "fixed", True):
+        with pytest.raises(ValueError, match="dual-step: must be"):
+            Settings.from_run_config({**CONFIG, "dual-step": bad})
+
+
+def test_the_dual_step_key_reaches_the_strategy() -> None:
+    """``"adaptive"`` is FedADMM's default rule; a number is a fixed gamma, in either form."""
+    from flwr_admm.core import AdaptiveDualStep
+
+    settings = Settings.from_run_config(CONFIG)
+    assert server_app.make_strategy(settings).admm_settings.dual_step == AdaptiveDualStep()
+    fixed = Settings.from_run_config({**CONFIG, "dual-step": 0.2})
+    assert server_app.make_strategy(fixed).admm_settings.dual_step == 0.2
+    linearized = Settings.from_run_config(
+        {**CONFIG, "dual-step": 0.5, "strategy": "fedadmm-linearized"}
+    )
+    assert server_app.make_strategy(linearized).admm_settings.dual_step == 0.5
 
 
 def test_the_split_is_fixed_and_covers_the_federated_rows() -> None:

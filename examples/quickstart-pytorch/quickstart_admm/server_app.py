@@ -26,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from flwr.supercore.run import Run
 
-from flwr_admm.core.linearized import LINEARIZED_CONVEX
+from flwr_admm.core.linearized import LINEARIZED_CONVEX, Linearized
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
 
@@ -49,10 +49,13 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedAvg(**common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
+    # "adaptive": FedADMM's default, AdaptiveDualStep(); a number: a fixed dual step
+    dual_step = None if settings.dual_step == "adaptive" else float(settings.dual_step)
     if settings.strategy == "fedadmm":
-        return FedADMM(**common)
+        return FedADMM(dual_step=dual_step, **common)
     if settings.strategy == "fedadmm-linearized":  # Scaffnew: rho_i = 1 / b_i per reply
-        return FedADMM(form="linearized", **common)
+        form = Linearized() if dual_step is None else Linearized(dual_step=dual_step)
+        return FedADMM(form=form, **common)
     if settings.strategy == "fedadmm-linearized-convex":  # momentum start, gamma 1
         return FedADMM(form=LINEARIZED_CONVEX, **common)
     if settings.strategy == "fedadmm-client-duals":

@@ -82,6 +82,7 @@ class Settings:
     handler: str
     proximal_mu: float
     feddyn_alpha: float
+    dual_step: str | float
     num_partitions: int
     dirichlet_alpha: float
     seed: int
@@ -122,6 +123,14 @@ class Settings:
                 raise ValueError(
                     f"{key}: must be one of {list(allowed)}, got {getattr(self, key)!r}"
                 )
+        if self.dual_step != "adaptive" and (
+            isinstance(self.dual_step, bool)
+            or not isinstance(self.dual_step, int | float)
+            or not 0 < self.dual_step <= 1
+        ):
+            raise ValueError(
+                f'dual-step: must be "adaptive" or a number in (0, 1], got {self.dual_step!r}'
+            )
         if not isinstance(self.batch_norm, bool):
             raise ValueError(f"batch-norm: must be true or false, got {self.batch_norm!r}")
         if self.batch_norm and self.strategy in ("scaffold", "feddyn", "fedadmm-client-duals"):
