@@ -23,7 +23,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.clientapp import make_client_app
-from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW
+from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
 from flwr_admm.serverapp import SCAFFOLD, FedADMM
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
@@ -57,8 +57,14 @@ def sampling(fraction: float) -> dict[str, Any]:
 
 METHODS: dict[str, Callable[[float], Strategy]] = {
     "`FedADMM()` (defaults, prox form)": lambda f: FedADMM(**sampling(f)),
-    '`FedADMM(form="linearized")` (`Linearized()`: gamma 0.2)': lambda f: FedADMM(
+    "`FedADMM(dual_step=0.2)` (prox form, fixed gamma 0.2)": lambda f: FedADMM(
+        dual_step=0.2, **sampling(f)
+    ),
+    '`FedADMM(form="linearized")` (`Linearized()`: adaptive gamma)': lambda f: FedADMM(
         form="linearized", **sampling(f)
+    ),
+    "`FedADMM(form=Linearized(dual_step=0.2))`": lambda f: FedADMM(
+        form=Linearized(dual_step=0.2), **sampling(f)
     ),
     "`FedADMM(form=SCAFFNEW)` (gamma 1)": lambda f: FedADMM(form=SCAFFNEW, **sampling(f)),
     '`FedADMM(form=SCAFFNEW, z_average="replies")`': lambda f: FedADMM(
