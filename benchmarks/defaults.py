@@ -47,7 +47,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "rho_schedule": ResidualBalancing(),
         "relaxation": 1.6,
     },
-    "defaults": {},
+    "defaults": {},  # the adaptive dual step from 0.2 (AdaptiveDualStep())
+    "defaults gamma 0.2": {"dual_step": 0.2},  # the defaults with the fixed step of before
     # the defaults' neighbours on the CNN task (docs/torch.md): rho0 = 1, gamma 0.2 or 0.5
     "RB gamma 0.2": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.2},
     "RB gamma 0.5 rho 0.1": {
