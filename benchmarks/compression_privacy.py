@@ -9,8 +9,8 @@ Ray) with `ADMMClient`s; bytes are the sizes of the serialized FitRes
 1. Wire bytes of one FitRes vs the float32 encoding of the same arrays.
 2. seed-logreg (FedADMM rho 0.1, 20 local steps, lr 1.0): relative objective gap per
    round for full precision, 8/4/2-bit stochastic quantization and top-k, with the
-   residual kept by the client (error feedback, "update"), held as the client's share
-   of the dual ("dual") or dropped ("none"); client seeds 0..2.
+   residual kept by the client (error feedback, "update") or dropped ("none"); client
+   seeds 0..2.
 3. digits (Dirichlet 0.1, 10 clients, tanh MLP): test accuracy of FedADMM and FedAvg
    at full precision, 8 and 4 bits.
 4. digits with local DP (clip C, noise sigma C): accuracy and the epsilon at 1e-5.
@@ -206,7 +206,6 @@ def seed_logreg_gaps(rounds: int, seeds: list[int]) -> dict[str, Any]:
     variants: dict[str, Uplink | None] = {"full precision": None}
     for bits in (8, 4, 2):
         variants[f"{bits} bits, update"] = Uplink(StochasticQuantizer(bits=bits))
-        variants[f"{bits} bits, dual"] = Uplink(StochasticQuantizer(bits=bits), residual="dual")
         variants[f"{bits} bits, none"] = Uplink(
             StochasticQuantizer(bits=bits, error_feedback=False)
         )

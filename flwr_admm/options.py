@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flwr_admm.core.types import check_tolerances
-from flwr_admm.uplink.channel import RESIDUAL_MODES, Residual
 from flwr_admm.uplink.compression import Compressor
 from flwr_admm.uplink.privacy import LocalDP
 
@@ -146,22 +145,14 @@ class Uplink:
         `StochasticQuantizer` or `TopK` of the update, with error feedback.
     local_dp : LocalDP, optional
         Clip and noise each update on the client; epsilon is reported every round.
-    residual : {"update", "dual"}
-        Where a client's compression residual goes: into its next update (error
-        feedback) or into its share of the dual (FedADMM only).
 
     """
 
     compressor: Compressor | None = None
     local_dp: LocalDP | None = None
-    residual: Residual = "update"
 
     def __post_init__(self) -> None:
         if self.compressor is not None and not isinstance(self.compressor, Compressor):
             raise ValueError(f"compressor: must be a Compressor or None, got {self.compressor!r}")
         if self.local_dp is not None and not isinstance(self.local_dp, LocalDP):
             raise ValueError(f"local_dp: must be a LocalDP or None, got {self.local_dp!r}")
-        if self.residual not in RESIDUAL_MODES:
-            raise ValueError(
-                f"residual: must be one of {list(RESIDUAL_MODES)}, got {self.residual!r}"
-            )

@@ -23,7 +23,6 @@ UPLINK_BITS = "uplink-bits"
 UPLINK_BLOCK = "uplink-block"
 UPLINK_FRACTION = "uplink-fraction"
 UPLINK_ERROR_FEEDBACK = "uplink-error-feedback"
-UPLINK_RESIDUAL = "uplink-residual"
 DP_CLIP = "dp-clip"
 DP_NOISE = "dp-noise"
 # Reply (local DP attestation): 1 = the client clipped to C and noised with sigma, the

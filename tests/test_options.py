@@ -47,7 +47,6 @@ STRATEGIES = ("FedADMM", "FedADMMClientDuals", "SCAFFOLD", "FedDyn", "FedNova")
         (lambda: Convergence(stop=1), "stop"),
         (lambda: Uplink(compressor="sq"), "compressor"),  # type: ignore[arg-type]
         (lambda: Uplink(local_dp=1.0), "local_dp"),  # type: ignore[arg-type]
-        (lambda: Uplink(residual="both"), "residual"),  # type: ignore[arg-type]
     ],
 )
 def test_a_value_refuses_a_bad_field_naming_it(build: Any, field: str) -> None:
@@ -62,8 +61,15 @@ def test_values_keep_what_they_were_given() -> None:
     # checkpoints keep their fingerprinted names: a resume of an older run still matches
     assert policy.describe() == {"key_binding": "reported", "max_client_age": 4, "max_clients": 9}
     dp = LocalDP(clip=1.0, noise_multiplier=0.0)
-    uplink = Uplink(StochasticQuantizer(bits=8), local_dp=dp, residual="dual")
-    assert uplink.local_dp is dp and uplink.residual == "dual"
+    quantizer = StochasticQuantizer(bits=8)
+    uplink = Uplink(quantizer, local_dp=dp)
+    assert uplink.compressor is quantizer and uplink.local_dp is dp
+
+
+def test_uplink_has_no_residual_field() -> None:
+    """Error feedback is the one residual rule: ``residual="dual"`` was deleted."""
+    with pytest.raises(TypeError, match="keyword argument 'residual'"):
+        Uplink(StochasticQuantizer(bits=8), residual="dual")  # type: ignore[call-arg]
 
 
 BAD_OPTIONS = [("clients", "node"), ("checkpoint", "ckpt"), ("convergence", 1e-6), ("uplink", 0)]

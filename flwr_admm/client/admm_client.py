@@ -219,8 +219,7 @@ class ADMMClient(NumPyClient):
         residual = None
         if uplink.keeps_residual:
             residual = records.legacy_residual(self.state, [t.shape for t in node.center])
-        center = uplink.center(node.center, residual)
-        result = self._solve(start, plan, server_round, center, node.rho)
+        result = self._solve(start, plan, server_round, node.center, node.rho)
         reply = node.close(result.params, self.num_examples)  # at_z: this client asks for none
         sent = uplink.reply(
             node.center,

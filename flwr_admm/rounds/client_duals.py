@@ -294,9 +294,4 @@ def compressor_of(uplink: Uplink | None) -> Compressor | None:
         raise ValueError(
             f"local_dp: not supported with client-held duals (use FedADMM), got {link.local_dp!r}"
         )
-    if link.residual != "update":
-        raise ValueError(
-            "residual: only 'update' with client-held duals (e_i enters S with the next "
-            f"reply), got {link.residual!r}"
-        )
     return checked_uplink(link.compressor)

@@ -140,7 +140,7 @@ class FedADMMRound:
             dual_step=dual_step,
             channel={"uplink": link.compressor, "local_dp": link.local_dp},
         )
-        channel = UplinkChannel(link.compressor, link.local_dp, link.residual)
+        channel = UplinkChannel(link.compressor, link.local_dp)
         return cls(settings, check_form(form), channel, check_rules(tensor_policy), start)
 
     # ------------------------------------------------------------------ model

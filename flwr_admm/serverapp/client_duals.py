@@ -69,9 +69,9 @@ class FedADMMClientDuals(RoundStrategy):
         key's share leaves S through the rebuild sweep, and a checkpoint holds no
         duals (the nodes must keep their state).
     uplink : Uplink, optional
-        A compressor with error feedback (``local_dp`` or ``residual="dual"``:
-        ValueError); the node sends the compressed Delta_i under ``admm-payload`` (one
-        uint8 tensor of bytes per model tensor) instead of ``arrays``.
+        A compressor with error feedback (``local_dp``: ValueError); the node sends
+        the compressed Delta_i under ``admm-payload`` (one uint8 tensor of bytes per
+        model tensor) instead of ``arrays``.
 
     """
 

@@ -6,20 +6,17 @@ privacy ledger. A client, from the fit config and its kept residual r_i:
 
     delta_i = w_i - c_i                        c_i = the parameters received
     delta_i = LocalDP.privatize(delta_i)       if dp-clip is configured
-    delta_i = delta_i + r_i                    residual "update" (error feedback)
+    delta_i = delta_i + r_i                    error feedback
     payload = encode(delta_i);  d_i = decode(payload);  r_i = delta_i - d_i
 
-and replies with the payload; the server rebuilds c_i + d_i. With residual "dual"
-(FedADMM only) the client instead accumulates E_i += delta_i - d_i and trains around
-c_i - E_i: E_i is its private share of the dual, u_i = u_i(server) + E_i, which the
-server cannot hold because it never sees w_i (docs/compression_privacy.md).
+and replies with the payload; the server rebuilds c_i + d_i.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 from flwr.client import Client, NumPyClient
@@ -37,14 +34,12 @@ from flwr.common import (
 )
 from numpy.typing import NDArray
 
-from flwr_admm.protocol import RHO, UPLINK_BYTES, UPLINK_RESIDUAL
+from flwr_admm.protocol import UPLINK_BYTES
 from flwr_admm.uplink.compression import Compressor, compressor_from_config
 from flwr_admm.uplink.privacy import LocalDP, PrivacyLedger
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_to_views
 
 Arrays = list[NDArray[np.float64]]
-Residual = Literal["update", "dual"]
-RESIDUAL_MODES = ("update", "dual")
 
 
 @dataclass(frozen=True)
@@ -68,32 +63,16 @@ class ClientUplink:
 
     compressor: Compressor | None
     local_dp: LocalDP | None
-    residual_mode: Residual
 
     @classmethod
     def from_config(cls, config: dict[str, Scalar]) -> ClientUplink:
         """Parse ``uplink*`` and ``dp-*`` entries; ValueError naming the bad one."""
-        mode = config.get(UPLINK_RESIDUAL, "update")
-        if mode not in RESIDUAL_MODES:
-            raise ValueError(
-                f"{UPLINK_RESIDUAL}: must be one of {list(RESIDUAL_MODES)}, got {mode!r}"
-            )
-        if mode == "dual" and RHO not in config:
-            raise ValueError(
-                f"{UPLINK_RESIDUAL}: 'dual' needs an ADMM server ({RHO} in the config)"
-            )
-        return cls(compressor_from_config(config), LocalDP.from_config(config), mode)  # type: ignore[arg-type]
+        return cls(compressor_from_config(config), LocalDP.from_config(config))
 
     @property
     def keeps_residual(self) -> bool:
         """Whether the client keeps a residual for the next round."""
         return self.compressor is not None and self.compressor.error_feedback
-
-    def center(self, received: Arrays, residual: Arrays | None) -> Arrays:
-        """Return the prox center: c - E in residual mode "dual", else c."""
-        if self.residual_mode != "dual" or residual is None or not self.keeps_residual:
-            return received
-        return [c - e for c, e in zip(received, residual, strict=True)]
 
     def reply(
         self,
@@ -112,16 +91,13 @@ class ClientUplink:
         if self.compressor is None:
             arrays = [c + d for c, d in zip(received, delta, strict=True)]
             return UplinkReply(arrays, None, None, attestation)
-        feedback = self.keeps_residual and residual is not None
-        if feedback and self.residual_mode == "update":
-            delta = [d + r for d, r in zip(delta, residual or [], strict=True)]
+        if self.keeps_residual and residual is not None:
+            delta = [d + r for d, r in zip(delta, residual, strict=True)]
         payload = self.compressor.encode(delta, rng_rounding)
         sent = self.compressor.decode(payload, [d.shape for d in delta])
         new_residual = None
         if self.keeps_residual:
             new_residual = [d - s for d, s in zip(delta, sent, strict=True)]
-            if feedback and self.residual_mode == "dual":
-                new_residual = [e + r for e, r in zip(new_residual, residual or [], strict=True)]
         arrays = [c + s for c, s in zip(received, sent, strict=True)]
         return UplinkReply(arrays, payload, new_residual, attestation)
 
@@ -136,27 +112,17 @@ class UplinkChannel:
     local_dp : LocalDP, optional
         Local clipping and noise clients must apply; epsilon is reported when its
         noise multiplier is > 0.
-    residual : {"update", "dual"}
-        Where a client's compression residual goes: into its next update (error
-        feedback) or into its share of the ADMM dual ("dual", FedADMM only).
 
     """
 
     def __init__(
-        self,
-        compressor: Compressor | None = None,
-        local_dp: LocalDP | None = None,
-        residual: Residual = "update",
+        self, compressor: Compressor | None = None, local_dp: LocalDP | None = None
     ) -> None:
         if compressor is not None and not isinstance(compressor, Compressor):
             raise ValueError(f"uplink: must be a Compressor or None, got {compressor!r}")
         if local_dp is not None and not isinstance(local_dp, LocalDP):
             raise ValueError(f"local_dp: must be a LocalDP or None, got {local_dp!r}")
-        if residual not in RESIDUAL_MODES:
-            raise ValueError(
-                f"uplink_residual: must be one of {list(RESIDUAL_MODES)}, got {residual!r}"
-            )
-        self.compressor, self.local_dp, self.residual = compressor, local_dp, residual
+        self.compressor, self.local_dp = compressor, local_dp
         noisy = local_dp is not None and local_dp.noise_multiplier > 0
         self.ledger = PrivacyLedger(local_dp.noise_multiplier, local_dp.delta) if noisy else None  # type: ignore[union-attr]
         self._bytes = 0
@@ -172,17 +138,21 @@ class UplinkChannel:
         entries: dict[str, Scalar] = {}
         if self.compressor is not None:
             entries.update(self.compressor.config())
-            entries[UPLINK_RESIDUAL] = self.residual
         if self.local_dp is not None:
             entries.update(self.local_dp.config())
         return entries
 
     def describe(self) -> dict[str, Any]:
-        """Return the uplink compressor, residual mode and local DP as JSON (fingerprinted)."""
+        """Return the uplink compressor and local DP as JSON (fingerprinted).
+
+        ``uplink_residual`` stays "update" (error feedback, the only rule since
+        residual "dual" was deleted) so that checkpoints written before keep their
+        fingerprint, and one of a "dual" run does not resume.
+        """
         dp = self.local_dp
         return {
             "uplink": None if self.compressor is None else self.compressor.config(),
-            "uplink_residual": self.residual,
+            "uplink_residual": "update",
             "local_dp": None
             if dp is None
             else {"clip": dp.clip, "noise_multiplier": dp.noise_multiplier, "delta": dp.delta},

@@ -60,7 +60,7 @@ class UplinkWrapper(Strategy):
         if not isinstance(strategy, Strategy):
             raise ValueError(f"strategy: must be a flwr Strategy, got {strategy!r}")
         self.strategy = strategy
-        self.channel = UplinkChannel(uplink, local_dp, "update")
+        self.channel = UplinkChannel(uplink, local_dp)
         self._sent: dict[str, Parameters] = {}
         self._decoded: dict[int, NDArrays] = {}
 

@@ -324,7 +324,6 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"uplink": StochasticQuantizer(bits=8)}, "uplink"),  # a compressor goes in an Uplink
         ({"uplink": "sq"}, "uplink"),
         ({"uplink": Uplink(local_dp=LocalDP(clip=1.0, noise_multiplier=0.0))}, "local_dp"),
-        ({"uplink": Uplink(StochasticQuantizer(bits=8), residual="dual")}, "residual"),
         ({"checkpoint": "ckpt"}, "checkpoint"),
         ({"convergence": 1e-6}, "convergence"),
         ({"clients": "node"}, "clients"),

@@ -39,9 +39,9 @@ CASES = {
         {"fraction": 0.5, "minimum": 2},
         {"rho": 0.1, "sampling_seed": 7, "uplink": Uplink(StochasticQuantizer(bits=8))},
     ),
-    "top-25% uplink, residual in the dual": (
+    "top-25% uplink": (
         {"fraction": 1.0, "minimum": 2},
-        {"rho": 0.1, "uplink": Uplink(TopK(fraction=0.25), residual="dual")},
+        {"rho": 0.1, "uplink": Uplink(TopK(fraction=0.25))},
     ),
     "local DP (clip 0.5, noise 0.3) and 8 bits": (
         {"fraction": 0.5, "minimum": 2},

@@ -12,9 +12,6 @@ prints them):
   8 bits: gap <= 1e-4 from round 10, 4.6e-7 at round 100 (max of the last 20
   rounds 1.3e-6); 4 bits: <= 1e-3 from round 8, <= 1e-4 first at round 17, 2.3e-4
   at round 100 (max of the last 20 rounds 3.6e-4): 4 bits meets 1e-3, not 1e-4.
-- residual "dual" (the client holds the residual as its share of the dual) ends at
-  1.5e-5 (8 bits) and 8.9e-3 (4 bits): worse than error feedback, which stays the
-  default.
 """
 
 from __future__ import annotations
@@ -166,16 +163,6 @@ def test_error_feedback_residual_persists_in_context_state() -> None:
     assert STATE_RESIDUAL not in context.state.array_records
 
 
-def test_dual_residual_needs_an_admm_server() -> None:
-    data = seed_data()
-    client = ADMMClient(seed_model(), data.X[0], data.y[0])
-    config = {**StochasticQuantizer(bits=8).config(), "uplink-residual": "dual"}
-    with pytest.raises(ValueError, match="uplink-residual"):
-        client.fit([np.zeros(D)], config)
-    with pytest.raises(ValueError, match=r"^residual: "):
-        textbook(uplink=Uplink(StochasticQuantizer(bits=8), residual="server"))  # type: ignore[arg-type]
-
-
 # ------------------------------------------------------- baseline wrapper
 @pytest.mark.parametrize("inner", ["FedAvg", "FedProx"])
 def test_wrapper_gives_the_baseline_the_decoded_replies(inner: str) -> None:
@@ -234,10 +221,3 @@ def test_seed_logreg_4_bits_with_error_feedback_reaches_1e3() -> None:
     reached = first_below(gap, 1e-3)
     assert reached is not None and reached <= 100
     assert gap[-20:].max() <= 1e-3  # measured 3.6e-4 (1e-4 is not held at 4 bits)
-
-
-def test_error_feedback_beats_the_dual_residual_variant_at_4_bits() -> None:
-    update = seed_gaps(60, uplink=Uplink(StochasticQuantizer(bits=4)))
-    dual = seed_gaps(60, uplink=Uplink(StochasticQuantizer(bits=4), residual="dual"))
-    print(f"4 bits, last 20 rounds: update {update[-20:].mean():.2e}, dual {dual[-20:].mean():.2e}")
-    assert update[-20:].mean() < dual[-20:].mean() / 5
