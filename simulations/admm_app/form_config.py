@@ -4,11 +4,12 @@
 ``relaxation`` and ``dual-step``. The linearized forms take rho_i = 1 / b_i from each
 reply's step budget b_i = K_i lr_i and carry their own server steps
 (`flwr_admm.core.linearized`): ``linearized`` is `Linearized()` (the adaptive dual
-step from 0.2, no momentum start; chosen on the CNN task), ``linearized-convex`` is `LINEARIZED_CONVEX`
-(momentum start 0.7 with restart, dual step 1; for full-batch convex clients). Those
-four keys are then fixed by the form, so a value other than their default is refused
-rather than ignored. Only ``fedadmm`` and ``fedadmm-client-duals`` have a form; the
-latter's prox form runs a constant rho > 0 without over-relaxation.
+step from 0.2, no momentum start; chosen on the CNN task), ``linearized-convex`` is
+`LINEARIZED_CONVEX` (momentum start 0.7 with restart, dual step 1; for full-batch
+convex clients). Those four keys are then fixed by the form, so a value other than
+their default is refused rather than ignored. Only ``fedadmm`` and
+``fedadmm-client-duals`` have a form; the latter's prox form runs a constant rho > 0
+without over-relaxation.
 """
 
 from __future__ import annotations
