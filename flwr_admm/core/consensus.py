@@ -16,6 +16,7 @@ from flwr_admm.core.dual_steps import (
     alignment,
     check_dual_step_spec,
     first_gamma,
+    saved_gamma,
 )
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
@@ -41,7 +42,6 @@ from flwr_admm.core.types import (
     NonFiniteReplyError,
     Reply,
     RoundReport,
-    check_dual_step,
     check_relaxation,
     check_rho,
     check_scale,
@@ -414,7 +414,4 @@ class ConsensusADMM:
         if self.momentum is not None and "start_momentum" in meta:
             self.momentum.load(arrays, meta["start_momentum"], len(self.z))
         if isinstance(self.dual_step, AdaptiveDualStep):
-            gamma = meta.get("gamma")
-            if isinstance(gamma, bool) or not isinstance(gamma, int | float):
-                raise ValueError(f"gamma: the checkpoint holds no dual step, got {gamma!r}")
-            self.gamma = check_dual_step(gamma, "gamma")
+            self.gamma = saved_gamma(meta)

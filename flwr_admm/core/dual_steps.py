@@ -30,7 +30,14 @@ import numpy as np
 
 from flwr_admm.core.types import Arrays, ClientRecord, Reply, check_dual_step
 
-__all__ = ["AdaptiveDualStep", "DualStep", "alignment", "check_dual_step_spec", "first_gamma"]
+__all__ = [
+    "AdaptiveDualStep",
+    "DualStep",
+    "alignment",
+    "check_dual_step_spec",
+    "first_gamma",
+    "saved_gamma",
+]
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,14 @@ def check_dual_step_spec(value: object) -> DualStep:
 def first_gamma(step: DualStep) -> float:
     """Return gamma of the first round: the number itself, or the rule's floor."""
     return step.floor if isinstance(step, AdaptiveDualStep) else step
+
+
+def saved_gamma(meta: dict[str, Any]) -> float:
+    """Return the gamma a checkpoint's metadata holds; ValueError naming ``gamma`` if none."""
+    gamma = meta.get("gamma")
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float):
+        raise ValueError(f"gamma: the checkpoint holds no dual step, got {gamma!r}")
+    return check_dual_step(gamma, "gamma")
 
 
 def alignment(
