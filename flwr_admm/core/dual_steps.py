@@ -3,7 +3,7 @@
 The dual step y_i += gamma rho_i (w_i - z') has the same fixed point for every gamma in
 (0, 1]. The textbook gamma = 1 is the fastest with deterministic local solves and blows
 up a CNN trained by momentum SGD on minibatches; a damped gamma = 0.2 survives the CNN
-and costs 2-4x the rounds on the convex tasks (docs/benchmarks.md). Which one a run
+and costs up to 4.6x the rounds on seed-logreg (docs/options.md). Which one a run
 needs shows in the alignment of each reply's residual with its own dual,
 
     c_k = sum_i p_i rho_i <w_i - z', y_i> / sqrt(sum_i p_i rho_i^2 ||w_i - z'||^2
