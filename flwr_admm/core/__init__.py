@@ -2,8 +2,7 @@
 
 `ConsensusADMM` (`consensus`) holds the server state and runs a round in its general
 form; `steps` has the z-step and dual step, `sums` the running sums, `kernels` the
-in-place passes, `settings` the checked settings, `schedules` the rho rules,
-`dual_steps` the adaptive dual step,
+in-place passes, `settings` the checked settings, `schedules` the rho and dual step rules,
 `regularizers` the prox of g, `tensor_policy` which tensors are consensus variables,
 `linearized` the step-budget form and `start_momentum` its momentum start,
 `acceleration` fast ADMM, `client_duals` and `dual_momentum` the client-held-dual
@@ -13,11 +12,11 @@ loop, `persistence` and `snapshot` checkpoints, `health` the divergence watchdog
 """
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.dual_steps import AdaptiveDualStep
 from flwr_admm.core.health import HealthCheck
 from flwr_admm.core.linearized import Linearized
 from flwr_admm.core.regularizers import L1, L2
 from flwr_admm.core.schedules import (
+    AdaptiveDualStep,
     Constant,
     ResidualBalancing,
     RhoSchedule,

@@ -10,18 +10,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.dual_steps import (
+from flwr_admm.core.kernels import single_thread_blas
+from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import (
     AdaptiveDualStep,
+    Constant,
     DualStep,
-    alignment,
+    RhoSchedule,
+    ScheduleState,
     check_dual_step_spec,
     first_gamma,
     saved_gamma,
 )
-from flwr_admm.core.kernels import single_thread_blas
-from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
-from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, RhoSchedule, ScheduleState
 from flwr_admm.core.start_momentum import StartMomentum, check_momentum
 from flwr_admm.core.steps import (
     DualStats,
@@ -109,7 +110,7 @@ class ConsensusADMM:
         z-step over every cached w_i or the round's replies (`flwr_admm.core.steps`).
     dual_step : float or AdaptiveDualStep
         The dual step gamma in (0, 1] (1: the textbook step), or the rule that sets it
-        each round from the replies (`flwr_admm.core.dual_steps`; the current gamma is
+        each round from the replies (`flwr_admm.core.schedules`; the current gamma is
         ``gamma``). The fixed point is unchanged; gamma < 1 damps a noisy local
         solve's feedback into its own dual (Glowinski's dual step, kept <= 1).
     start_momentum : float
@@ -354,7 +355,6 @@ class ConsensusADMM:
             regularizer=self.regularizer,
         )
         rule = self.dual_step if isinstance(self.dual_step, AdaptiveDualStep) else None
-        c = None if rule is None else alignment(ordered, self.records, self.z, self.rho)
         # y_i += gamma rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
             ordered,
@@ -364,11 +364,13 @@ class ConsensusADMM:
             self.sums,
             shares,
             weight,
-            rho=self.rho * self.gamma,  # y_i += gamma rho_i (...): the dual step size
+            rho=self.rho,
             relaxation=self.relaxation,
+            gamma=self.gamma,
+            aligned=rule is not None,  # c_k from the same pass
         )
         if rule is not None:
-            self.gamma = rule.next(self.gamma, c)
+            self.gamma = rule.next(self.gamma, stats.c)
         return dz, stats
 
     def _accelerate(

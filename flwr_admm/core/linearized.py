@@ -28,7 +28,7 @@ velocity settles, so b_i = K_i lr / (1 - mu) (`step_budget`).
 Server steps (`Linearized`; ``form="linearized"`` is ``Linearized()``): the clients
 start at x = z + beta (z - z_prev) with a restart test (`flwr_admm.core.start_momentum`)
 and the dual step is damped, y_i += gamma rho_i (w_i - z'); neither moves the fixed
-point. ``Linearized()`` is beta 0 with the adaptive gamma (`flwr_admm.core.dual_steps`,
+point. ``Linearized()`` is beta 0 with the adaptive gamma (`flwr_admm.core.schedules`,
 from 0.2); `LINEARIZED_CONVEX` (beta 0.7, gamma 1)
 is for full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) is the textbook iteration.
 """
@@ -43,14 +43,14 @@ from typing import Any, Literal
 import numpy as np
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.dual_steps import (
+from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import (
     AdaptiveDualStep,
+    Constant,
     DualStep,
     check_dual_step_spec,
     first_gamma,
 )
-from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant
 from flwr_admm.core.settings import (
     DEFAULT_DUAL_STEP,
     ConsensusSettings,
@@ -87,7 +87,7 @@ FORMS: tuple[str, ...] = ("prox", "linearized")
 # Chosen on the CNN task (momentum SGD, minibatches; docs/benchmarks.md), where the
 # textbook dual step and the momentum start both diverge or end far behind
 DEFAULT_MOMENTUM = 0.0
-DEFAULT_LINEARIZED_DUAL_STEP: DualStep = AdaptiveDualStep()  # 0.2 upward (`core.dual_steps`)
+DEFAULT_LINEARIZED_DUAL_STEP: DualStep = AdaptiveDualStep()  # 0.2 upward (`core.schedules`)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Linearized:
         x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z.
     dual_step : float or AdaptiveDualStep
         gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step. An
-        `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.dual_steps`); under
+        `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.schedules`); under
         client-held duals, where the server never sees y_i, gamma stays at its floor.
 
     """

@@ -11,9 +11,16 @@ import numpy as np
 
 from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.dual_steps import AdaptiveDualStep, DualStep, check_dual_step_spec
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.schedules import Constant, ResidualBalancing, RhoSchedule, make_schedule
+from flwr_admm.core.schedules import (
+    AdaptiveDualStep,
+    Constant,
+    DualStep,
+    ResidualBalancing,
+    RhoSchedule,
+    check_dual_step_spec,
+    make_schedule,
+)
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.types import Arrays, ClientRho
 
@@ -39,7 +46,7 @@ DEFAULT_RHO = 0.1
 DEFAULT_ACCELERATION: str | None = None
 DEFAULT_RELAXATION = 1.0
 # gamma from 0.2, raised while the replies' residuals keep pointing along their duals
-# (deterministic local solves), kept at 0.2 under minibatch noise (`core.dual_steps`)
+# (deterministic local solves), kept at 0.2 under minibatch noise (`core.schedules`)
 DEFAULT_DUAL_STEP: DualStep = AdaptiveDualStep()
 # The textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
 TEXTBOOK: Mapping[str, Any] = MappingProxyType(

@@ -37,6 +37,7 @@ class DualStats(NamedTuple):
     r_sq: float  # sum p_i ||w_i - z'||^2
     w_sq: float  # sum p_i ||w_i||^2
     y_sq: float  # sum p_i ||y_i||^2, after the dual step
+    c: float | None = None  # the alignment c_k (`core.schedules.AdaptiveDualStep`), if asked
 
 
 def sum_sq_norm(arrays: Iterable[NDArray[np.float64]]) -> float:
@@ -87,13 +88,17 @@ def dual_step(
     *,
     rho: float,
     relaxation: float,
+    gamma: float = 1.0,
+    aligned: bool = False,
 ) -> DualStats:
-    """Update y_i += rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
+    """Update y_i += gamma rho_i (alpha (w_i - z') + (1 - alpha) dz) of the replies, and S_y.
 
     dz = z - z' (None only when alpha = 1). When every cached client replied, S_w is
     their sum R and S_y += rho (alpha (R - W z') + (1 - alpha) W dz) takes a few passes;
     otherwise each reply adds n_i rho_i alpha (w_i - z') while its block is in cache.
     Blocks outer, replies inner: w_i and y_i are read from memory once per reply.
+    `aligned` also returns the alignment c_k of the residuals w_i - z' with the duals
+    before the step, from the same pass (None when rho = 0 or either side is zero).
     """
     alpha, beta = relaxation, 1.0 - relaxation
     if dz is None and beta != 0.0:
@@ -105,20 +110,49 @@ def dual_step(
     for reply, record in zip(ordered, chosen, strict=True):
         p = record.num_examples / total
         w_sq += p * (reply.sq_norm if reply.sq_norm is not None else sum_sq_norm(record.w))
-    r_parts, y_parts = _numpy_blocks(chosen, z_new, dz, sums.ny, rho, alpha, everyone)
-    for record, r_part, y_part in zip(chosen, r_parts, y_parts, strict=True):
+    step = rho * gamma  # y_i += gamma rho_i (...): the dual step size
+    parts = _numpy_blocks(chosen, z_new, dz, sums.ny, step, alpha, everyone, aligned)
+    for record, r_part, y_part in zip(chosen, parts.r, parts.y, strict=True):
         p = record.num_examples / total
         for r_value, y_value in zip(r_part, y_part, strict=True):
             r_sq += p * r_value
             y_sq += p * y_value
-    if rho != 0.0:
+    if step != 0.0:
         for j, (acc, z) in enumerate(zip(sums.ny, z_new, strict=True)):
             if everyone:  # shares are S_w = R: S_y += rho alpha (R - W z'), no temporary
-                axpy(rho * alpha, shares[j], acc)
-                axpy(-rho * alpha * weight, z, acc)
+                axpy(step * alpha, shares[j], acc)
+                axpy(-step * alpha * weight, z, acc)
             if dz is not None:
-                axpy(rho * beta * weight, dz[j], acc)  # S_y += rho (1 - alpha) W dz
-    return DualStats(r_sq, w_sq, y_sq)
+                axpy(step * beta * weight, dz[j], acc)  # S_y += rho (1 - alpha) W dz
+    c = _alignment(chosen, parts, total, rho) if aligned else None
+    return DualStats(r_sq, w_sq, y_sq, c)
+
+
+class _BlockParts(NamedTuple):
+    """Per reply, per block: ||w_i - z'||^2, ||y_i'||^2; if asked <w_i - z', y_i>, ||y_i||^2."""
+
+    r: list[list[float]]
+    y: list[list[float]]
+    along: list[list[float]]  # before the step
+    dual: list[list[float]]  # before the step
+
+
+def _alignment(
+    chosen: Sequence[ClientRecord], parts: _BlockParts, total: float, rho: float
+) -> float | None:
+    """Return c_k from the per-block sums (`flwr_admm.core.schedules`); None if undefined."""
+    if rho == 0.0:
+        return None
+    along = residual_sq = dual_sq = 0.0
+    for k, record in enumerate(chosen):
+        p, rho_i = record.num_examples / total, rho * record.scale
+        for a, r, q in zip(parts.along[k], parts.r[k], parts.dual[k], strict=True):
+            along += p * rho_i * a
+            residual_sq += p * rho_i * rho_i * r
+            dual_sq += p * q
+    if residual_sq == 0.0 or dual_sq == 0.0:
+        return None
+    return along / math.sqrt(residual_sq * dual_sq)
 
 
 def _numpy_blocks(
@@ -129,16 +163,19 @@ def _numpy_blocks(
     rho: float,
     alpha: float,
     everyone: bool,
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Run the dual step's block loop in numpy; per reply, ||w_i - z'||^2, ||y_i'||^2 by block."""
+    aligned: bool,
+) -> _BlockParts:
+    """Run the dual step's block loop in numpy; the per-block sums of `_BlockParts`."""
     beta = 1.0 - alpha
     scratch = np.empty(min(BLOCK, max(t.size for t in z_new)))
     # Blocks outer, replies inner: the blocks of z', dz and S_y stay in cache while
     # every reply's block passes. Each y_i and S_y element sees the same operations in
     # the same reply order as a replies-outer loop, and the per-block dot products are
     # summed afterwards in replies-outer order, so the result is bit for bit the same.
-    r_parts: list[list[float]] = [[] for _ in chosen]
-    y_parts: list[list[float]] = [[] for _ in chosen]
+    parts = _BlockParts([[] for _ in chosen], [[] for _ in chosen], [], [])
+    if aligned:
+        parts.along.extend([] for _ in chosen)
+        parts.dual.extend([] for _ in chosen)
     for j, (z, acc) in enumerate(zip(z_new, ny, strict=True)):
         z_flat, acc_flat = z.reshape(-1), acc.reshape(-1)
         shift_flat = None if dz is None else dz[j].reshape(-1)
@@ -152,13 +189,16 @@ def _numpy_blocks(
                 y_block = record.y[j].reshape(-1)[block]
                 w_block = record.w[j].reshape(-1)[block]
                 np.subtract(w_block, z_block, out=d)  # w_i - z'
-                r_parts[k].append(float(np.dot(d, d)))
+                parts.r[k].append(float(np.dot(d, d)))
+                if aligned:  # c_k's terms, y_i before the step
+                    parts.along[k].append(float(np.dot(d, y_block)))
+                    parts.dual[k].append(float(np.dot(y_block, y_block)))
                 axpy(rho_i * alpha, d, y_block)  # y_i += rho_i alpha (w_i - z')
                 if shift_block is not None:
                     axpy(rho_i * beta, shift_block, y_block)  # + rho_i (1 - alpha) dz
-                y_parts[k].append(float(np.dot(y_block, y_block)))
+                parts.y[k].append(float(np.dot(y_block, y_block)))
                 axpy(to_sum, d, acc_block)  # S_y += n_i rho_i alpha (w_i - z')
-    return r_parts, y_parts
+    return parts
 
 
 def round_report(

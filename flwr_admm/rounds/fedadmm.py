@@ -22,7 +22,6 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.dual_steps import DualStep
 from flwr_admm.core.linearized import (
     Form,
     FormSpec,
@@ -32,6 +31,7 @@ from flwr_admm.core.linearized import (
     strategy_settings,
 )
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.settings import ConsensusSettings
 from flwr_admm.core.snapshot import restore, snapshot
 from flwr_admm.core.steps import ZAverage

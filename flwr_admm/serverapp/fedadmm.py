@@ -9,10 +9,10 @@ from logging import INFO
 from flwr.common.logger import log
 
 from flwr_admm.core import ConsensusADMM, HealthCheck, RhoSchedule
-from flwr_admm.core.dual_steps import DualStep
 from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
@@ -86,7 +86,7 @@ class FedADMM(RoundStrategy):
     dual_step : float, AdaptiveDualStep or None
         The dual step gamma in (0, 1]; 1 is the textbook step. None (default):
         ``AdaptiveDualStep()``, gamma from 0.2, raised toward 1 while the replies'
-        residuals keep pointing along their duals (`flwr_admm.core.dual_steps`). gamma <
+        residuals keep pointing along their duals (`flwr_admm.core.schedules`). gamma <
         1 damps the feedback a noisy local solve (momentum SGD, minibatches) puts into
         its own dual (docs/torch.md); the fixed point is the same.
     acceleration : {None, "nesterov"}

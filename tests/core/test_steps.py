@@ -79,3 +79,62 @@ def test_blocked_dual_step_is_bit_identical_to_the_replies_outer_loop(
         for acc, want, shift in zip(sums.ny, ref_ny, dz, strict=True):
             axpy(0.7 * (1 - alpha) * 3.0, shift, want)
             assert np.array_equal(acc, want)
+
+
+def test_the_alignment_comes_from_the_same_pass_and_changes_no_bit() -> None:
+    """c_k over tensors of several blocks equals the formula (y_i before the step) to
+    1e-12, and asking for it leaves y_i, S_y and the sums bit for bit as without it."""
+    shapes = [(2 * BLOCK + 77,), (5, 3)]
+    keys = ["c0", "c1", "c2"]
+
+    def state() -> tuple[dict[str, ClientRecord], RunningSums]:
+        local = np.random.default_rng(2)
+        records = {
+            k: ClientRecord(
+                [local.normal(size=s) for s in shapes],
+                [local.normal(size=s) for s in shapes],
+                10 + i,
+                scale=1.0 + 0.5 * i,
+            )
+            for i, k in enumerate(keys)
+        }
+        return records, RunningSums([np.zeros(s) for s in shapes], [np.zeros(s) for s in shapes])
+
+    rng = np.random.default_rng(3)
+    z_new = [rng.normal(size=s) for s in shapes]
+    ordered = [Reply(k, [], 10 + i) for i, k in enumerate(keys[:2])]  # c2 not replying
+    before, _ = state()
+    total = sum(r.num_examples for r in ordered)
+    along = res = dual = 0.0
+    for reply in ordered:
+        rec = before[reply.key]
+        p, rho_i = reply.num_examples / total, 0.7 * rec.scale
+        d = np.concatenate([(w - z).ravel() for w, z in zip(rec.w, z_new, strict=True)])
+        y = np.concatenate([t.ravel() for t in rec.y])
+        along, res, dual = along + p * rho_i * d @ y, res + p * rho_i**2 * d @ d, dual + p * y @ y
+    runs = []
+    for aligned in (False, True):
+        records, sums = state()
+        stats = dual_step(
+            ordered,
+            records,
+            z_new,
+            None,
+            sums,
+            z_new,
+            3.0,
+            rho=0.7,
+            relaxation=1.0,
+            gamma=0.4,
+            aligned=aligned,
+        )
+        runs.append((stats, records, sums))
+    (plain, plain_records, plain_sums), (asked, asked_records, asked_sums) = runs
+    assert plain.c is None
+    assert asked.c == pytest.approx(along / np.sqrt(res * dual), rel=1e-12)
+    assert plain[:3] == asked[:3]
+    for k in keys:
+        for got, want in zip(asked_records[k].y, plain_records[k].y, strict=True):
+            assert np.array_equal(got, want)
+    for got, want in zip(asked_sums.ny, plain_sums.ny, strict=True):
+        assert np.array_equal(got, want)

@@ -1,4 +1,4 @@
-"""The adaptive dual step (flwr_admm.core.dual_steps) against a plain numpy loop.
+"""The adaptive dual step (flwr_admm.core.schedules) against a plain numpy loop.
 
 The reference below is written from the module's equations, not from its code: the
 z-step z' = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i over every client, the
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from flwr_admm.core.consensus import ConsensusADMM
-from flwr_admm.core.dual_steps import AdaptiveDualStep, alignment, check_dual_step_spec
+from flwr_admm.core.schedules import AdaptiveDualStep, check_dual_step_spec
 from flwr_admm.core.settings import ConsensusSettings
+from flwr_admm.core.steps import dual_step
+from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import ClientRecord, Reply
 
 D, CLIENTS, ROUNDS = 3, 4, 8
@@ -87,6 +89,32 @@ def test_next_by_hand() -> None:
     assert rule.next(0.5, None) == 0.5  # no alignment (first round): unchanged
 
 
+def alignment(
+    replies: list[Reply], records: dict[str, ClientRecord], z: list[np.ndarray], rho: float
+) -> float | None:
+    """c_k as the dual step's pass returns it (on copies: the step updates y_i)."""
+    copies = {
+        k: ClientRecord(r.w, [y.copy() for y in r.y], r.num_examples, r.scale)
+        for k, r in records.items()
+    }
+    sums = RunningSums([np.zeros_like(t) for t in z], [np.zeros_like(t) for t in z])
+    shares = [np.zeros_like(t) for t in z]
+    stats = dual_step(
+        replies,
+        copies,
+        z,
+        None,
+        sums,
+        shares,
+        1.0,
+        rho=rho,
+        relaxation=1.0,
+        gamma=0.5,
+        aligned=True,
+    )
+    return stats.c
+
+
 def test_alignment_by_hand() -> None:
     """Two clients, p = (1/4, 3/4), rho_i = (1, 2): c from the formula written out."""
     records = {
@@ -95,7 +123,7 @@ def test_alignment_by_hand() -> None:
     }
     z = [np.array([0.0, 1.0])]
     # d_a = (1, -1), d_b = (0, 1); along = 1/4*1*0 + 3/4*2*(-1) = -1.5
-    # res = 1/4*1*2 + 3/4*4*1 = 3.5; dual = 1/4*2 + 3/4*1 = 1.25
+    # res = 1/4*1*2 + 3/4*4*1 = 3.5; dual = 1/4*2 + 3/4*1 = 1.25 (y_i before the step)
     got = alignment([Reply("a", [], 1), Reply("b", [], 3)], records, z, rho=1.0)
     assert got == pytest.approx(-1.5 / math.sqrt(3.5 * 1.25))
     zero_duals = {
@@ -103,6 +131,23 @@ def test_alignment_by_hand() -> None:
     }
     assert alignment([Reply("a", [], 1)], zero_duals, z, rho=1.0) is None
     assert alignment([Reply("a", [], 1)], records, z, rho=0.0) is None
+
+
+def test_no_alignment_unless_asked() -> None:
+    record = ClientRecord([np.ones(2)], [np.ones(2)], 1, 1.0)
+    sums = RunningSums([np.zeros(2)], [np.zeros(2)])
+    stats = dual_step(
+        [Reply("a", [], 1)],
+        {"a": record},
+        [np.zeros(2)],
+        None,
+        sums,
+        [np.zeros(2)],
+        1.0,
+        rho=1.0,
+        relaxation=1.0,
+    )
+    assert stats.c is None
 
 
 def test_checkpoints_hold_gamma() -> None:
