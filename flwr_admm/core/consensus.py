@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -313,7 +313,7 @@ class ConsensusADMM:
         if rnd is None or not rnd.absorbed:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
-        rho, z_hat = self.rho, self.z
+        rho, z_hat, gamma = self.rho, self.z, self.gamma
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats = self._update(rnd, ordered)
             dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s, c_k
@@ -336,7 +336,8 @@ class ConsensusADMM:
             self.momentum.step(z_hat, self.z)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
-        return RoundReport(**{**report.__dict__, "next_rho": self.rho})
+        adaptive = isinstance(self.dual_step, AdaptiveDualStep)
+        return replace(report, next_rho=self.rho, dual_step=gamma if adaptive else None)
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
         """Run the z-step and the dual step; return z - z' and the dual sums."""

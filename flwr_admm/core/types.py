@@ -117,6 +117,7 @@ class RoundReport:
     num_clients_cached: int
     primal_scale: float = 0.0  # max(sqrt(sum p_i ||w_i||^2), ||z||)
     dual_scale: float = 0.0  # sqrt(sum p_i ||y_i||^2) after the dual step
+    dual_step: float | None = None  # the round's gamma when a rule sets it (AdaptiveDualStep)
 
     @property
     def converged(self) -> bool:

@@ -52,6 +52,7 @@ from flwr_admm.protocol import (
     EPS_PRIMAL,
     FORM,
     FORM_LINEARIZED,
+    GAMMA,
     LOSS,
     NEXT_RHO,
     NUM_CLIENTS_CACHED,
@@ -401,7 +402,7 @@ class StartMarks:
 
 
 def report_metrics(report: RoundReport) -> dict[str, Scalar]:
-    """Return one aggregation's round metrics: rho, residuals, thresholds, counts, f."""
+    """Return one aggregation's round metrics: rho, gamma, residuals, thresholds, counts, f."""
     metrics: dict[str, Scalar] = {
         RHO: report.rho,
         NEXT_RHO: report.next_rho,
@@ -412,6 +413,7 @@ def report_metrics(report: RoundReport) -> dict[str, Scalar]:
         CONVERGED: int(report.converged),
         NUM_REPLIES: report.num_replies,
         NUM_CLIENTS_CACHED: report.num_clients_cached,
+        **({} if report.dual_step is None else {GAMMA: report.dual_step}),  # gamma
     }
     if report.objective is not None:
         metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))

@@ -69,7 +69,8 @@ def test_the_core_follows_the_reference_loop(rule: AdaptiveDualStep) -> None:
     for k in range(ROUNDS):
         assert admm.gamma == pytest.approx(gammas[k], rel=1e-12, abs=0)
         replies = [Reply(key, [w], n, scale=s) for key, w, n, s in replies_of(k)]
-        admm.step(replies, k + 1)
+        report = admm.step(replies, k + 1)
+        assert report.dual_step == pytest.approx(gammas[k], rel=1e-12, abs=0)  # this round's
         np.testing.assert_allclose(admm.z[0], zs[k], rtol=1e-12, atol=1e-13)
     assert max(gammas) > rule.floor  # the rule moved gamma (not a constant run)
 
