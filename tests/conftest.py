@@ -1,8 +1,8 @@
 """Shared fixtures: one private local SuperLink for every `flwr run` test of the session.
 
-`scripts/check.sh` runs the suite on two pytest-xdist workers, one BLAS / torch thread
-each: one runs the deployments (`WAITING`: mostly idle, waiting on Flower's polls)
-while the other starts on the largest modules. `ModuleScheduling` keeps every
+`scripts/check.sh` runs the suite on three pytest-xdist workers (on 2 cores), one BLAS /
+torch thread each: one runs the deployments (`WAITING`: mostly idle, waiting on Flower's
+polls) while the other two start on the largest modules. `ModuleScheduling` keeps every
 test module on one worker, in its order (its module fixtures, such as a deployment,
 start once), and every module that uses `local_flower` on the one worker that holds
 the one local SuperLink. (pytest 9.2 ignores the node-id suffix that xdist's own
@@ -26,7 +26,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:  # one BLAS / torch thread per worker (a
 TESTS = Path(__file__).parent
 LOCAL_SUPERLINK = "local-superlink"
 # The deployments: minutes each, mostly waiting on Flower's 3 s polls. One scope, run
-# first by one worker, one module after the other, while the other takes the CPU-bound
+# first by one worker, one module after the other, while the others take the CPU-bound
 # tests.
 WAITING = ("tests/apps/test_deployment.py", "tests/apps/test_secure_deployment.py")
 DEPLOYMENTS = "deployments"
