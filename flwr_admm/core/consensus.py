@@ -313,7 +313,8 @@ class ConsensusADMM:
         if rnd is None or not rnd.absorbed:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
-        rho, z_hat, gamma = self.rho, self.z, self.gamma
+        rho, z_hat = self.rho, self.z
+        gamma = self.gamma if isinstance(self.dual_step, AdaptiveDualStep) else None
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats = self._update(rnd, ordered)
             dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s, c_k
@@ -336,8 +337,7 @@ class ConsensusADMM:
             self.momentum.step(z_hat, self.z)
         if self.fast is not None and rho > 0.0:
             self._accelerate(ordered, z_hat, dz_sq, stats, rho)
-        adaptive = isinstance(self.dual_step, AdaptiveDualStep)
-        return replace(report, next_rho=self.rho, dual_step=gamma if adaptive else None)
+        return replace(report, next_rho=self.rho, dual_step=gamma)  # gamma: this round's
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
         """Run the z-step and the dual step; return z - z' and the dual sums."""
@@ -355,7 +355,6 @@ class ConsensusADMM:
             relaxation=self.relaxation,
             regularizer=self.regularizer,
         )
-        rule = self.dual_step if isinstance(self.dual_step, AdaptiveDualStep) else None
         # y_i += gamma rho_i (alpha (w_i - z') + (1 - alpha)(z - z')), S_y with them
         stats = dual_step(
             ordered,
@@ -368,10 +367,10 @@ class ConsensusADMM:
             rho=self.rho,
             relaxation=self.relaxation,
             gamma=self.gamma,
-            aligned=rule is not None,  # c_k from the same pass
+            aligned=isinstance(self.dual_step, AdaptiveDualStep),  # c_k in the same pass
         )
-        if rule is not None:
-            self.gamma = rule.next(self.gamma, stats.c)
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            self.gamma = self.dual_step.next(self.gamma, stats.c)
         return dz, stats
 
     def _accelerate(
