@@ -45,11 +45,11 @@ from flwr_admm.rounds.exchange import (
     Incoming,
     Instruction,
     Layout,
-    RoundViews,
     Tally,
     without_reply_keys,
 )
 from flwr_admm.rounds.layer import RoundLayer
+from flwr_admm.rounds.views import RoundViews
 from flwr_admm.server.sampling import check_flower_fields, check_user_config, sample_clients
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, to_parameters
 

@@ -37,8 +37,9 @@ from flwr_admm.protocol import (
     SERVER_ROUND,
 )
 from flwr_admm.rounds.checks import check_sizes, unconfigured
-from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction, RoundViews
+from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction
 from flwr_admm.rounds.layer import RoundLayer
+from flwr_admm.rounds.views import RoundViews
 from flwr_admm.serverapp.records import (
     check_overwritten,
     copy_config,
