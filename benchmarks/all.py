@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = module.main([*flags, "--output", str(args.output_dir / f"{name}.json")])
         seconds[name] = time.perf_counter() - begun
     table = goals(results)
-    print("\n# goals (issue 5)")
+    print("\n# goals")
     print(
         format_table(
             ["goal", "limit", "measured", "met"],
