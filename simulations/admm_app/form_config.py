@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flwr_admm.core import Linearized
+from flwr_admm.core import AdaptiveDualStep, Linearized
 from flwr_admm.core.linearized import LINEARIZED_CONVEX
 from flwr_admm.core.schedules import make_schedule
 
@@ -68,7 +68,7 @@ def fedadmm_keywords(settings: RunSettings) -> dict[str, Any]:
         "rho": settings.rho,
         "rho_schedule": make_schedule(settings.rho_schedule),
         "relaxation": settings.relaxation,
-        "dual_step": settings.dual_step,
+        "dual_step": AdaptiveDualStep() if settings.dual_step == "adaptive" else settings.dual_step,
         "acceleration": None,
     }
     return settings.form.strategy_kwargs(prox)

@@ -92,7 +92,8 @@ HELP: dict[str, str] = {
     "rho": "FedADMM penalty, number >= 0",
     "rho-schedule": f"one of {sorted(SCHEDULES)}",
     "relaxation": "FedADMM over-relaxation alpha, number in (0, 2) (1 = plain ADMM)",
-    "dual-step": "FedADMM dual step gamma, number in (0, 1] (1 = the textbook step)",
+    "dual-step": "FedADMM dual step gamma, number in (0, 1] (1 = the textbook step), or "
+    '"adaptive" (FedADMM()\'s AdaptiveDualStep, from 0.2)',
     "local-init": f"FedADMM warm start, one of {list(LOCAL_INITS)} (consensus: the received z, "
     "not with strategy fedadmm, whose server-held duals send z - u_i; auto: consensus with "
     "client-held duals, else previous)",
@@ -132,7 +133,7 @@ class RunSettings:
     rho: float
     rho_schedule: str
     relaxation: float
-    dual_step: float
+    dual_step: float | str  # or "adaptive"
     local_init: str
     prox_step: str
     local_steps: int | None
@@ -242,6 +243,12 @@ def _relaxation(config: Mapping[str, Any]) -> float:
     return value
 
 
+def _dual_step(config: Mapping[str, Any]) -> float | str:
+    if config["dual-step"] == "adaptive":
+        return "adaptive"
+    return _number(config, "dual-step", 0.0, strict=True, maximum=1.0)
+
+
 def _choice(config: Mapping[str, Any], key: str, allowed: Any) -> str:
     value = config[key]
     if not isinstance(value, str) or value not in allowed:
@@ -329,7 +336,7 @@ def parse_run_config(
         rho=_number(config, "rho", 0.0),
         rho_schedule=rho_schedule,
         relaxation=_relaxation(config),
-        dual_step=_number(config, "dual-step", 0.0, strict=True, maximum=1.0),
+        dual_step=_dual_step(config),
         local_init=_choice(config, "local-init", LOCAL_INITS),
         prox_step=_choice(config, "prox-step", PROX_STEPS),
         local_steps=steps if steps > 0 else None,

@@ -13,7 +13,13 @@ from __future__ import annotations
 import pytest
 from app_runs import run_legacy, run_message
 
-from simulations.admm_app.form_config import FORM_NAMES, FormSettings, check_equal_budgets
+from flwr_admm.core import AdaptiveDualStep
+from simulations.admm_app.form_config import (
+    FORM_NAMES,
+    FormSettings,
+    check_equal_budgets,
+    fedadmm_keywords,
+)
 from simulations.admm_app.run_config import parse_run_config
 from simulations.report import check_result
 
@@ -68,6 +74,25 @@ def test_the_prox_form_is_the_default_and_keeps_its_keys():
     assert settings.form.strategy_kwargs({"rho": 0.5}) == {"rho": 0.5}
     linearized = parse_run_config({"form": "linearized"}).form
     assert linearized.strategy_kwargs({"rho": 0.5}) == {"form": linearized.linearized}
+
+
+def test_the_prox_form_takes_the_adaptive_dual_step_or_a_number():
+    """The app's textbook default (gamma 1), a number, or FedADMM()'s own AdaptiveDualStep."""
+    assert fedadmm_keywords(parse_run_config({}))["dual_step"] == 1.0
+    assert fedadmm_keywords(parse_run_config({"dual-step": 0.2}))["dual_step"] == 0.2
+    adaptive = fedadmm_keywords(parse_run_config({"dual-step": "adaptive"}))["dual_step"]
+    assert adaptive == AdaptiveDualStep()
+
+
+def test_an_adaptive_run_reports_its_gamma(tmp_path):
+    """The app with ``dual-step="adaptive"`` (the prox form, in process): each round's
+    gamma in the results, rising from 0.2 on the deterministic seed task."""
+    config = {"dual-step": "adaptive", "num-server-rounds": 6, "output-dir": str(tmp_path)}
+    run_message(config)
+    document, problems = check_result(tmp_path / "seed-logreg", "fedadmm", 6)
+    assert problems == []
+    gammas = [r["fit_metrics"]["dual_step"] for r in document["rounds"][1:]]
+    assert gammas[0] == 0.2 and gammas[-1] > 0.2, gammas
 
 
 def test_client_held_duals_refuse_epochs_that_give_unequal_budgets(tmp_path):

@@ -98,6 +98,8 @@ def test_pyproject_config_is_the_validated_defaults():
         ({"form": "linearized", "strategy": "fedavg"}, ["'form'", "fedadmm", "'prox'"]),
         ({"form": "linearized", "rho": 0.5}, ["'rho'", "form='linearized'", "0.1"]),
         ({"form": "linearized", "dual-step": 0.5}, ["'dual-step'", "fixed by"]),
+        ({"dual-step": "fast"}, ["'dual-step'", "(0, 1]", '"adaptive"']),
+        ({"form": "linearized", "dual-step": "adaptive"}, ["'dual-step'", "fixed by"]),
         ({"form": "linearized-convex", "relaxation": 1.6}, ["'relaxation'", "fixed by"]),
         (
             {"form": "linearized-convex", "strategy": "fedadmm-client-duals"},
