@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.kernels import single_thread_blas
+from flwr_admm.core.kernels import axpy, single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import (
@@ -290,21 +290,22 @@ class ConsensusADMM:
         return gone
 
     def reset_duals(self, keys: Collection[str]) -> list[str]:
-        """Set y_i = 0 for clients `keys` between rounds (their S_y share goes too).
+        """Set y_i = 0 for clients `keys` between rounds (S_y -= n_i y_i, in key order).
 
-        For clients that do not solve the ADMM step (a stock FedProx handler): their
-        center v_i is then z, their step FedProx's. Return the keys that were known.
+        For clients that do not solve the ADMM step (a stock FedProx handler, every
+        round): their center is then z, their step FedProx's. The other clients' sums
+        are not re-summed (O(len(keys) x model)). Return the keys that were known.
         """
         if self._round is not None:
             raise ValueError("reset_duals: a round is open; call finish() or cancel() first")
         held = sorted((k for k in set(keys) if k in self.records), key=natural_key)
         for key in held:
-            for y in self.records[key].y:
+            record = self.records[key]
+            for acc, y in zip(self.sums.ny, record.y, strict=True):
+                axpy(-float(record.num_examples), y, acc)  # S_y = sum n_i y_i
                 y.fill(0.0)
         if self.fast is not None:
             self.fast.forget(held)
-        if held:
-            self.sums.recompute(self.records)
         return held
 
     def finish(self, server_round: int) -> RoundReport:
