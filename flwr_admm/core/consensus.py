@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
-from flwr_admm.core.kernels import axpy, single_thread_blas
+from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import (
@@ -290,20 +290,14 @@ class ConsensusADMM:
         return gone
 
     def reset_duals(self, keys: Collection[str]) -> list[str]:
-        """Set y_i = 0 for clients `keys` between rounds: S_y -= n_i y_i, in key order.
+        """Set y_i = 0 for clients `keys` between rounds (`RunningSums.hold`).
 
-        For stock FedProx handlers, every round (center z, FedProx's step); S_y = 0
-        exactly when every client is held. Return the keys that were known.
+        For clients that do not solve the ADMM step (a stock FedProx handler): their
+        center v_i is then z, their step FedProx's. Return the keys that were known.
         """
         if self._round is not None:
             raise ValueError("reset_duals: a round is open; call finish() or cancel() first")
-        held = sorted((k for k in set(keys) if k in self.records), key=natural_key)
-        for record in (self.records[key] for key in held):
-            for acc, y in zip(self.sums.ny, record.y, strict=True):
-                axpy(-float(record.num_examples), y, acc)  # S_y = sum n_i y_i
-                y.fill(0.0)
-        for acc in self.sums.ny if len(held) == len(self.records) else ():
-            acc.fill(0.0)
+        held = self.sums.hold(self.records, keys)
         if self.fast is not None:
             self.fast.forget(held)
         return held

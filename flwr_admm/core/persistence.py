@@ -104,4 +104,5 @@ def load_state(
     }
     rho = check_rho(float(meta["rho"]), "checkpoint rho")
     sums = RunningSums(sum_nsw, sum_ny, float(meta["sum_ns"]), int(meta["sum_n"]))
+    sums.moving = {k for k, r in records.items() if any(np.any(y) for y in r.y)}
     return SavedState(z, rho, meta["schedule_state"], records, sums)

@@ -46,6 +46,7 @@ class RunningSums:
     ny: Arrays  # S_y = sum n_i y_i
     ns: float = 0.0  # S_s = sum n_i s_i
     n: int = 0  # N = sum n_i
+    moving: set[str] = field(default_factory=set)  # keys whose y_i may be nonzero
 
     @classmethod
     def zeros_like(cls, z: Arrays) -> RunningSums:
@@ -171,11 +172,35 @@ class RunningSums:
             self.ns += ns
             self.n += record.num_examples
         if duals:
-            for acc in self.ny:
-                acc.fill(0.0)
-            for record in ordered:
-                for acc, y in zip(self.ny, record.y, strict=True):
-                    axpy(float(record.num_examples), y, acc)
+            self.moving = {k for k, r in records.items() if any(np.any(y) for y in r.y)}
+            self.resum_duals(records)
+
+    def resum_duals(self, records: dict[str, ClientRecord]) -> None:
+        """Sum S_y = sum n_i y_i exactly, in key order, over the `moving` duals only.
+
+        The others are 0 and would add nothing: the same bits as summing every client.
+        """
+        for acc in self.ny:
+            acc.fill(0.0)
+        for key in sorted(self.moving, key=natural_key):
+            record = records[key]
+            for acc, y in zip(self.ny, record.y, strict=True):
+                axpy(float(record.num_examples), y, acc)
+
+    def hold(self, records: dict[str, ClientRecord], keys: Collection[str]) -> list[str]:
+        """Set y_i = 0 for the known `keys` and re-sum S_y; return those keys, in order.
+
+        O(moving x model), not O(clients x model): with only stock FedProx handlers,
+        whose duals are held at 0 every round, nothing moves and S_y is exactly 0.
+        """
+        held = sorted((k for k in set(keys) if k in records), key=natural_key)
+        if held:
+            for key in held:
+                for y in records[key].y:
+                    y.fill(0.0)
+            self.moving.difference_update(held)
+            self.resum_duals(records)
+        return held
 
     def reply_part(
         self,

@@ -21,6 +21,7 @@ from flwr.server.strategy.aggregate import aggregate
 from sklearn.linear_model import Lasso
 
 from flwr_admm.core import L1, ConsensusADMM
+from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Reply
 
 # ---------------------------------------------------------------- ridge closed form
@@ -413,3 +414,24 @@ def test_when_every_client_is_held_s_y_is_exactly_zero() -> None:
         admm.step([Reply(key, [rng.normal(size=7)], 3 + i) for i, key in enumerate(keys)], k)
         admm.reset_duals(keys)
         assert not np.any(admm.sums.ny[0]), admm.sums.ny[0]
+
+
+def test_held_duals_leave_s_y_as_a_full_re_sum_would_bit_for_bit() -> None:
+    """Partial participation, some replies held, some not (mixed handlers), and a
+    checkpoint round trip: after every reset S_y equals the exact key-order re-sum over
+    every cached client, and only the duals that moved are summed."""
+    rng = np.random.default_rng(6)
+    admm = ConsensusADMM(z=[np.zeros(5)], rho=0.7)
+    keys = [f"cid:{rng.integers(1 << 62)}" for _ in range(12)]
+    for k in range(1, 16):
+        chosen = [keys[i] for i in sorted(rng.choice(12, 6, replace=False))]
+        admm.step([Reply(key, [rng.normal(size=5)], 4 + len(key) % 7) for key in chosen], k)
+        admm.reset_duals(chosen[::3] if k % 2 else chosen)  # some held; all replies held
+        reference = RunningSums([np.zeros(5)], [np.zeros(5)])
+        reference.recompute(admm.records)
+        np.testing.assert_array_equal(admm.sums.ny[0], reference.ny[0])
+        assert admm.sums.moving == reference.moving
+        if k == 8:  # a resumed server keeps which duals move
+            arrays, meta = admm.state_dict()
+            admm = ConsensusADMM(z=[np.zeros(5)], rho=0.7)
+            admm.load_state_dict({name: np.array(a) for name, a in arrays.items()}, meta)
