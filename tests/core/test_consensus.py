@@ -381,10 +381,10 @@ def test_a_state_with_float32_client_arrays_is_refused_naming_state_dtype() -> N
 
 # ---------------------------------------------------------------- held duals
 def test_holding_duals_at_zero_takes_only_their_share_out_of_s_y() -> None:
-    """Stock FedProx handlers have y_i reset after every round: S_y loses their n_i y_i
-    and nothing else is re-summed (a re-sum over every cached client made each round of
-    the one-line swap O(N x model)). Over 30 rounds of 40 cached clients, 5 of 10 of each
-    round's replies held: S_y stays sum n_i y_i to 1e-13, the held y_i are 0."""
+    """Stock FedProx handlers have y_i reset after every round: S_w is not re-summed, S_y
+    only over the duals that moved (re-summing both over every cached client made each
+    round of the one-line swap O(N x model)). Over 30 rounds of 40 cached clients, 5 of
+    10 of each round's replies held: S_y stays sum n_i y_i, the held y_i are 0."""
     rng = np.random.default_rng(4)
     admm = ConsensusADMM(z=[np.zeros(6)], rho=0.5)
     keys = [f"c{i}" for i in range(40)]
