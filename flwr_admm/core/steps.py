@@ -124,7 +124,6 @@ def dual_step(
                 axpy(-step * alpha * weight, z, acc)
             if dz is not None:
                 axpy(step * beta * weight, dz[j], acc)  # S_y += rho (1 - alpha) W dz
-    if step != 0.0:
         sums.moving.update(reply.key for reply in ordered)  # their y_i moved
     c = _alignment(chosen, parts, total, rho) if aligned else None
     return DualStats(r_sq, w_sq, y_sq, c)
