@@ -29,6 +29,7 @@ from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
 from flwr_admm import RunDivergedError
 from flwr_admm.core import ResidualBalancing
+from flwr_admm.core.linearized import LINEARIZED_CONVEX
 from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
@@ -72,6 +73,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "z_average": "replies",
     },
     "defaults z-replies": {"z_average": "replies"},
+    # the linearized form (docs/options.md): its defaults and its convex recipe
+    "linearized": {"form": "linearized"},
+    "linearized convex": {"form": LINEARIZED_CONVEX},
 }
 # The candidates a plain run compares (the z_average rows: --candidates).
 CHOSEN = ",".join(label for label in CANDIDATES if "z-replies" not in label)
