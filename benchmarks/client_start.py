@@ -6,7 +6,7 @@
 driver, tracker and client sampling of `benchmarks.convergence`, every client and a
 sampled fraction (the task's own, else ``--fraction``; twice the round budget). Cases:
 FedDyn's best digits grid points (rho 0.1, 3 epochs, lr 0.2 and 0.5), the untuned local
-settings with fast ADMM at rho 1, and synthetic / seed-logreg at rho 0.1.
+settings at rho 1, and synthetic / seed-logreg at rho 0.1.
 
     python -m benchmarks.client_start [--tasks seed-logreg,synthetic,digits] [--fraction 0.3]
 """
@@ -29,11 +29,11 @@ from flwr_admm.server import FedADMMClientDuals
 STARTS = ("previous", "consensus")
 # (task, strategy keywords, lr, local steps or epochs); None: the task's untuned ones
 CASES: list[tuple[str, dict[str, Any], float | None, int | None]] = [
-    ("seed-logreg", {"rho": 1.0, "acceleration": "nesterov"}, None, None),
+    ("seed-logreg", {"rho": 1.0}, None, None),
     ("seed-logreg", {"rho": 0.1}, 2.0, 5),
-    ("synthetic", {"rho": 1.0, "acceleration": "nesterov"}, None, None),
+    ("synthetic", {"rho": 1.0}, None, None),
     ("synthetic", {"rho": 0.1}, 0.05, 20),
-    ("digits-mlp-dirichlet0.1", {"rho": 1.0, "acceleration": "nesterov"}, None, None),
+    ("digits-mlp-dirichlet0.1", {"rho": 1.0}, None, None),
     ("digits-mlp-dirichlet0.1", {"rho": 0.1}, 0.2, 3),
     ("digits-mlp-dirichlet0.1", {"rho": 0.1}, 0.5, 3),
 ]

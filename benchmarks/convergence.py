@@ -6,10 +6,10 @@ step eta_g in {1, 1.6}) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
 its defaults ("FedADMM (defaults)": `ResidualBalancing` from rho0 = 0.1, dual step
-0.2, alpha = 1, no acceleration, `flwr_admm.core.settings`; "FedADMM (defaults), local
+0.2, alpha = 1, `flwr_admm.core.settings`; "FedADMM (defaults), local
 tuned" runs them over the local grid only, lr x steps, no server argument), plain ADMM
 at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 = 1. The
-grid rows and those two are the textbook iteration (no acceleration, alpha as the
+grid rows and those two are the textbook iteration (alpha as the
 grid says, dual step 1). "FedADMM linearized" is ``FedADMM(form="linearized")``
 (`flwr_admm.core.linearized`: rho_i = 1 / (K_i lr), no penalty knob; ``Linearized()``,
 dual step 0.2, no momentum) over lr x steps, and "(untuned)" on the task's default
@@ -185,7 +185,6 @@ def make_strategy(
         rho=float(config["penalty"]),
         rho_schedule=schedule or Constant(),
         relaxation=float(config.get("relaxation", 1.0)),
-        acceleration=None,
         dual_step=1.0,  # the textbook step: the grid rows are the seeds' iteration
         sampling_seed=None,
         **common,

@@ -39,15 +39,6 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "plain (rho 1)": PLAIN,
     "RB": {**PLAIN, "rho_schedule": ResidualBalancing()},
     "RB alpha 1.6": {**PLAIN, "rho_schedule": ResidualBalancing(), "relaxation": 1.6},
-    "fast": {**PLAIN, "acceleration": "nesterov"},
-    "fast alpha 1.6": {**PLAIN, "acceleration": "nesterov", "relaxation": 1.6},
-    "fast RB": {**PLAIN, "acceleration": "nesterov", "rho_schedule": ResidualBalancing()},
-    "fast RB alpha 1.6": {  # the defaults before the CNN task (rho0 = 1, gamma = 1)
-        **PLAIN,
-        "acceleration": "nesterov",
-        "rho_schedule": ResidualBalancing(),
-        "relaxation": 1.6,
-    },
     "defaults": {},  # the adaptive dual step from 0.2 (AdaptiveDualStep())
     "defaults gamma 0.2": {"dual_step": 0.2},  # the defaults with the fixed step of before
     # the defaults' neighbours on the CNN task (docs/torch.md): rho0 = 1, gamma 0.2 or 0.5
@@ -63,12 +54,6 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "RB alpha 1.6 z-replies": {
         **PLAIN,
         "rho_schedule": ResidualBalancing(),
-        "relaxation": 1.6,
-        "z_average": "replies",
-    },
-    "fast alpha 1.6 z-replies": {
-        **PLAIN,
-        "acceleration": "nesterov",
         "relaxation": 1.6,
         "z_average": "replies",
     },

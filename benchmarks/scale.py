@@ -35,8 +35,7 @@ from flwr.server.strategy import FedAvg, Strategy
 from benchmarks.common import base_parser, format_table, quiet_flower, size_text, write_json
 from flwr_admm.client import ADMMClient
 from flwr_admm.models import LogisticRegression
-from flwr_admm.server import FedADMMClientDuals
-from flwr_admm.server.fedadmm import fast_convex
+from flwr_admm.server import FedADMM, FedADMMClientDuals
 from flwr_admm.testing import make_proxies, run_rounds
 
 STRATEGIES = ("FedAvg", "FedADMM", "FedADMMClientDuals")
@@ -78,7 +77,7 @@ def make_strategy(name: str, num_clients: int, fraction: float, **extra: Any) ->
         **extra,
     }
     if name == "FedADMM":
-        return fast_convex(rho=RHO, sampling_seed=0, **kwargs)  # as measured
+        return FedADMM(rho=RHO, sampling_seed=0, **kwargs)
     if name == "FedADMMClientDuals":
         return FedADMMClientDuals(rho=RHO, sampling_seed=0, **kwargs)
     if name == "FedAvg":

@@ -46,7 +46,6 @@ GRAD_NORM = "grad_norm"
 PREVIOUS_ROUND = "admm-previous-round"  # client-held duals: round of its last reply (0: none)
 EXAMPLES_CHANGE = "admm-examples-change"  # n_i' - n_i
 DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
-HAT_SQ_RESIDUAL = "admm-hat-sq-residual"  # fast ADMM: ||w_i' - z^_k||^2 (the received z)
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
 # FedADMM reply of our client helpers: 1 = the solve started at the received z, 0 =
@@ -89,7 +88,6 @@ PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of
 CHECKED_PRIMAL_RESIDUAL = "checked_primal_residual"
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
 NUM_BUDGET_MISMATCH = "num_budget_mismatch"  # linearized client-held: b_i off the common one
-NUM_RESTARTS = "num_restarts"  # client-held duals with fast ADMM: restarts so far
 DUAL_RESIDUAL = "dual_residual"
 EPS_PRIMAL = "eps_primal"
 EPS_DUAL = "eps_dual"
@@ -114,15 +112,11 @@ META_BUDGET = "step_budget"  # DUALS_STATE_META: b_i under the linearized form
 # ------------------------- client-held duals: acknowledgement and rebuild sweep
 ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)
 REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e_i
-# Client-held duals with fast ADMM: the fit config's coefficient g; z_k
-# follows z^_{k+1} as a second block of tensors (legacy) or under ACCEL_Z_RECORD.
-ACCEL_GAMMA = "admm-accel-gamma"  # fit config: g, u^_i = u_i + g (u_i - u_i,prev)
-ACCEL_Z_RECORD = "admm-accel-z"  # Message API: the ArrayRecord of z_k
 DUAL_STEP = "admm-dual-step"  # fit config: gamma, u_i += gamma (w_i - z) (absent: 1)
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
 # A key whose share the server kept (a resync's, K in rounds.client_duals_sweep) is
 # offered it back: c_i = sigma_i / n_i of the acknowledged round, so a node that lost
-# its state trains from it instead of from scratch (prox form, gamma 1, no fast ADMM).
+# its state trains from it instead of from scratch (prox form, gamma 1).
 RESTORE = "admm-restore"  # fit config: c_i as .npy bytes (float64, flat)
 RESTORE_EXAMPLES = "admm-restore-examples"  # fit config: the n_i of that share
 RESTORED = "admm-restored"  # reply: 1 = trained from the offered c_i (no d2_i)
@@ -131,8 +125,6 @@ DUALS_PENDING_W = "flwr_admm.duals.pending.w"  # client-held duals: w_i' (not ye
 DUALS_PENDING_U = "flwr_admm.duals.pending.u"  # u_i of the pending reply
 DUALS_PENDING_META = "flwr_admm.duals.pending.meta"  # n_i' and the reply's round
 DUALS_PENDING_RESIDUAL = "flwr_admm.duals.pending.uplink_residual"  # e_i' of it
-DUALS_STATE_U_PREV = "flwr_admm.duals.u_prev"  # fast ADMM: u_i,prev (committed)
-DUALS_PENDING_U_PREV = "flwr_admm.duals.pending.u_prev"  # fast ADMM: u_i,prev (pending)
 
 # ------------------------------------------------- client identity and eviction
 NUM_KEY_CONFLICTS = "num_key_conflicts"  # replies claiming a key bound to another node

@@ -1,6 +1,6 @@
 """Profile `ConsensusADMM.step` at 1e6 parameters, 10 of 100 clients (cProfile).
 
-    python scripts/profile_step.py            # [--fast] for fast ADMM, alpha 1.6, RB
+    python scripts/profile_step.py            # [--relaxed] for alpha 1.6 and RB
 
 Runs 10 rounds to cache every client, then profiles 4 rounds of 10 fresh replies and
 prints the functions by their own time. A lab tool, not a benchmark: the ratios of
@@ -21,10 +21,10 @@ from flwr_admm.core.types import Reply
 P, CLIENTS, SAMPLED = 10**6, 100, 10
 
 
-def main(fast: bool) -> None:
+def main(relaxed: bool) -> None:
     """Warm the state up, then print the profile of four rounds."""
-    extra = {"acceleration": "nesterov", "relaxation": 1.6, "schedule": ResidualBalancing()}
-    admm = ConsensusADMM([np.zeros(P)], rho=1.0, **(extra if fast else {}))  # type: ignore[arg-type]
+    extra = {"relaxation": 1.6, "schedule": ResidualBalancing()}
+    admm = ConsensusADMM([np.zeros(P)], rho=1.0, **(extra if relaxed else {}))  # type: ignore[arg-type]
     rng = np.random.default_rng(0)
     pool = [rng.normal(size=P) for _ in range(2 * SAMPLED)]
 
@@ -44,4 +44,4 @@ def main(fast: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--fast" in sys.argv)
+    main("--relaxed" in sys.argv)

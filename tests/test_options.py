@@ -15,9 +15,8 @@ import pytest
 import flwr_admm.server
 import flwr_admm.serverapp
 from flwr_admm import Checkpointing, ClientPolicy, Convergence, Uplink
-from flwr_admm.core.settings import FAST_CONVEX, TEXTBOOK
-from flwr_admm.server.fedadmm import fast_convex, textbook
-from flwr_admm.serverapp.fedadmm import fast_convex as message_fast_convex
+from flwr_admm.core.settings import TEXTBOOK
+from flwr_admm.server.fedadmm import textbook
 from flwr_admm.serverapp.fedadmm import textbook as message_textbook
 from flwr_admm.uplink import LocalDP, StochasticQuantizer
 
@@ -107,6 +106,7 @@ def test_a_strategy_names_the_keyword_given_something_else(
         "uplink_residual",
         "local_dp",
         "restart_eta",
+        "acceleration",
     ],
 )
 def test_the_flat_keywords_are_gone(api: Any, keyword: str) -> None:
@@ -119,9 +119,7 @@ def test_the_flat_keywords_are_gone(api: Any, keyword: str) -> None:
     ("recipe", "settings", "api"),
     [
         (textbook, TEXTBOOK, flwr_admm.server),
-        (fast_convex, FAST_CONVEX, flwr_admm.server),
         (message_textbook, TEXTBOOK, flwr_admm.serverapp),
-        (message_fast_convex, FAST_CONVEX, flwr_admm.serverapp),
     ],
 )
 def test_the_recipes_are_fedadmm_with_their_settings(recipe: Any, settings: Any, api: Any) -> None:

@@ -5,10 +5,9 @@ form; `steps` has the z-step and dual step, `sums` the running sums, `kernels` t
 in-place passes, `settings` the checked settings, `schedules` the rho and dual step rules,
 `regularizers` the prox of g, `tensor_policy` which tensors are consensus variables,
 `linearized` the step-budget form and `start_momentum` its momentum start,
-`acceleration` fast ADMM, `client_duals` and `dual_momentum` the client-held-dual
-arithmetic, `secure_sum` SecAgg+'s exact sums, `local_solver` the clients' penalized
-loop, `persistence` and `snapshot` checkpoints, `health` the divergence watchdog,
-`types` the value types, reply checks and errors.
+`client_duals` the client-held-dual arithmetic, `secure_sum` SecAgg+'s exact sums,
+`local_solver` the clients' penalized loop, `persistence` and `snapshot` checkpoints,
+`health` the divergence watchdog, `types` the value types, reply checks and errors.
 """
 
 from flwr_admm.core.consensus import ConsensusADMM

@@ -26,18 +26,6 @@ Restore: the server keeps a resync's full share sigma_i = n_i c_i (not under Sec
 and offers c_i back. With gamma = 1, u_i + (w_i - z^k) = c_i - z^k, so the stand-in
 state (w = c_i, u = 0) gives the same dual, center and Delta_i as the lost one; only
 d2_i is unknown, and the reply says so.
-
-Fast ADMM (server half: `flwr_admm.core.dual_momentum`): the fit config also carries
-z_k and g, z^k above being z^_{k+1}; u_i is the extrapolated dual u^_i the client
-trained with, and the client also keeps u_i,prev (its unextrapolated dual after its
-previous reply, 0 before):
-
-    u_i   = u^_i + gamma (w_i - z_k)                  (d2_i = ||w_i - z_k||^2)
-    u^_i' = u_i + g (u_i - u_i,prev),  u_i,prev' = u_i     (restart: g = 0)
-    center z^_{k+1} - u^_i',  Delta_i = n_i' (w_i' + u^_i') - n_i (w_i + u^_i)
-
-so S = sum_i n_i (w_i + u^_i) stays exact; u_i,prev is committed and pending with the
-rest of the state.
 """
 
 from __future__ import annotations
@@ -50,7 +38,6 @@ import numpy as np
 
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
-    ACCEL_GAMMA,
     ACK_ROUND,
     DUAL_STEP,
     FORM,
@@ -72,7 +59,6 @@ class DualState:
     num_examples: int
     server_round: int
     residual: Arrays | None = None
-    dual_prev: Arrays | None = None  # fast ADMM: u_i,prev (None: zero)
     budget: float | None = None  # the linearized form: b_i of the round that gave w_i
 
     @property
@@ -158,14 +144,13 @@ def restored_state(config: Mapping[str, object], z: Arrays, ack: int | None) -> 
     """Return the stand-in state (w = c_i, u = 0, n_i, round a) the server offers, or None.
 
     ValueError naming the field if the offer is malformed, or comes with a dual step
-    other than 1, fast ADMM, the linearized form (where c_i alone is not the state) or
+    other than 1, the linearized form (where c_i alone is not the state) or
     SecAgg+ (where the server never sees a share).
     """
     if RESTORE not in config:
         return None
     for field, bad in (
         (DUAL_STEP, DUAL_STEP in config and config[DUAL_STEP] != 1),
-        (ACCEL_GAMMA, ACCEL_GAMMA in config),
         (FORM, config.get(FORM, "prox") != "prox"),
         (SECAGG_SCALE, SECAGG_SCALE in config),
     ):
@@ -195,8 +180,6 @@ class DualStart:
     dual: Arrays
     center: Arrays
     delayed_sq_residual: float | None
-    dual_prev: Arrays | None = None  # fast ADMM: u_i,prev to keep with u^_i
-    z_hat: Arrays | None = None  # fast ADMM: the received z^_{k+1} (for ||w_i' - z^||^2)
 
     def kept(
         self,
@@ -206,32 +189,15 @@ class DualStart:
         residual: Arrays | None = None,
         budget: float | None = None,
     ) -> DualState:
-        """Return the state to keep after training w_i' from this start (u^_i, u_i,prev)."""
-        return DualState(w, self.dual, num_examples, server_round, residual, self.dual_prev, budget)
+        """Return the state to keep after training w_i' from this start."""
+        return DualState(w, self.dual, num_examples, server_round, residual, budget)
 
 
-@dataclass(frozen=True)
-class Extrapolation:
-    """Fast ADMM's round message: z_k and the coefficient g."""
-
-    z: Arrays  # z_k, the z-step's output (the broadcast model is z^_{k+1})
-    gamma: float
-
-
-def start_round(
-    state: DualState | None,
-    z: Arrays,
-    fast: Extrapolation | None = None,
-    dual_step: float = 1.0,
-) -> DualStart:
+def start_round(state: DualState | None, z: Arrays, dual_step: float = 1.0) -> DualStart:
     """Update u_i += gamma (w_i - z^k) if it took part before (d2 = ||w_i - z^k||^2).
 
-    The center is z^k - u_i. With `fast` (fast ADMM, z = z^_{k+1}):
-    u_i = u^_i + gamma (w_i - z_k), then extrapolate u^_i' = u_i + g (u_i - u_i,prev);
-    center z^_{k+1} - u^_i'. `dual_step` is gamma (`dual_step_of`).
+    The center is z^k - u_i; `dual_step` is gamma (`dual_step_of`).
     """
-    if fast is not None:
-        return _start_accelerated(state, z, fast, dual_step)
     if state is None:
         dual = [np.zeros_like(t) for t in z]
         return DualStart(dual, [t.copy() for t in z], None)
@@ -286,20 +252,3 @@ def contribution_change(
         for delta, old in zip(change, state.contribution, strict=True):
             delta -= float(state.num_examples) * old
     return change
-
-
-def _start_accelerated(
-    state: DualState | None, z_hat: Arrays, fast: Extrapolation, dual_step: float
-) -> DualStart:
-    """Fast ADMM's client step: dual update with z_k, then extrapolate along u_i's last step."""
-    if state is None:  # first reply: u_i = u_i,prev = 0
-        zeros = [np.zeros_like(t) for t in z_hat]
-        return DualStart(zeros, [t.copy() for t in z_hat], None, [t.copy() for t in zeros], z_hat)
-    diff = [w - t for w, t in zip(state.w, fast.z, strict=True)]  # w_i - z_k = u_i - u^_i
-    d2 = float(sum(np.vdot(d, d) for d in diff))
-    dual = _dual_update(state.u, diff, dual_step)  # u_i = u^_i + gamma (w_i - z_k)
-    prev = state.dual_prev or [np.zeros_like(t) for t in dual]  # u_i,prev
-    # u^_i' = u_i + g (u_i - u_i,prev); u_i,prev' = u_i
-    dual_hat = [u + fast.gamma * (u - p) for u, p in zip(dual, prev, strict=True)]
-    center = [t - u for t, u in zip(z_hat, dual_hat, strict=True)]
-    return DualStart(dual_hat, center, d2, dual, z_hat)

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import DEFAULT_ETA, FastADMM, check_acceleration
 from flwr_admm.core.kernels import single_thread_blas
 from flwr_admm.core.persistence import SavedState, StateArrays, dump_state, load_state
 from flwr_admm.core.regularizers import Regularizer
@@ -102,10 +101,6 @@ class ConsensusADMM:
         Absolute and relative tolerances of the stopping thresholds.
     relaxation : float
         Over-relaxation alpha in (0, 2); 1 is plain ADMM (Boyd et al. suggest 1.5-1.8).
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (`flwr_admm.core.acceleration`).
-    restart_eta : float
-        Restart when the combined residual c_k >= eta c_{k-1}, eta in (0, 1] (fast ADMM).
     z_average : {"cached", "replies"}
         z-step over every cached w_i or the round's replies (`flwr_admm.core.steps`).
     dual_step : float or AdaptiveDualStep
@@ -127,8 +122,6 @@ class ConsensusADMM:
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
     relaxation: float = 1.0
-    acceleration: str | None = None
-    restart_eta: float = DEFAULT_ETA
     records: dict[str, ClientRecord] = field(default_factory=dict)
     schedule_state: ScheduleState = field(default_factory=dict)
     z_average: ZAverage = "cached"
@@ -137,7 +130,6 @@ class ConsensusADMM:
     gamma: float = field(init=False, default=1.0)  # this round's dual step
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
-    fast: FastADMM | None = field(init=False, default=None, repr=False, compare=False)
     momentum: StartMomentum | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -150,13 +142,10 @@ class ConsensusADMM:
             raise ValueError("rho: must be > 0 with a regularizer or client_rho='reported', got 0")
         check_tolerances(self.eps_abs, self.eps_rel)
         self.relaxation = check_relaxation(self.relaxation)
-        check_acceleration(self.acceleration, self.restart_eta)
         self.dual_step = check_dual_step_spec(self.dual_step)
         self.gamma = first_gamma(self.dual_step)
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
-        if self.acceleration is not None:
-            self.fast = FastADMM(eta=float(self.restart_eta))
         beta = check_momentum(self.start_momentum, "start_momentum")
         self.momentum = StartMomentum(beta) if beta > 0 else None
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
@@ -283,8 +272,6 @@ class ConsensusADMM:
         gone = sorted((k for k in set(keys) if k in self.records), key=natural_key)
         for key in gone:
             del self.records[key]
-        if self.fast is not None:
-            self.fast.forget(gone)
         if gone:
             self.sums.recompute(self.records)
         return gone
@@ -297,10 +284,7 @@ class ConsensusADMM:
         """
         if self._round is not None:
             raise ValueError("reset_duals: a round is open; call finish() or cancel() first")
-        held = self.sums.hold(self.records, keys)
-        if self.fast is not None:
-            self.fast.forget(held)
-        return held
+        return self.sums.hold(self.records, keys)
 
     def finish(self, server_round: int) -> RoundReport:
         """Close the round: z-step, dual step, residuals, next rho."""
@@ -308,11 +292,11 @@ class ConsensusADMM:
         if rnd is None or not rnd.absorbed:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
-        rho, z_hat = self.rho, self.z
+        rho, z_prev = self.rho, self.z
         gamma = self.gamma if isinstance(self.dual_step, AdaptiveDualStep) else None
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats = self._update(rnd, ordered)
-            dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s, c_k
+            dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s
             report = round_report(
                 ordered,
                 self.z,
@@ -329,9 +313,7 @@ class ConsensusADMM:
             self.schedule_state, report, server_round
         )
         if self.momentum is not None:  # the restart test on z_k -> z_{k+1}
-            self.momentum.step(z_hat, self.z)
-        if self.fast is not None and rho > 0.0:
-            self._accelerate(ordered, z_hat, dz_sq, stats, rho)
+            self.momentum.step(z_prev, self.z)
         return replace(report, next_rho=self.rho, dual_step=gamma)  # gamma: this round's
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:
@@ -368,32 +350,17 @@ class ConsensusADMM:
             self.gamma = self.dual_step.next(self.gamma, stats.c)
         return dz, stats
 
-    def _accelerate(
-        self, ordered: list[Reply], z_hat: Arrays, dz_sq: float, stats: DualStats, rho: float
-    ) -> None:
-        """Move z and the replies' duals to fast ADMM's z^, y^_i (restart if c_k grew)."""
-        assert self.fast is not None
-        c = self.sums.rho_bar(rho) * (stats.r_sq + dz_sq)  # rho_bar (r^2 + ||z_k - z^_k||^2)
-        replied = [(r.key, self.records[r.key]) for r in ordered]
-        with single_thread_blas():
-            changed = self.rho != rho
-            self.z = self.fast.step(self.z, z_hat, replied, self.sums.ny, c=c, rho_changed=changed)
-
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> tuple[StateArrays, dict[str, Any]]:
         """Return the arrays (live, not copied) and JSON metadata that restore this state.
 
         Array names: z.j, sum_nsw.j (S_w), sum_ny.j (S_y), w.i.j, y.i.j (clients in
         natural key order); metadata: rho, schedule_state, clients (key, n_i, s_i),
-        sum_ns (S_s), sum_n (N), shapes. Fast ADMM adds accel_* arrays and
-        "acceleration".
+        sum_ns (S_s), sum_n (N), shapes.
         """
         arrays, meta = dump_state(
             SavedState(self.z, self.rho, self.schedule_state, self.records, self.sums)
         )
-        if self.fast is not None:
-            extra, meta["acceleration"] = self.fast.dump(sorted(self.records, key=natural_key))
-            arrays.update(extra)
         if self.momentum is not None:
             extra, meta["start_momentum"] = self.momentum.dump()
             arrays.update(extra)
@@ -406,8 +373,6 @@ class ConsensusADMM:
         saved = load_state(arrays, meta, [t.shape for t in self.z])
         self.z, self.rho, self.schedule_state = saved.z, saved.rho, saved.schedule_state
         self.records, self.sums = saved.records, saved.sums
-        if self.fast is not None and "acceleration" in meta:
-            self.fast = FastADMM.load(arrays, meta["acceleration"], self.fast.eta, len(self.z))
         if self.momentum is not None and "start_momentum" in meta:
             self.momentum.load(arrays, meta["start_momentum"], len(self.z))
         if isinstance(self.dual_step, AdaptiveDualStep):

@@ -137,7 +137,6 @@ def strategy_settings(
     eps_abs: float,
     eps_rel: float,
     relaxation: float | None,
-    acceleration: str | None,
     z_average: ZAverage,
     dual_step: DualStep | None,
     channel: dict[str, object],
@@ -167,18 +166,17 @@ def strategy_settings(
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             relaxation=alpha,
-            acceleration=acceleration,
             z_average=z_average,
             dual_step=DEFAULT_DUAL_STEP if dual_step is None else dual_step,
         )
     fixed = {**given, "relaxation": relaxation, "dual_step": dual_step}
-    fixed.update(regularizer=regularizer, acceleration=acceleration, **channel)
+    fixed.update(regularizer=regularizer, **channel)
     for name, value in fixed.items():
         if value is not None:
             raise ValueError(
                 f"{name}: not used with form='linearized' (rho_i = 1 / (K_i lr_i) from "
                 "each reply; the dual step and momentum are Linearized(dual_step=..., "
-                "momentum=...); no prox term, over-relaxation, acceleration, regularizer, "
+                "momentum=...); no prox term, over-relaxation, regularizer, "
                 f"uplink or local DP yet); leave it unset, got {value!r}"
             )
     steps = form if isinstance(form, Linearized) else Linearized()
@@ -200,7 +198,6 @@ CLIENT_HELD_FIXED: dict[str, object] = {
     "proximal_mu": None,
     "regularizer": None,
     "dual_step": 1.0,
-    "acceleration": None,
     "uplink": None,
 }
 

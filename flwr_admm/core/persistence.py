@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import check_saved_acceleration
 from flwr_admm.core.schedules import ScheduleState
 from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Arrays, ClientRecord, check_rho, natural_key
@@ -21,6 +20,40 @@ from flwr_admm.core.types import Arrays, ClientRecord, check_rho, natural_key
 StateArrays = dict[str, NDArray[np.float64]]
 # state_dtype="float32" is deleted; named in the error for a checkpoint written with it
 DELETED_STATE_DTYPE = "float32 state ran slower than float64 in the server-cost benchmark"
+# The accelerations, deleted because our benchmarks showed them losing; named in the
+# error for a checkpoint written with one.
+DELETED = {
+    "anderson": "Anderson acceleration lost to the defaults in 3 of 4 benchmark settings",
+    "goldstein": "its restart to the previous point stalls under partial participation",
+    "nesterov": (
+        "fast ADMM lost to the linearized form's convex recipe (form=LINEARIZED_CONVEX) "
+        "on every convex benchmark task and diverged on the CNN task"
+    ),
+}
+
+
+def deleted_message(acceleration: str, where: str) -> str:
+    """Return the error for `where` (a checkpoint) written with a DELETED `acceleration`."""
+    return (
+        f"{where}: written with acceleration={acceleration!r}, which this version of "
+        f"flwr-admm deleted ({DELETED[acceleration]}); resume it with the version that "
+        "wrote it, or move it away to start fresh"
+    )
+
+
+def check_saved_acceleration(meta: dict[str, Any]) -> None:
+    """Raise ValueError if `ConsensusADMM.state_dict` metadata holds a DELETED acceleration.
+
+    The versions before wrote Anderson's memory under "anderson" and fast ADMM's
+    momentum under "acceleration" ("to_previous" True for "goldstein").
+    """
+    if "anderson" in meta:
+        raise ValueError(deleted_message("anderson", "checkpoint"))
+    fast = meta.get("acceleration")
+    if isinstance(fast, dict):
+        raise ValueError(
+            deleted_message("goldstein" if fast.get("to_previous") else "nesterov", "checkpoint")
+        )
 
 
 class SavedState(NamedTuple):

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from flwr_admm.core.acceleration import DEFAULT_ETA
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import (
@@ -25,11 +24,9 @@ from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.types import Arrays, ClientRho
 
 __all__ = [
-    "DEFAULT_ACCELERATION",
     "DEFAULT_DUAL_STEP",
     "DEFAULT_RELAXATION",
     "DEFAULT_RHO",
-    "FAST_CONVEX",
     "TEXTBOOK",
     "ConsensusSettings",
     "describe_step",
@@ -40,22 +37,16 @@ __all__ = [
 
 # Defaults of the FedADMM strategies (not of the core), chosen on a CNN trained by
 # momentum SGD on minibatches (`python -m benchmarks.cnn`) and checked on the convex tasks
-# (`python -m benchmarks.defaults`, docs/tuning.md): over-relaxation and acceleration
-# speed up full-batch convex runs but blow up the CNN. With rho = 0 the schedule is Constant.
+# (`python -m benchmarks.defaults`, docs/tuning.md): over-relaxation speeds up
+# full-batch convex runs but blows up the CNN. With rho = 0 the schedule is Constant.
 DEFAULT_RHO = 0.1
-DEFAULT_ACCELERATION: str | None = None
 DEFAULT_RELAXATION = 1.0
 # gamma from 0.2, raised while the replies' residuals keep pointing along their duals
 # (deterministic local solves), kept at 0.2 under minibatch noise (`core.schedules`)
 DEFAULT_DUAL_STEP: DualStep = AdaptiveDualStep()
-# The textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+# The textbook iteration: constant rho, alpha = 1, gamma = 1.
 TEXTBOOK: Mapping[str, Any] = MappingProxyType(
-    {"rho_schedule": Constant(), "relaxation": 1.0, "acceleration": None, "dual_step": 1.0}
-)
-# Full-batch convex clients (deterministic local solvers); divergent on the CNN
-# (docs/tuning.md).
-FAST_CONVEX: Mapping[str, Any] = MappingProxyType(
-    {"rho": 1.0, "relaxation": 1.6, "acceleration": "nesterov", "dual_step": 1.0}
+    {"rho_schedule": Constant(), "relaxation": 1.0, "dual_step": 1.0}
 )
 
 
@@ -81,8 +72,6 @@ class ConsensusSettings:
     eps_abs: float = 1e-6
     eps_rel: float = 1e-4
     relaxation: float = 1.0
-    acceleration: str | None = None
-    restart_eta: float = DEFAULT_ETA
     z_average: ZAverage = "cached"
     dual_step: DualStep = 1.0
     start_momentum: float = 0.0
@@ -114,8 +103,6 @@ class ConsensusSettings:
             self.eps_abs,
             self.eps_rel,
             self.relaxation,
-            acceleration=self.acceleration,
-            restart_eta=self.restart_eta,
             z_average=self.z_average,
             dual_step=self.dual_step,
             start_momentum=self.start_momentum,
@@ -131,8 +118,6 @@ class ConsensusSettings:
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
             "relaxation": self.relaxation,
-            "acceleration": self.acceleration,
-            "restart_eta": self.restart_eta,
             # only when set: checkpoints written before the option keep their fingerprint
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
             **({} if self.dual_step == 1.0 else {"dual_step": describe_step(self.dual_step)}),

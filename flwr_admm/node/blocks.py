@@ -4,8 +4,7 @@ Next to the model (v_i, z or x) a round may send a second block of the same tens
 
 - z under FedADMM's ``admm-start`` (where the local solve starts);
 - y_i under the linearized form with server-held duals;
-- c under SCAFFOLD;
-- z_k under fast ADMM with client-held duals (the model is z^_{k+1}).
+- c under SCAFFOLD.
 
 The Message API sends it as an ArrayRecord of its own, named by `companion`; the
 legacy API appends it to the parameters (`split` takes it off again).
@@ -22,8 +21,6 @@ from numpy.typing import NDArray
 from flwr_admm.core.types import Arrays
 from flwr_admm.node.config import client_held
 from flwr_admm.protocol import (
-    ACCEL_GAMMA,
-    ACCEL_Z_RECORD,
     DUAL_RECORD,
     FORM,
     FORM_LINEARIZED,
@@ -41,7 +38,6 @@ SENDS = {
     START_RECORD: "FedADMM sends v_i, then z (admm-start = 1)",
     DUAL_RECORD: "the linearized form sends z, then y_i",
     SCAFFOLD_CONTROL_RECORD: "SCAFFOLD sends x, then c",
-    ACCEL_Z_RECORD: "fast ADMM sends z^_(k+1), then z_k",
 }
 
 
@@ -53,7 +49,7 @@ def companion(config: Mapping[str, Any]) -> str | None:
     if config.get(PEER) == PEER_SCAFFOLD:
         return SCAFFOLD_CONTROL_RECORD
     if client_held(config):
-        return ACCEL_Z_RECORD if ACCEL_GAMMA in config else None
+        return None
     if config.get(FORM) == FORM_LINEARIZED:
         return DUAL_RECORD
     if config.get(START_TENSORS) == 1:

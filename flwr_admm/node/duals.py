@@ -16,48 +16,25 @@ import numpy as np
 from flwr.common import RecordDict, Scalar
 
 from flwr_admm.core import client_duals as dual_math
-from flwr_admm.core.client_duals import DualStart, DualState, Extrapolation
+from flwr_admm.core.client_duals import DualStart, DualState
 from flwr_admm.core.types import Arrays
 from flwr_admm.node.config import flag
 from flwr_admm.node.records import KeptDuals, load_states, save_states
 from flwr_admm.node.reply import Reply
 from flwr_admm.protocol import (
-    ACCEL_GAMMA,
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
-    HAT_SQ_RESIDUAL,
     PREVIOUS_ROUND,
     REBUILD,
     RESTORED,
     RESYNC,
-    SECAGG_SCALE,
     U_SQ_NORM,
     W_SQ_NORM,
 )
 from flwr_admm.uplink.channel import ClientUplink
 from flwr_admm.uplink.compression import Compressor
 
-__all__ = ["DualsRound", "check_uplink", "extrapolation", "reply_metrics"]
-
-
-def extrapolation(
-    config: Mapping[str, Any], z_hat: Arrays, z: Arrays | None, secure: bool = False
-) -> Extrapolation | None:
-    """Return fast ADMM's round message (z_k, g), None without acceleration.
-
-    `z_hat` is the received z^_{k+1}, `z` the received z_k (None if none was sent).
-    Refused under SecAgg+ (`secure`).
-    """
-    if ACCEL_GAMMA not in config:
-        return None
-    if secure:
-        raise ValueError(f"{ACCEL_GAMMA}: fast ADMM is not supported under SecAgg+")
-    gamma = config[ACCEL_GAMMA]
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma < 1:
-        raise ValueError(f"{ACCEL_GAMMA}: must be a number in [0, 1), got {gamma!r}")
-    if z is None or [t.shape for t in z] != [t.shape for t in z_hat]:
-        raise ValueError(f"{ACCEL_GAMMA}: needs z_k after z^_(k+1), shaped like it")
-    return Extrapolation([np.asarray(t, dtype=np.float64) for t in z], float(gamma))
+__all__ = ["DualsRound", "check_uplink", "reply_metrics"]
 
 
 def check_uplink(uplink: ClientUplink, *, secure: bool) -> None:
@@ -99,9 +76,6 @@ def reply_metrics(
         metrics[RESTORED] = 1
     elif start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
-    if start.z_hat is not None:  # fast ADMM: ||w_i' - z^||^2 for the restart test
-        diff = [a - b for a, b in zip(w, start.z_hat, strict=True)]
-        metrics[HAT_SQ_RESIDUAL] = float(sum(np.vdot(d, d) for d in diff))
     return metrics
 
 
@@ -140,17 +114,12 @@ class DualsRound:
         z: Arrays,
         config: Mapping[str, Any],
         server_round: int,
-        z_k: Arrays | None = None,
     ) -> DualsRound:
-        """Pick the acknowledged state from `records` (``context.state``); update the dual.
-
-        With fast ADMM `z` is z^_{k+1} and `z_k` the z-step's output (refused under SecAgg+).
-        """
+        """Pick the acknowledged state from `records` (``context.state``); update the dual."""
         kept = load_states(records, [t.shape for t in z])
         base = dual_math.opened(config, z, kept.committed, kept.pending)
         rebuild = flag(config, REBUILD)
-        fast = extrapolation(config, z, z_k, SECAGG_SCALE in config)
-        start = dual_math.start_round(base.state, z, fast, dual_math.dual_step_of(config))
+        start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config))
         return cls(base.state, base.resync, start, server_round, rebuild, base.restored)
 
     @property

@@ -25,12 +25,10 @@ from flwr_admm.protocol import (
     DUALS_PENDING_META,
     DUALS_PENDING_RESIDUAL,
     DUALS_PENDING_U,
-    DUALS_PENDING_U_PREV,
     DUALS_PENDING_W,
     DUALS_STATE_META,
     DUALS_STATE_RESIDUAL,
     DUALS_STATE_U,
-    DUALS_STATE_U_PREV,
     DUALS_STATE_W,
     MESSAGE_STATE_META,
     MESSAGE_STATE_W,
@@ -148,19 +146,10 @@ class Slot(NamedTuple):
     u: str
     meta: str
     residual: str
-    u_prev: str
 
 
-COMMITTED = Slot(
-    DUALS_STATE_W, DUALS_STATE_U, DUALS_STATE_META, DUALS_STATE_RESIDUAL, DUALS_STATE_U_PREV
-)
-PENDING = Slot(
-    DUALS_PENDING_W,
-    DUALS_PENDING_U,
-    DUALS_PENDING_META,
-    DUALS_PENDING_RESIDUAL,
-    DUALS_PENDING_U_PREV,
-)
+COMMITTED = Slot(DUALS_STATE_W, DUALS_STATE_U, DUALS_STATE_META, DUALS_STATE_RESIDUAL)
+PENDING = Slot(DUALS_PENDING_W, DUALS_PENDING_U, DUALS_PENDING_META, DUALS_PENDING_RESIDUAL)
 
 
 class KeptDuals(NamedTuple):
@@ -187,31 +176,28 @@ def _load(records: RecordDict, shapes: Shapes, slot: Slot) -> DualState | None:
     w, u = _arrays(records, slot.w, shapes), _arrays(records, slot.u, shapes)
     if meta is None or w is None or u is None:
         return None
-    optional = {}
-    for name in (slot.residual, slot.u_prev):
-        optional[name] = _arrays(records, name, shapes)
-        if optional[name] is None and name in records.array_records:
-            return None  # kept, but of other shapes
+    residual = _arrays(records, slot.residual, shapes)
+    if residual is None and slot.residual in records.array_records:
+        return None  # kept, but of other shapes
     n, k = int(meta[META_NUM_EXAMPLES]), int(meta[META_ROUND])  # type: ignore[arg-type]
     budget = meta.get(META_BUDGET)  # the linearized form's b_i
     budget = float(budget) if isinstance(budget, int | float) else None
-    return DualState(w, u, n, k, optional[slot.residual], optional[slot.u_prev], budget)
+    return DualState(w, u, n, k, residual, budget)
 
 
 def _save(records: RecordDict, state: DualState | None, slot: Slot) -> None:
     """Write one state into its slot; None clears the slot."""
     arrays = records.array_records
     if state is None:
-        for name in (slot.w, slot.u, slot.residual, slot.u_prev):
+        for name in (slot.w, slot.u, slot.residual):
             arrays.pop(name, None)
         records.config_records.pop(slot.meta, None)
         return
     arrays[slot.w], arrays[slot.u] = _record(state.w), _record(state.u)
-    for name, value in ((slot.residual, state.residual), (slot.u_prev, state.dual_prev)):
-        if value is None:
-            arrays.pop(name, None)
-        else:
-            arrays[name] = _record(value)
+    if state.residual is None:
+        arrays.pop(slot.residual, None)
+    else:
+        arrays[slot.residual] = _record(state.residual)
     meta: dict[str, Any] = {
         META_NUM_EXAMPLES: int(state.num_examples),
         META_ROUND: int(state.server_round),

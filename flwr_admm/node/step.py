@@ -97,7 +97,7 @@ class NodeRound:
         previous: Arrays | None = None,
         server_round: int | None = None,
     ) -> NodeRound:
-        """Read one round: `received` the model block, `second` its companion (z, y_i, z_k).
+        """Read one round: `received` the model block, `second` its companion (z or y_i).
 
         `records` is ``context.state`` (client-held duals keep their states there),
         `previous` the node's warm start under server-held duals.
@@ -109,7 +109,7 @@ class NodeRound:
                     "rho: client-held duals need rho > 0 and an integer server round, "
                     f"got rho={rho!r}, server round={server_round!r}"
                 )
-            duals = DualsRound.open(records, received, config, server_round, second)
+            duals = DualsRound.open(records, received, config, server_round)
             linear = form == "linearized"  # from z^k, y_i = u_i / b_i kept by the node
             return cls(
                 center=received if linear else duals.center,  # z^k - u_i

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import DELETED, deleted_message
-from flwr_admm.core.persistence import state_dtype_message
+from flwr_admm.core.persistence import DELETED, deleted_message, state_dtype_message
 
 FORMAT = 2  # 2: manifest_sha256, all settings fingerprinted, key bindings
 MANIFEST = "checkpoint.json"
@@ -186,7 +185,8 @@ def load_matching_checkpoint(
 
     The checkpoint's ``fingerprint`` must equal ``config_fingerprint(settings)``;
     otherwise the `CheckpointError` names every field that differs, or the deleted
-    option it was written with. A recorded ``state_dtype`` "float64" resumes.
+    option it was written with. A recorded ``state_dtype`` "float64" or ``acceleration``
+    None (the fields of the versions before their deletion) resumes.
     """
     arrays, manifest = load_checkpoint(directory)
     saved = manifest.get("configuration")
@@ -194,6 +194,9 @@ def load_matching_checkpoint(
     acceleration = saved.get("acceleration")
     if isinstance(acceleration, str) and acceleration in DELETED:
         raise CheckpointError(deleted_message(acceleration, f"checkpoint: {directory}"))
+    if "acceleration" in saved and acceleration is None:  # fingerprinted as it was
+        old = {name: saved[name] for name in ("acceleration", "restart_eta") if name in saved}
+        settings = {**settings, **old}
     if "state_dtype" in saved:
         if saved["state_dtype"] != "float64":
             where = f"checkpoint: {directory}"

@@ -53,16 +53,9 @@ Cost: one extra model-sized upload per node per sweep, one extra model copy (S_n
 the server while it runs; under full participation it ends one round after it started,
 and a key that never returns keeps it open until it is evicted. The server keeps a
 resync's F_i as the key's known share: its next resync or eviction takes that share out
-of S exactly, and in the prox form with gamma = 1, without compression, fast ADMM or
-SecAgg+, it is offered back (``admm-restore``), so a node that loses its state again
+of S exactly, and in the prox form with gamma = 1, without compression or SecAgg+, it
+is offered back (``admm-restore``), so a node that loses its state again
 trains from it (`flwr_admm.core.client_duals.restored_state`).
-
-Fast ADMM with restart (``acceleration``; the server half is
-`flwr_admm.core.dual_momentum`, the node half `flwr_admm.core.client_duals`): the model
-sent is the extrapolation z^_{k+1}, with z_k (``admm-accel-z``) and g
-(``admm-accel-gamma``); each node extrapolates its own dual and S stays exact. The
-restart test is `FedADMM`'s, in time while every node replies every round; otherwise it
-lags a round.
 
 The linearized form (``form="linearized"``; `flwr_admm.core.linearized.client_held_steps`
 names what it refuses): the config carries ``admm-form = "linearized"``; node i keeps
@@ -93,14 +86,12 @@ from typing import Any
 from flwr.common import Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.dual_momentum import fast_config
 from flwr_admm.core.linearized import Form, FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays, check_reply
 from flwr_admm.options import Convergence, Uplink, option
 from flwr_admm.protocol import (
-    ACCEL_Z_RECORD,
     FORM,
     FORM_LINEARIZED,
     MODE_CLIENT,
@@ -142,7 +133,6 @@ class ClientDualsRound:
         regularizer: Regularizer | None = None,
         convergence: Convergence = Convergence(),
         dual_step: float = 1.0,
-        acceleration: str | None = None,
         uplink: Uplink | None = None,
         form: FormSpec = "prox",
         restores: bool = True,
@@ -152,14 +142,13 @@ class ClientDualsRound:
         if self.form == "linearized":  # rho = 1: rho_i = 1 / b_i on the nodes
             given: dict[str, object] = {"rho": rho, "proximal_mu": proximal_mu}
             given.update(regularizer=regularizer, uplink=compressor, dual_step=dual_step)
-            dual_step, rho = client_held_steps(form, {**given, "acceleration": acceleration})
+            dual_step, rho = client_held_steps(form, given)
         stopping = option("convergence", convergence, Convergence)
         self.state = ClientDualsState(
             rho=given_rho(rho, proximal_mu),
             regularizer=regularizer,
             eps_abs=stopping.eps_abs,
             eps_rel=stopping.eps_rel,
-            acceleration=acceleration,
             dual_step=dual_step,
             # c_i is the whole client state only in the prox form without compression
             restores=restores and self.form == "prox" and compressor is None,
@@ -167,7 +156,6 @@ class ClientDualsRound:
         )
         self.channel = UplinkChannel(compressor)
         self.layout: Layout | None = None
-        self._accel_z: Arrays = AS_RECEIVED  # fast ADMM: this round's z_k
 
     # ------------------------------------------------------------------ model
     def adopt(self, z: Arrays, layout: Layout) -> None:
@@ -176,27 +164,22 @@ class ClientDualsRound:
         self.state.adopt(z)
 
     def model(self) -> Arrays | None:
-        """Return the z the next round sends (z^_{k+1} with fast ADMM; None before any)."""
+        """Return the z the next round sends (None before any)."""
         return self.state.z
 
     # ----------------------------------------------------------- instructions
     def round_config(self, sampled: int, population: int) -> dict[str, Scalar]:
-        """Return rho, the mode, the form, the uplink and fast ADMM's g; fix z_k."""
+        """Return rho, the mode, the form and the uplink."""
         state = self.state
         self.channel.sampled(sampled, population)  # resets the round's byte count
         config: dict[str, Scalar] = {**self.channel.config(), RHO: state.rho, MODE_KEY: MODE_CLIENT}
         if self.form == "linearized":  # nodes start at z^k, y_i = u_i / b_i
             config[FORM] = FORM_LINEARIZED
-        if state.momentum is not None:  # g, the restart kind; z_k after z^_{k+1}
-            config.update(fast_config(state.momentum))
-            last = state.momentum.last  # none yet: z_k = z^ (g = 0)
-            self._accel_z = AS_RECEIVED if last is None else last.z
         return config
 
     def instruction(self, node: str, key: str | None) -> Instruction:
-        """Return z^k, the key's ack round and rebuild flag (and z_k with fast ADMM)."""
-        blocks = {} if self.state.momentum is None else {ACCEL_Z_RECORD: self._accel_z}
-        return Instruction(AS_RECEIVED, self.state.instructions(key), blocks)
+        """Return z^k, the key's ack round and rebuild flag."""
+        return Instruction(AS_RECEIVED, self.state.instructions(key))
 
     # ---------------------------------------------------------------- replies
     def read(self, reply: Incoming) -> tuple[Any, str | None]:

@@ -2,8 +2,7 @@
 
 A reply must agree with the server's record of its key (n_i and last round,
 `ClientEntry`; `protocol_problem`). `RoundStats` sums the accepted replies' reports for
-the residuals (`round_residuals`); `z_round` takes the z-step and fast ADMM's
-extrapolation.
+the residuals (`round_residuals`); `z_round` takes the z-step.
 
 The stopping test must not rest on what one client says. Each reply's reported
 ||w_i'||^2 and ||u_i||^2 count at most as much as the largest report of the *other*
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.common import Scalar
 
-from flwr_admm.core.dual_momentum import RoundSums, extrapolate
 from flwr_admm.core.kernels import BLOCK, blocks, single_thread_blas
 from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
@@ -36,11 +34,9 @@ from flwr_admm.protocol import (
     EPS_DUAL,
     EPS_PRIMAL,
     EXAMPLES_CHANGE,
-    HAT_SQ_RESIDUAL,
     LOSS,
     NUM_DELAYED_RESIDUALS,
     NUM_REPLIES,
-    NUM_RESTARTS,
     OBJECTIVE,
     PREVIOUS_PRIMAL_RESIDUAL,
     PREVIOUS_ROUND,
@@ -84,7 +80,7 @@ def protocol_problem(
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
     if secure:
         num_examples = metrics[SECAGG_EXAMPLES]
-    names_sq = (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL, HAT_SQ_RESIDUAL)
+    names_sq = (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL)
     numbers = [metrics[n] for n in names_sq if n in metrics]
     if not all(_finite_nonnegative(v) for v in numbers):
         return "squared norms must be finite numbers >= 0", 0
@@ -225,9 +221,6 @@ class RoundStats:
         self.n = self.n_delayed = 0.0
         self.d2 = self.w_sq = self.u_sq = self.loss = 0.0
         self.losses_finite = True
-        self.hat_sq = 0.0  # fast ADMM: sum n_i ||w_i' - z^_k||^2
-        self.num_hat = 0
-        self.steady = True  # every reply kept its n_i and took part in the last round
         self.screened = False  # filled by `add`: reports screened, checked residual kept
         self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
         self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
@@ -248,11 +241,6 @@ class RoundStats:
         if not full and metrics.get(EXAMPLES_CHANGE, 0) == 0:  # Delta_i = n_i (c_i' - c_i)
             self.change_sq += float(change_sq) / n
             self.n_steady += n
-        if HAT_SQ_RESIDUAL in metrics:
-            self.num_hat += 1
-            self.hat_sq += n * float(metrics[HAT_SQ_RESIDUAL])  # type: ignore[arg-type]
-        if metrics.get(PREVIOUS_ROUND, 0) != 0 and metrics.get(EXAMPLES_CHANGE, 0) != 0:
-            self.steady = False
         if DELAYED_SQ_RESIDUAL in metrics:
             self.num_delayed += 1
             self.n_delayed += n
@@ -296,48 +284,17 @@ class RoundStats:
         return self.loss / self.n if self.losses_finite else None
 
 
-def fast_admm_sums(
-    stats: RoundStats, contribution_sum: Arrays, total: int, num_clients: int, stale: bool
-) -> RoundSums:
-    """Return what fast ADMM's restart test needs of a round (`RoundSums`)."""
-    complete = (
-        not stale
-        and stats.num_replies == num_clients
-        and stats.num_hat == stats.num_replies
-        and stats.steady
-    )
-    return RoundSums(
-        contribution_sum,
-        float(total),
-        stats.n_delayed,
-        stats.d2,
-        stats.hat_sq,
-        complete,
-        all_returning=stats.num_delayed == stats.num_replies,
-        all_new=stats.num_delayed == 0,
-    )
-
-
 def z_round(
-    state: ClientDualsState, stats: RoundStats, weight: int, num_clients: int, stale: bool
+    state: ClientDualsState, stats: RoundStats, weight: int
 ) -> tuple[Arrays, dict[str, Scalar], bool]:
-    """Take round k's z-step and, with fast ADMM, the extrapolation; return (z, metrics, converged).
-
-    `weight` = N + N_stale; the extrapolation is `flwr_admm.core.dual_momentum.extrapolate`.
-    The returned z is what the next round sends.
-    """
-    z, contribution_sum, momentum = state.z, state.contribution_sum, state.momentum
+    """Take round k's z-step (`weight` = N + N_stale); return (z, metrics, converged)."""
+    z, contribution_sum = state.z, state.contribution_sum
     assert z is not None and contribution_sum is not None
-    z_hat = [t.copy() for t in z] if momentum is not None else z
     with single_thread_blas():  # the norms too: a threaded dot sums in its own order
         dz_sq = z_step(z, contribution_sum, weight, state.regularizer, state.rho)
         metrics, converged = round_residuals(
             stats, z, dz_sq, state.rho, state.eps_abs, state.eps_rel, state.regularizer
         )
-        if momentum is not None:  # z_k -> z^_{k+1}; the clients move u_i next round
-            sums = fast_admm_sums(stats, contribution_sum, state.total_examples, num_clients, stale)
-            _, z = extrapolate(momentum, z, z_hat, dz_sq, sums, state.rho)
-            metrics[NUM_RESTARTS] = momentum.restarts
     return z, metrics, converged
 
 

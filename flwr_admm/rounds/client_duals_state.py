@@ -18,9 +18,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.acceleration import DEFAULT_ETA, check_acceleration
 from flwr_admm.core.client_duals import restore_payload
-from flwr_admm.core.dual_momentum import momentum_for
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
@@ -82,14 +80,14 @@ class ClientDualsState:
 
     Parameters
     ----------
-    rho, regularizer, eps_abs, eps_rel, acceleration :
+    rho, regularizer, eps_abs, eps_rel :
         As in `FedADMMClientDuals`, checked by `check_settings` (ValueError naming the
         field).
 
     Attributes
     ----------
     z : list of ndarray or None
-        What the next round sends (z^_{k+1} with fast ADMM); None before the first round.
+        What the next round sends; None before the first round.
     contribution_sum : list of ndarray or None
         S; sized (zeros) by the first z.
     total_examples : int
@@ -110,21 +108,12 @@ class ClientDualsState:
         regularizer: Regularizer | None,
         eps_abs: float,
         eps_rel: float,
-        acceleration: str | None,
         dual_step: float = 1.0,
         restores: bool = True,
         linearized: bool = False,
     ) -> None:
-        check_settings(
-            rho=rho,
-            acceleration=acceleration,
-            regularizer=regularizer,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-        )
+        check_settings(rho=rho, regularizer=regularizer, eps_abs=eps_abs, eps_rel=eps_rel)
         self.dual_step = check_dual_step(dual_step)  # gamma: the clients' u_i += gamma (w_i - z)
-        self.acceleration = acceleration
-        self.momentum = momentum_for(acceleration, DEFAULT_ETA)  # None: plain ADMM
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -136,7 +125,7 @@ class ClientDualsState:
         self.stats = RoundStats()
         # offer K's shares back (admm-restore): c_i is the whole state only when
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
-        self.restores = restores and self.dual_step == 1.0 and self.momentum is None
+        self.restores = restores and self.dual_step == 1.0
         self.linearized = linearized  # replies carry b_i (admm-step-budget)
         self.budgets_warned = False  # the unequal-budget warning is logged once a run
 
@@ -257,9 +246,7 @@ class ClientDualsState:
         """
         self.end_sweep()
         weight = self.total_examples + self.sweep.stale_examples
-        self.z, metrics, converged = z_round(
-            self, self.stats, weight, len(self.clients), self.sweep.active
-        )
+        self.z, metrics, converged = z_round(self, self.stats, weight)
         converged = converged and not self.sweep.active
         metrics[CONVERGED] = int(converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
@@ -297,12 +284,11 @@ class ClientDualsState:
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
-            **({} if self.momentum is None else {"acceleration": self.acceleration}),
             **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
         }
 
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
-        """Return z, S, N, the per-key entries (n_i, last round), the sweep, fast ADMM's state."""
+        """Return z, S, N, the per-key entries (n_i, last round) and the sweep."""
         assert self.z is not None and self.contribution_sum is not None
         arrays: dict[str, NDArray[Any]] = {f"z_{i}": t for i, t in enumerate(self.z)}
         arrays.update({f"s_{i}": t for i, t in enumerate(self.contribution_sum)})
@@ -314,9 +300,6 @@ class ClientDualsState:
             "keys": list(self.clients),
             **sweep_manifest,
         }
-        if self.momentum is not None:
-            accel_arrays, manifest["acceleration"] = self.momentum.dump()
-            arrays.update(accel_arrays)
         return {**arrays, **sweep_arrays}, manifest
 
     def load_state_dict(
@@ -340,19 +323,15 @@ class ClientDualsState:
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        if self.momentum is not None:
-            self.momentum.load(arrays, manifest["acceleration"], count)
 
 
 def check_settings(
     rho: Any,
-    acceleration: Any,
     regularizer: Any,
     eps_abs: Any,
     eps_rel: Any,
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, for an unsupported setting."""
-    check_acceleration(acceleration, DEFAULT_ETA)
     if not _finite_number(rho) or rho <= 0:
         raise ValueError(f"rho: must be a finite number > 0 with client-held duals, got {rho!r}")
     if regularizer is not None and not isinstance(regularizer, Regularizer):

@@ -33,7 +33,6 @@ class FedADMMClientDuals(RoundStrategy):
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         dual_step: float = 1.0,
-        acceleration: str | None = None,
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
@@ -49,7 +48,6 @@ class FedADMMClientDuals(RoundStrategy):
             regularizer=regularizer,
             convergence=convergence,
             dual_step=dual_step,
-            acceleration=acceleration,
             uplink=uplink,
             form=form,
         )

@@ -104,12 +104,6 @@ class SecureClientDualsRound(ClientDualsRound):
         max_weight: int = 1000,
         **settings: Any,
     ) -> None:
-        if settings.get("acceleration") is not None:
-            raise ValueError(
-                "acceleration: not supported under SecAgg+ (only None; z_k would have to "
-                f"follow z^ to every client), got {settings['acceleration']!r}; "
-                "use FedADMMClientDuals"
-            )
         if compressor_of(settings.get("uplink")) is not None:
             raise ValueError("uplink: not supported under SecAgg+ (it quantizes already)")
         if isinstance(max_weight, bool) or not isinstance(max_weight, int) or max_weight < 1:
@@ -267,7 +261,7 @@ def _round_stats(metrics: list[Mapping[str, Any]], stats: list[float]) -> RoundS
 class FedADMMClientDualsSecAgg(FedADMMClientDuals):
     """`FedADMMClientDuals` for Flower's SecAgg+ (see the module docstring).
 
-    Takes the keywords of `FedADMMClientDuals` (``uplink`` and ``acceleration`` unset) plus:
+    Takes the keywords of `FedADMMClientDuals` (``uplink`` unset) plus:
 
     Parameters
     ----------

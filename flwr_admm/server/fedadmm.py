@@ -11,13 +11,13 @@ from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import DualStep
-from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
+from flwr_admm.core.settings import TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
 from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.server.strategy import RoundStrategy
 
-__all__ = ["FedADMM", "fast_convex", "textbook"]
+__all__ = ["FedADMM", "textbook"]
 
 
 class FedADMM(RoundStrategy):
@@ -52,7 +52,6 @@ class FedADMM(RoundStrategy):
         regularizer: Regularizer | None = None,
         relaxation: float | None = None,
         dual_step: DualStep | None = None,
-        acceleration: str | None = DEFAULT_ACCELERATION,
         z_average: ZAverage = "cached",
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
@@ -71,7 +70,6 @@ class FedADMM(RoundStrategy):
             regularizer=regularizer,
             relaxation=relaxation,
             dual_step=dual_step,
-            acceleration=acceleration,
             z_average=z_average,
             form=form,
             convergence=stopping,
@@ -105,11 +103,9 @@ class FedADMM(RoundStrategy):
         return (
             f"FedADMM(rho={s.rho}, rho_schedule={type(s.rho_schedule).__name__}, "
             f"regularizer={s.regularizer!r}, relaxation={s.relaxation}, "
-            f"acceleration={s.acceleration!r})"
+            f"form={self.algorithm.form!r})"
         )
 
 
 #: As `flwr_admm.serverapp.fedadmm.textbook`, on the legacy API.
 textbook = functools.partial(FedADMM, **TEXTBOOK)
-#: As `flwr_admm.serverapp.fedadmm.fast_convex`, on the legacy API.
-fast_convex = functools.partial(FedADMM, **FAST_CONVEX)

@@ -58,9 +58,6 @@ class FedADMMClientDuals(RoundStrategy):
     dual_step : float in (0, 1]
         The nodes' dual step gamma (default 1): u_i += gamma (w_i - z^k), sent as
         ``admm-dual-step`` when it is not 1.
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (`flwr_admm.core.dual_momentum`): z_k goes under
-        ``admm-accel-z``; each node extrapolates its own dual.
     form : {"prox", "linearized"} or Linearized
         The linearized form with client-held duals (module docstring of
         `flwr_admm.rounds.client_duals`).
@@ -92,7 +89,6 @@ class FedADMMClientDuals(RoundStrategy):
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         dual_step: float = 1.0,
-        acceleration: str | None = None,
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
@@ -107,7 +103,6 @@ class FedADMMClientDuals(RoundStrategy):
             regularizer=regularizer,
             convergence=convergence,
             dual_step=dual_step,
-            acceleration=acceleration,
             uplink=uplink,
             form=form,
         )

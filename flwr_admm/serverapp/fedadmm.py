@@ -13,7 +13,7 @@ from flwr_admm.core.health import DEFAULT_HEALTH
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import DualStep
-from flwr_admm.core.settings import DEFAULT_ACCELERATION, FAST_CONVEX, TEXTBOOK, ConsensusSettings
+from flwr_admm.core.settings import TEXTBOOK, ConsensusSettings
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink, option
 from flwr_admm.protocol import NUM_EXAMPLES
@@ -21,7 +21,7 @@ from flwr_admm.rounds.fedadmm import FedADMMRound
 from flwr_admm.serverapp.records import MetricsAggrFn
 from flwr_admm.serverapp.strategy import RoundStrategy
 
-__all__ = ["FedADMM", "fast_convex", "textbook"]
+__all__ = ["FedADMM", "textbook"]
 
 
 class FedADMM(RoundStrategy):
@@ -89,11 +89,6 @@ class FedADMM(RoundStrategy):
         residuals keep pointing along their duals (`flwr_admm.core.schedules`). gamma <
         1 damps the feedback a noisy local solve (momentum SGD, minibatches) puts into
         its own dual (docs/torch.md); the fixed point is the same.
-    acceleration : {None, "nesterov"}
-        Fast ADMM with restart (Goldstein et al. 2014; `flwr_admm.core.acceleration`):
-        z and the replying clients' duals are extrapolated between rounds, restarting
-        from the current point when the combined residual grows. None (default) is
-        plain ADMM.
     z_average : {"cached", "replies"}
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
@@ -101,8 +96,10 @@ class FedADMM(RoundStrategy):
     form : {"prox", "linearized"} or Linearized
         The prox step around v_i ("prox", default) or the linearized one above with a
         `Linearized`'s server steps ("linearized" is ``Linearized()``). That form fixes
-        rho, proximal_mu, rho_schedule, relaxation, dual_step, regularizer and
-        acceleration (given: ValueError) and takes no compressor or local DP.
+        rho, proximal_mu, rho_schedule, relaxation, dual_step and regularizer (given:
+        ValueError) and takes no compressor or local DP. ``form=LINEARIZED_CONVEX``
+        (`flwr_admm.core.linearized`) is the fastest setting measured on full-batch
+        convex clients and diverges on the CNN task (docs/options.md).
     convergence : Convergence
         Boyd's stopping thresholds (`flwr_admm.options.Convergence`).
     sampling_seed : int or None
@@ -139,7 +136,7 @@ class FedADMM(RoundStrategy):
 
     See Also
     --------
-    textbook, fast_convex : recipes of this class (docs/options.md).
+    textbook : the seeds' iteration (docs/options.md).
 
     """
 
@@ -162,7 +159,6 @@ class FedADMM(RoundStrategy):
         regularizer: Regularizer | None = None,
         relaxation: float | None = None,
         dual_step: DualStep | None = None,
-        acceleration: str | None = DEFAULT_ACCELERATION,
         z_average: ZAverage = "cached",
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
@@ -179,7 +175,6 @@ class FedADMM(RoundStrategy):
             regularizer=regularizer,
             relaxation=relaxation,
             dual_step=dual_step,
-            acceleration=acceleration,
             z_average=z_average,
             form=form,
             convergence=stopping,
@@ -224,13 +219,11 @@ class FedADMM(RoundStrategy):
         log(INFO, "\t├──> FedADMM settings:")
         log(INFO, "\t│\t├── rho: %s (%s)", s.rho, type(s.rho_schedule).__name__)
         log(INFO, "\t│\t├── regularizer: %s", s.regularizer)
-        log(INFO, "\t│\t├── relaxation: %s, acceleration: %s", s.relaxation, s.acceleration)
+        log(INFO, "\t│\t├── relaxation: %s", s.relaxation)
         log(INFO, "\t│\t├── form: %s", self.algorithm.form)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
 
 
-#: The seeds' textbook iteration: constant rho, alpha = 1, no acceleration, gamma = 1.
+#: The seeds' textbook iteration: constant rho, alpha = 1, gamma = 1.
 textbook = functools.partial(FedADMM, **TEXTBOOK)
-#: Full-batch convex clients: fast ADMM, alpha = 1.6, gamma = 1 from rho = 1 (docs/options.md).
-fast_convex = functools.partial(FedADMM, **FAST_CONVEX)

@@ -52,7 +52,7 @@ from flwr_admm.node.duals import DualsRound
 from flwr_admm.node.records import finite, keep_legacy, legacy_previous
 from flwr_admm.node.start import LocalInit, start_of
 from flwr_admm.node.step import NodeRound
-from flwr_admm.protocol import ACCEL_GAMMA, FORM, LOCAL_STEPS, PARTITION_ID
+from flwr_admm.protocol import FORM, LOCAL_STEPS, PARTITION_ID
 from flwr_admm.torch.linearized import Budget
 from flwr_admm.torch.state import check_trainable_only, load_arrays, state_arrays, trainable_names
 
@@ -171,11 +171,6 @@ class TorchADMM:
             check_trainable_only(model, names)  # a dual on a BatchNorm statistic would drift
             if context is None:
                 raise ValueError("context: client-held duals keep the dual in context.state")
-            if ACCEL_GAMMA in config:
-                raise ValueError(
-                    f"{ACCEL_GAMMA}: fast ADMM with client-held duals is not supported by the "
-                    "legacy torch step (use acceleration=None, or TorchADMM.from_message)"
-                )
         received, second = split(parameters, config, names)
         state = context.state if context is not None else RecordDict()
         previous = None

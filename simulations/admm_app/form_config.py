@@ -61,15 +61,14 @@ class FormSettings:
 def fedadmm_keywords(settings: RunSettings) -> dict[str, Any]:
     """FedADMM's keywords of the run config, on either API: the prox form's or ``form=``.
 
-    The prox form gets the run config's rho, schedule, relaxation and dual step, and no
-    acceleration (the run config spells those out).
+    The prox form gets the run config's rho, schedule, relaxation and dual step (the run
+    config spells those out).
     """
     prox = {
         "rho": settings.rho,
         "rho_schedule": make_schedule(settings.rho_schedule),
         "relaxation": settings.relaxation,
         "dual_step": AdaptiveDualStep() if settings.dual_step == "adaptive" else settings.dual_step,
-        "acceleration": None,
     }
     return settings.form.strategy_kwargs(prox)
 

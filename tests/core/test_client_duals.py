@@ -7,7 +7,6 @@ import pytest
 
 from flwr_admm.core.client_duals import (
     DualState,
-    Extrapolation,
     acknowledged,
     dual_step_of,
     start_round,
@@ -34,17 +33,6 @@ def test_the_textbook_step_is_the_plain_sum() -> None:
     start = start_round(state, Z)
     for got, u, w, z in zip(start.dual, U, W, Z, strict=True):
         np.testing.assert_array_equal(got, u + (w - z))
-
-
-def test_the_accelerated_step_is_damped_too() -> None:
-    state = DualState(W, U, num_examples=4, server_round=3, dual_prev=[np.zeros(2), np.array(0.0)])
-    fast = Extrapolation(Z, 0.5)
-    start = start_round(state, Z, fast, dual_step=0.5)
-    u = [a + 0.5 * (w - z) for a, w, z in zip(U, W, Z, strict=True)]
-    assert start.dual_prev is not None
-    for got, kept, expected in zip(start.dual, start.dual_prev, u, strict=True):
-        np.testing.assert_array_equal(kept, expected)  # u_i, kept as u_i,prev'
-        np.testing.assert_array_equal(got, expected + 0.5 * expected)  # u^_i'
 
 
 def test_a_new_client_starts_at_z_with_a_zero_dual() -> None:

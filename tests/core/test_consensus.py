@@ -379,6 +379,27 @@ def test_a_state_with_float32_client_arrays_is_refused_naming_state_dtype() -> N
         resumed.load_state_dict(narrow, meta)
 
 
+def test_a_state_written_with_a_deleted_acceleration_is_refused_naming_it() -> None:
+    """The versions before wrote Anderson's memory under "anderson" and fast ADMM's
+    momentum under "acceleration" ("to_previous": True for "goldstein", False for
+    "nesterov", deleted last): each is refused by its name, not half-loaded."""
+    admm = ConsensusADMM([np.zeros(3)], rho=1.0)
+    admm.step([Reply("c0", [np.ones(3)], 10), Reply("c1", [np.full(3, 2.0)], 20)], 1)
+    arrays, meta = admm.state_dict()
+    fast = {"a": 1.0, "c_prev": None, "restarts": 0, "has_z_prev": False, "y_prev_keys": []}
+    written = {
+        "anderson": {**meta, "anderson": {"pairs": 0, "has_prev": False, "signature": None}},
+        "goldstein": {**meta, "acceleration": {**fast, "to_previous": True}},
+        "nesterov": {**meta, "acceleration": {**fast, "to_previous": False}},
+    }
+    resumed = ConsensusADMM([np.zeros(3)], rho=1.0)
+    for deleted, old in written.items():
+        with pytest.raises(ValueError, match=f"written with acceleration='{deleted}', which this"):
+            resumed.load_state_dict(arrays, old)
+    resumed.load_state_dict(arrays, meta)
+    np.testing.assert_array_equal(resumed.z[0], admm.z[0])
+
+
 # ---------------------------------------------------------------- held duals
 def test_holding_duals_at_zero_takes_only_their_share_out_of_s_y() -> None:
     """Stock FedProx handlers have y_i reset after every round: S_w is not re-summed, S_y

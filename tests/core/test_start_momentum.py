@@ -54,7 +54,6 @@ def two_client_core(beta: float) -> ConsensusADMM:
         eps_abs=1e-6,
         eps_rel=1e-4,
         relaxation=None,
-        acceleration=None,
         z_average="cached",
         dual_step=None,
         channel={},

@@ -79,7 +79,7 @@ def test_partial_participation_reaches_the_pooled_ridge(alpha: float, strength: 
     np.testing.assert_allclose(admm.sums.ny[0], s_y, rtol=1e-9, atol=1e-9)
 
 
-def test_strategy_defaults_with_replies_reach_the_pooled_ridge() -> None:
+def test_rb_relaxed_with_replies_reaches_the_pooled_ridge() -> None:
     lam = 0.05
     data = clients([15, 40, 25, 60, 30], d=3, seed=5)
     optimum = pooled_ridge(data, lam)
@@ -87,7 +87,6 @@ def test_strategy_defaults_with_replies_reach_the_pooled_ridge() -> None:
         rho=1.0,
         rho_schedule=ResidualBalancing(),
         relaxation=1.6,
-        acceleration="nesterov",
         z_average="replies",
     )
     admm = settings.new_admm([np.zeros(3)])

@@ -13,7 +13,7 @@ def test_each_protocol_names_its_block() -> None:
     assert companion({"rho": 0.1, "admm-start": 1}) == "admm-start"  # z after v_i
     assert companion({"admm-form": "linearized"}) == "admm-dual"  # y_i after z
     assert companion({"admm-duals": "client", "admm-form": "linearized"}) is None  # u_i kept
-    assert companion({"admm-duals": "client", "admm-accel-gamma": 0.5}) == "admm-accel-z"
+    assert companion({"admm-duals": "client"}) is None  # nothing follows z^k
     assert companion({"peer-algorithm": "scaffold"}) == "scaffold-control"
     assert companion({"peer-algorithm": "feddyn", "feddyn-alpha": 1.0}) is None
 

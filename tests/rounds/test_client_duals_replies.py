@@ -25,7 +25,6 @@ def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:
             z=[z0.copy()],
             contribution_sum=[total.copy()],
             total_examples=40,
-            momentum=None,
             regularizer=None,
             rho=0.5,
             eps_abs=1e-8,
@@ -34,7 +33,7 @@ def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:
         stats = RoundStats()
         stats.num_replies, stats.n, stats.w_sq, stats.u_sq = 4, 40.0, 1e-6, 1e-6
         with threadpool_limits(threads):
-            _, out, _ = z_round(state, stats, 40, 4, False)  # type: ignore[arg-type]
+            _, out, _ = z_round(state, stats, 40)  # type: ignore[arg-type]
         return out
 
     one, two = metrics(1), metrics(2)

@@ -45,7 +45,6 @@ def state(**kwargs: Any) -> ClientDualsState:
         regularizer=None,
         eps_abs=1e-6,
         eps_rel=1e-4,
-        acceleration=kwargs.pop("acceleration", None),
         **kwargs,
     )
     made.adopt([t.copy() for t in Z])
@@ -91,8 +90,8 @@ def test_a_resynced_key_is_offered_its_share_over_n() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"dual_step": 0.5}, {"restores": False}, {"acceleration": "nesterov"}],
-    ids=["dual_step", "uplink_or_linearized", "acceleration"],
+    [{"dual_step": 0.5}, {"restores": False}],
+    ids=["dual_step", "uplink_or_linearized"],
 )
 def test_no_offer_where_c_i_is_not_the_whole_state(settings: dict[str, Any]) -> None:
     made = state(**settings)

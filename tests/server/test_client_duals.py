@@ -328,7 +328,6 @@ def test_no_convergence_while_s_still_holds_an_evicted_share() -> None:
         ({"convergence": 1e-6}, "convergence"),
         ({"clients": "node"}, "clients"),
         ({"sampling_seed": -2}, "sampling_seed"),
-        ({"acceleration": "anderson"}, "acceleration"),
         ({"fraction_fit": 2.0}, "fraction_fit"),
     ],
 )

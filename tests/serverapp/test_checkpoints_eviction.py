@@ -44,7 +44,6 @@ SETTINGS = {
 STRATEGIES = {
     "FedADMM": FedADMM,
     "FedADMMClientDuals": FedADMMClientDuals,
-    "FedADMMClientDuals-nesterov": lambda **kw: FedADMMClientDuals(acceleration="nesterov", **kw),
 }
 
 
@@ -77,13 +76,15 @@ def test_resume_from_a_checkpoint_is_bit_identical(name: str, tmp_path: Path) ->
     assert manifest["configuration"]["strategy"] == name.split("-")[0]
 
 
-# acceleration="anderson" (FedADMM only) and "goldstein" were deleted
+# acceleration="anderson" (FedADMM only), "goldstein" and "nesterov" were deleted
 @pytest.mark.parametrize(
     ("name", "deleted"),
     [
         ("FedADMM", "anderson"),
         ("FedADMM", "goldstein"),
-        ("FedADMMClientDuals-nesterov", "goldstein"),
+        ("FedADMM", "nesterov"),
+        ("FedADMMClientDuals", "goldstein"),
+        ("FedADMMClientDuals", "nesterov"),
     ],
 )
 def test_a_checkpoint_written_with_a_deleted_option_is_refused_naming_it(
@@ -120,6 +121,24 @@ def test_a_recorded_state_dtype_resumes_if_float64_and_is_refused_naming_float32
         if dtype == "float32":
             with pytest.raises(CheckpointError, match="written with state_dtype='float32', which"):
                 FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path))
+    after = run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), nodes, 4)
+    np.testing.assert_array_equal(np.vstack([before, after]), straight)
+
+
+def test_a_checkpoint_fingerprinted_with_acceleration_none_resumes(tmp_path: Path) -> None:
+    """Until fast ADMM was deleted, FedADMM fingerprinted ``acceleration`` (None) and
+    ``restart_eta``: such a checkpoint resumes bit for bit; another acceleration is
+    refused by name."""
+    straight = run(FedADMM(**SETTINGS), grid(), 8)
+    nodes = grid()
+    before = run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), nodes, 4)
+    path = tmp_path / MANIFEST
+    manifest = json.loads(path.read_text())
+    assert "acceleration" not in manifest["configuration"]
+    manifest["configuration"].update(acceleration=None, restart_eta=0.999)
+    manifest["fingerprint"] = config_fingerprint(manifest["configuration"])
+    manifest[MANIFEST_SHA256] = manifest_sha256(manifest)
+    path.write_text(json.dumps(manifest))
     after = run(FedADMM(**SETTINGS, checkpoint=Checkpointing(tmp_path)), nodes, 4)
     np.testing.assert_array_equal(np.vstack([before, after]), straight)
 

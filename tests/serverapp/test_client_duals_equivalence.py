@@ -101,20 +101,3 @@ def test_compressed_uplink_gives_the_legacy_z_sequence_and_bytes(compressor: Any
     sent = [h["uplink_bytes"] for h in message.history]
     assert sent == [h["uplink_bytes"] for h in legacy.history]
     assert all(b < 3 * 20 * 8 for b in sent)  # 3 nodes, well under float64's 20 x 8 bytes
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_fast_admm_gives_the_legacy_z_sequence_on_both_client_sides(case: str) -> None:
-    """acceleration="nesterov": z_k travels under ``admm-accel-z``; same z, S and restarts."""
-    setting = CASES[case]
-    legacy, z_legacy = legacy_run(setting, acceleration="nesterov")
-    for app in (make_client_app(admm_client_fn(**CLIENT)), steps_app):
-        message, z_message = message_run(setting, app, acceleration="nesterov")
-        np.testing.assert_array_equal(z_message, z_legacy)
-        for ours, theirs in zip(
-            message.state.contribution_sum, legacy.state.contribution_sum, strict=True
-        ):
-            np.testing.assert_array_equal(ours, theirs)
-        assert message.state.momentum is not None and legacy.state.momentum is not None
-        assert message.state.momentum.restarts == legacy.state.momentum.restarts
-    assert legacy.state.momentum.restarts >= 1  # the restart path is exercised

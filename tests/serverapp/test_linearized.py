@@ -152,7 +152,6 @@ def test_a_reply_with_a_bad_budget_is_rejected():
         ("relaxation", 1.6),
         ("dual_step", 0.5),
         ("regularizer", L2(0.1)),
-        ("acceleration", "nesterov"),
         ("uplink", Uplink(StochasticQuantizer())),
     ],
 )
