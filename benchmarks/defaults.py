@@ -61,6 +61,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # the linearized form (docs/options.md): its defaults and its convex recipe
     "linearized": {"form": "linearized"},
     "linearized convex": {"form": LINEARIZED_CONVEX},
+    "linearized z-replies": {"form": "linearized", "z_average": "replies"},
+    "linearized convex z-replies": {"form": LINEARIZED_CONVEX, "z_average": "replies"},
 }
 # The candidates a plain run compares (the z_average rows: --candidates).
 CHOSEN = ",".join(label for label in CANDIDATES if "z-replies" not in label)
