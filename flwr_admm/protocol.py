@@ -48,6 +48,11 @@ EXAMPLES_CHANGE = "admm-examples-change"  # n_i' - n_i
 DELAYED_SQ_RESIDUAL = "admm-delayed-sq-residual"  # d2_i = ||w_i - z^k||^2
 W_SQ_NORM = "admm-w-sq-norm"  # ||w_i'||^2
 U_SQ_NORM = "admm-u-sq-norm"  # ||u_i||^2
+# Client-held duals under AdaptiveDualStep (fit config ALIGN = 1): the terms of the
+# alignment c_k of the dual step the node just took, s_i = 1 / b_i (linearized) or 1
+ALIGN_ALONG = "admm-align-along"  # s_i^2 <w_i - z^k, u_i>, u_i before the step
+ALIGN_RESIDUAL = "admm-align-residual"  # s_i^2 ||w_i - z^k||^2
+ALIGN_DUAL = "admm-align-dual"  # s_i^2 ||u_i||^2, u_i before the step
 # FedADMM reply of our client helpers: 1 = the solve started at the received z, 0 =
 # elsewhere. A reply without it is a stock FedProx handler's: its dual is held at 0
 # (flwr_admm.rounds.fedadmm.StartMarks).
@@ -113,6 +118,7 @@ META_BUDGET = "step_budget"  # DUALS_STATE_META: b_i under the linearized form
 ACK_ROUND = "admm-ack-round"  # fit config: round whose contribution S holds (0: none)
 REBUILD = "admm-rebuild"  # fit config: 1 = also send the full share n_i c_i - e_i
 DUAL_STEP = "admm-dual-step"  # fit config: gamma, u_i += gamma (w_i - z) (absent: 1)
+ALIGN = "admm-align"  # fit config: 1 = report ALIGN_* (the server's gamma is adaptive)
 RESYNC = "admm-resync"  # reply: 1 = its state is gone; a full contribution, as if new
 # A key whose share the server kept (a resync's, K in rounds.client_duals_sweep) is
 # offered it back: c_i = sigma_i / n_i of the acknowledged round, so a node that lost

@@ -1,5 +1,7 @@
 """Rounds to a 1e-6 relative gap on seed-logreg: FedADMM's forms and recipes, and SCAFFOLD.
 
+Server-held duals (`FedADMM`), client-held ones (`FedADMMClientDuals`) and SCAFFOLD.
+
 Message API on the in-process grid, the task's local settings (20 full-batch steps of
 lr 1), all 10 clients and 3 of 10 a round; every strategy draws its nodes with its
 default ``sampling_seed=0`` (the same draws). Run from the repository root (prints a
@@ -24,7 +26,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.clientapp import make_client_app
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
-from flwr_admm.serverapp import SCAFFOLD, FedADMM
+from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests")]  # the seed-task helpers
@@ -74,6 +76,17 @@ METHODS: dict[str, Callable[[float], Strategy]] = {
         form=LINEARIZED_CONVEX, **sampling(f)
     ),
     "`SCAFFOLD()` (server step 1)": lambda f: SCAFFOLD(**sampling(f)),
+    # client-held duals: the adaptive gamma from the nodes' alignment reports, the
+    # rule's floor (what it ran at before the reports), the textbook step
+    '`FedADMMClientDuals(form="linearized")` (adaptive gamma)': lambda f: FedADMMClientDuals(
+        form="linearized", **sampling(f)
+    ),
+    "`FedADMMClientDuals(form=Linearized(dual_step=0.2))`": lambda f: FedADMMClientDuals(
+        form=Linearized(dual_step=0.2), **sampling(f)
+    ),
+    "`FedADMMClientDuals(form=SCAFFNEW)` (gamma 1)": lambda f: FedADMMClientDuals(
+        form=SCAFFNEW, **sampling(f)
+    ),
 }
 
 

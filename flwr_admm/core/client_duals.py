@@ -175,11 +175,18 @@ def restored_state(config: Mapping[str, object], z: Arrays, ack: int | None) -> 
 
 @dataclass(frozen=True)
 class DualStart:
-    """The client's view of round k: its updated dual, center and delayed residual."""
+    """The client's view of round k: its updated dual, center and delayed residual.
+
+    `alignment` holds the terms of the dual step's alignment c_k
+    (`flwr_admm.core.schedules`): s^2 <w_i - z^k, u_i>, s^2 ||w_i - z^k||^2 and
+    s^2 ||u_i||^2 with u_i before the step and s = 1 / b_i under the linearized form
+    (rho_i; y_i = u_i / b_i), else 1 (one rho for every client cancels in c_k).
+    """
 
     dual: Arrays
     center: Arrays
     delayed_sq_residual: float | None
+    alignment: tuple[float, float, float] | None = None
 
     def kept(
         self,
@@ -203,8 +210,12 @@ def start_round(state: DualState | None, z: Arrays, dual_step: float = 1.0) -> D
         return DualStart(dual, [t.copy() for t in z], None)
     diff = [w - t for w, t in zip(state.w, z, strict=True)]
     d2 = float(sum(np.vdot(d, d) for d in diff))
+    along = float(sum(np.vdot(d, u) for d, u in zip(diff, state.u, strict=True)))
+    s_sq = 1.0 if state.budget is None else 1.0 / (state.budget * state.budget)
+    dual_sq = float(sum(np.vdot(u, u) for u in state.u))
     dual = _dual_update(state.u, diff, dual_step)
-    return DualStart(dual, [t - u for t, u in zip(z, dual, strict=True)], d2)
+    center = [t - u for t, u in zip(z, dual, strict=True)]
+    return DualStart(dual, center, d2, (s_sq * along, s_sq * d2, s_sq * dual_sq))
 
 
 def linear_term(state: DualState | None, start: DualStart) -> Arrays:

@@ -49,7 +49,6 @@ from flwr_admm.core.schedules import (
     Constant,
     DualStep,
     check_dual_step_spec,
-    first_gamma,
 )
 from flwr_admm.core.settings import (
     DEFAULT_DUAL_STEP,
@@ -101,8 +100,9 @@ class Linearized:
         x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z.
     dual_step : float or AdaptiveDualStep
         gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step. An
-        `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.schedules`); under
-        client-held duals, where the server never sees y_i, gamma stays at its floor.
+        `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.schedules`; under
+        client-held duals from the alignment terms the nodes report, except under
+        SecAgg+, where gamma stays at its floor).
 
     """
 
@@ -202,7 +202,7 @@ CLIENT_HELD_FIXED: dict[str, object] = {
 }
 
 
-def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[float, float]:
+def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[DualStep, float]:
     """Return (dual step, rho = 1) of client-held duals in the linearized form.
 
     rho_i = 1 / b_i is taken on the nodes, so the state's rho is 1. The momentum start
@@ -229,7 +229,7 @@ def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[floa
                 f"no prox term, regularizer, over-relaxation or uplink); leave it unset, "
                 f"got {value!r}"
             )
-    return first_gamma(steps.dual_step), 1.0
+    return steps.dual_step, 1.0
 
 
 def step_budget(steps: int, learning_rate: float, momentum: float = 0.0) -> float:

@@ -22,6 +22,10 @@ from flwr_admm.node.config import flag
 from flwr_admm.node.records import KeptDuals, load_states, save_states
 from flwr_admm.node.reply import Reply
 from flwr_admm.protocol import (
+    ALIGN,
+    ALIGN_ALONG,
+    ALIGN_DUAL,
+    ALIGN_RESIDUAL,
     DELAYED_SQ_RESIDUAL,
     EXAMPLES_CHANGE,
     PREVIOUS_ROUND,
@@ -60,10 +64,12 @@ def reply_metrics(
     num_examples: int,
     resync: bool,
     restored: bool = False,
+    align: bool = False,
 ) -> dict[str, Scalar]:
     """Return the protocol metrics of a reply (`FedADMMClientDuals` reads them).
 
-    `restored`: `state` is the server's offer (``admm-restored`` = 1, no d2_i).
+    `restored`: `state` is the server's offer (``admm-restored`` = 1, no d2_i);
+    `align`: the config asked for the dual step's alignment terms (``admm-align``).
     """
     metrics: dict[str, Scalar] = {
         PREVIOUS_ROUND: 0 if state is None else int(state.server_round),
@@ -76,6 +82,9 @@ def reply_metrics(
         metrics[RESTORED] = 1
     elif start.delayed_sq_residual is not None:
         metrics[DELAYED_SQ_RESIDUAL] = start.delayed_sq_residual
+        if align and start.alignment is not None:
+            along, residual, dual = start.alignment
+            metrics.update({ALIGN_ALONG: along, ALIGN_RESIDUAL: residual, ALIGN_DUAL: dual})
     return metrics
 
 
@@ -97,6 +106,8 @@ class DualsRound:
         ``admm-rebuild = 1``: also send the full share sigma_i'.
     restored : bool
         `state` is the server's offer (``admm-restore``): w = c_i, u = 0; no w_i of its own.
+    align : bool
+        ``admm-align = 1``: report the dual step's alignment terms.
 
     """
 
@@ -106,6 +117,7 @@ class DualsRound:
     server_round: int
     rebuild: bool
     restored: bool = False
+    align: bool = False
 
     @classmethod
     def open(
@@ -120,7 +132,8 @@ class DualsRound:
         base = dual_math.opened(config, z, kept.committed, kept.pending)
         rebuild = flag(config, REBUILD)
         start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config))
-        return cls(base.state, base.resync, start, server_round, rebuild, base.restored)
+        align = flag(config, ALIGN)
+        return cls(base.state, base.resync, start, server_round, rebuild, base.restored, align)
 
     @property
     def own(self) -> DualState | None:
@@ -170,7 +183,9 @@ class DualsRound:
             sent = compressor.decode(payload, [t.shape for t in x])
             x, residual = sent, [a - b for a, b in zip(x, sent, strict=True)]
         pending = self.start.kept(w, num_examples, self.server_round, residual, budget)
-        metrics = reply_metrics(self.state, self.start, w, num_examples, self.resync, self.restored)
+        metrics = reply_metrics(
+            self.state, self.start, w, num_examples, self.resync, self.restored, self.align
+        )
         return Reply(
             x,
             metrics,

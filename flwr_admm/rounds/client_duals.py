@@ -88,6 +88,7 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.linearized import Form, FormSpec, check_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays, check_reply
 from flwr_admm.options import Convergence, Uplink, option
@@ -132,7 +133,7 @@ class ClientDualsRound:
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         convergence: Convergence = Convergence(),
-        dual_step: float = 1.0,
+        dual_step: DualStep = 1.0,
         uplink: Uplink | None = None,
         form: FormSpec = "prox",
         restores: bool = True,

@@ -27,6 +27,9 @@ from flwr_admm.core.linearized import budget_scale
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
+    ALIGN_ALONG,
+    ALIGN_DUAL,
+    ALIGN_RESIDUAL,
     CHECKED_PRIMAL_RESIDUAL,
     CONVERGED,
     DELAYED_SQ_RESIDUAL,
@@ -80,10 +83,12 @@ def protocol_problem(
             return f"missing metric {name!r} (not a client-held-dual client?)", 0
     if secure:
         num_examples = metrics[SECAGG_EXAMPLES]
-    names_sq = (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL)
+    names_sq = (W_SQ_NORM, U_SQ_NORM, DELAYED_SQ_RESIDUAL, ALIGN_RESIDUAL, ALIGN_DUAL)
     numbers = [metrics[n] for n in names_sq if n in metrics]
     if not all(_finite_nonnegative(v) for v in numbers):
         return "squared norms must be finite numbers >= 0", 0
+    if ALIGN_ALONG in metrics and not _finite(metrics[ALIGN_ALONG]):
+        return f"{ALIGN_ALONG} must be a finite number", 0
     previous, change = metrics[PREVIOUS_ROUND], metrics[EXAMPLES_CHANGE]
     if not (
         isinstance(previous, int)
@@ -225,6 +230,7 @@ class RoundStats:
         self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
         self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
         self.budgets: list[float] = []  # the linearized form's b_i (`budget_mismatch`)
+        self.align = [0.0, 0.0, 0.0]  # sum n_i of ALIGN_ALONG, ALIGN_RESIDUAL, ALIGN_DUAL
 
     def add(self, num_examples: int, metrics: Mapping[str, Any], change_sq: float = 0.0) -> None:
         """Count one accepted reply (its n_i, protocol metrics and ||Delta_i||^2)."""
@@ -245,6 +251,9 @@ class RoundStats:
             self.num_delayed += 1
             self.n_delayed += n
             self.d2 += n * float(metrics[DELAYED_SQ_RESIDUAL])  # type: ignore[arg-type]
+            if all(name in metrics for name in (ALIGN_ALONG, ALIGN_RESIDUAL, ALIGN_DUAL)):
+                for j, name in enumerate((ALIGN_ALONG, ALIGN_RESIDUAL, ALIGN_DUAL)):
+                    self.align[j] += n * float(metrics[name])
         loss = metrics.get(LOSS)
         if isinstance(loss, int | float) and math.isfinite(loss):
             self.loss += n * float(loss)
@@ -277,6 +286,14 @@ class RoundStats:
     def previous_primal(self) -> float | None:
         """Sqrt(sum n_i d2_i / sum n_i) over the replies with d2_i; None if none."""
         return math.sqrt(self.d2 / self.n_delayed) if self.num_delayed else None
+
+    @property
+    def alignment(self) -> float | None:
+        """Return c_k of the replies' dual steps (`flwr_admm.core.schedules`); None if undefined."""
+        along, residual, dual = self.align
+        if residual <= 0.0 or dual <= 0.0:
+            return None
+        return along / math.sqrt(residual * dual)
 
     @property
     def objective(self) -> float | None:
@@ -317,6 +334,10 @@ def _screened_sums(reports: list[tuple[float, float, float]]) -> tuple[float, fl
 
 def _integer(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _finite_nonnegative(value: object) -> bool:

@@ -20,11 +20,21 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.client_duals import restore_payload
 from flwr_admm.core.regularizers import Regularizer
-from flwr_admm.core.types import Arrays, check_dual_step
+from flwr_admm.core.schedules import (
+    AdaptiveDualStep,
+    DualStep,
+    check_dual_step_spec,
+    first_gamma,
+    saved_gamma,
+)
+from flwr_admm.core.settings import describe_step
+from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
+    ALIGN,
     CONVERGED,
     DUAL_STEP,
+    GAMMA,
     NUM_BUDGET_MISMATCH,
     NUM_CLIENTS_CACHED,
     REBUILD,
@@ -108,12 +118,15 @@ class ClientDualsState:
         regularizer: Regularizer | None,
         eps_abs: float,
         eps_rel: float,
-        dual_step: float = 1.0,
+        dual_step: DualStep = 1.0,
         restores: bool = True,
         linearized: bool = False,
     ) -> None:
         check_settings(rho=rho, regularizer=regularizer, eps_abs=eps_abs, eps_rel=eps_rel)
-        self.dual_step = check_dual_step(dual_step)  # gamma: the clients' u_i += gamma (w_i - z)
+        # gamma: the nodes' u_i += gamma (w_i - z^k), or the rule that sets it from the
+        # alignment the nodes report (`AdaptiveDualStep`)
+        self.dual_step = check_dual_step_spec(dual_step)
+        self.gamma = first_gamma(self.dual_step)  # the gamma the next round sends
         self.rho = float(rho)
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
@@ -139,12 +152,15 @@ class ClientDualsState:
     def instructions(self, key: str | None) -> dict[str, int | float | bytes]:
         """Return `key`'s ack round a (0: S holds none of it), rebuild flag and gamma.
 
-        gamma (``admm-dual-step``) is sent only when it is not the textbook 1. A key
+        gamma (``admm-dual-step``) is sent only when it is not the textbook 1, and under
+        `AdaptiveDualStep` ``admm-align`` = 1 (report the alignment terms). A key
         whose share sigma_i the server kept (K) is offered c_i = sigma_i / n_i
         (``admm-restore``, ``admm-restore-examples``), in case its node lost its state.
         """
         entry = None if key is None else self.clients.get(key)
-        step: dict[str, int | float] = {} if self.dual_step == 1.0 else {DUAL_STEP: self.dual_step}
+        step: dict[str, int | float] = {} if self.gamma == 1.0 else {DUAL_STEP: self.gamma}
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            step[ALIGN] = 1
         if key is None or entry is None:
             return {ACK_ROUND: 0, REBUILD: 0, **step}
         sent: dict[str, int | float | bytes] = {
@@ -247,6 +263,9 @@ class ClientDualsState:
         self.end_sweep()
         weight = self.total_examples + self.sweep.stale_examples
         self.z, metrics, converged = z_round(self, self.stats, weight)
+        if isinstance(self.dual_step, AdaptiveDualStep):  # gamma of the next round's step
+            metrics[GAMMA] = self.gamma
+            self.gamma = self.dual_step.next(self.gamma, self.stats.alignment)
         converged = converged and not self.sweep.active
         metrics[CONVERGED] = int(converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
@@ -284,7 +303,7 @@ class ClientDualsState:
             "regularizer": None if self.regularizer is None else self.regularizer.describe(),
             "eps_abs": self.eps_abs,
             "eps_rel": self.eps_rel,
-            **({} if self.dual_step == 1.0 else {"dual_step": self.dual_step}),
+            **({} if self.dual_step == 1.0 else {"dual_step": describe_step(self.dual_step)}),
         }
 
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -300,6 +319,8 @@ class ClientDualsState:
             "keys": list(self.clients),
             **sweep_manifest,
         }
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            manifest["gamma"] = self.gamma
         return {**arrays, **sweep_arrays}, manifest
 
     def load_state_dict(
@@ -323,6 +344,8 @@ class ClientDualsState:
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
+        if isinstance(self.dual_step, AdaptiveDualStep):
+            self.gamma = saved_gamma(manifest)
 
 
 def check_settings(

@@ -7,6 +7,7 @@ from typing import Any
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.types import Arrays
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.rounds.client_duals import ClientDualsRound
@@ -32,7 +33,7 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        dual_step: float = 1.0,
+        dual_step: DualStep = 1.0,
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,

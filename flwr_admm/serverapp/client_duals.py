@@ -9,6 +9,7 @@ from flwr.common.logger import log
 from flwr_admm.core.health import DEFAULT_HEALTH, HealthCheck
 from flwr_admm.core.linearized import FormSpec
 from flwr_admm.core.regularizers import Regularizer
+from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.types import Arrays
 from flwr_admm.options import Checkpointing, ClientPolicy, Convergence, Uplink
 from flwr_admm.protocol import NUM_EXAMPLES
@@ -55,9 +56,10 @@ class FedADMMClientDuals(RoundStrategy):
         `FedADMM` for them.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
-    dual_step : float in (0, 1]
+    dual_step : float in (0, 1] or AdaptiveDualStep
         The nodes' dual step gamma (default 1): u_i += gamma (w_i - z^k), sent as
-        ``admm-dual-step`` when it is not 1.
+        ``admm-dual-step`` when it is not 1. An `AdaptiveDualStep` sets it each round
+        from the alignment terms the nodes report (``admm-align-*``; docs/client_duals.md).
     form : {"prox", "linearized"} or Linearized
         The linearized form with client-held duals (module docstring of
         `flwr_admm.rounds.client_duals`).
@@ -88,7 +90,7 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        dual_step: float = 1.0,
+        dual_step: DualStep = 1.0,
         form: FormSpec = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,

@@ -35,6 +35,18 @@ def test_the_textbook_step_is_the_plain_sum() -> None:
         np.testing.assert_array_equal(got, u + (w - z))
 
 
+def test_the_alignment_terms_are_those_of_the_step_before_it_is_taken() -> None:
+    """<w_i - z, u_i>, ||w_i - z||^2, ||u_i||^2 with u_i before the step; under the
+    linearized form (a kept budget b_i) each times rho_i^2 = 1 / b_i^2."""
+    # w - z = [1, -3], 1; u = [0.5, 0.5], -1
+    along, residual, dual = 0.5 - 1.5 - 1.0, 1.0 + 9.0 + 1.0, 0.25 + 0.25 + 1.0
+    prox = start_round(DualState(W, U, num_examples=4, server_round=3), Z, dual_step=0.25)
+    assert prox.alignment == (along, residual, dual)
+    linear = start_round(DualState(W, U, 4, 3, budget=2.0), Z, dual_step=0.25)
+    assert linear.alignment == (along / 4, residual / 4, dual / 4)
+    assert start_round(None, Z).alignment is None  # nothing before: no step
+
+
 def test_a_new_client_starts_at_z_with_a_zero_dual() -> None:
     start = start_round(None, Z, dual_step=0.2)
     assert all(not t.any() for t in start.dual)

@@ -111,6 +111,25 @@ def test_a_rebuild_request_adds_the_full_share(uplink: dict[str, Any]) -> None:
         assert np.abs(residual).max() > 0
 
 
+def test_the_alignment_terms_go_only_where_asked_and_only_after_a_step() -> None:
+    """``admm-align = 1`` (an adaptive gamma on the server): a returning node reports
+    the terms of the dual step it took; not asked, or nothing before, it reports none."""
+    names = ("admm-align-along", "admm-align-residual", "admm-align-dual")
+    asked, plain = _context(), _context()
+    for context in (asked, plain):
+        _fit(context, 0.0, 1, ack=0)
+    _, _, first = _fit(_context(), 0.0, 1, ack=0, **{"admm-align": 1})
+    assert not any(name in first for name in names)
+    _, _, metrics = _fit(asked, 0.3, 2, ack=1, **{"admm-align": 1})
+    _, _, without = _fit(plain, 0.3, 2, ack=1)
+    assert not any(name in without for name in names)
+    assert metrics["admm-align-residual"] == metrics["admm-delayed-sq-residual"]
+    assert metrics["admm-align-dual"] == 0.0  # u_i = 0 before the first step
+    kept = load_states(asked.state, [(D,)]).committed
+    assert kept is not None  # along = <w_i - z, u_i> with the kept w_i, u_i
+    assert metrics["admm-align-along"] == float(np.vdot(kept.w[0] - 0.3, kept.u[0]))
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [

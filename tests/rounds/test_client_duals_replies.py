@@ -1,4 +1,4 @@
-"""`z_round` of client-held duals: its residuals do not depend on the BLAS threads."""
+"""Client-held duals' round sums: residuals independent of the BLAS threads, the alignment."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ from types import SimpleNamespace
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from flwr_admm.protocol import EPS_DUAL, EPS_PRIMAL
-from flwr_admm.rounds.client_duals_replies import RoundStats, z_round
+from flwr_admm.protocol import (
+    ALIGN_ALONG,
+    ALIGN_DUAL,
+    ALIGN_RESIDUAL,
+    DELAYED_SQ_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    EXAMPLES_CHANGE,
+    PREVIOUS_ROUND,
+    U_SQ_NORM,
+    W_SQ_NORM,
+)
+from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem, z_round
+from flwr_admm.rounds.client_duals_state import ClientEntry
 
 
 def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:
@@ -39,3 +51,45 @@ def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:
     one, two = metrics(1), metrics(2)
     assert one[EPS_PRIMAL] == two[EPS_PRIMAL] and one[EPS_DUAL] == two[EPS_DUAL]
     assert one == two
+
+
+def reply(along: float, residual: float, dual: float, **more: float) -> dict[str, float]:
+    """A returning node's metrics with its alignment terms."""
+    return {
+        PREVIOUS_ROUND: 2,
+        EXAMPLES_CHANGE: 0,
+        W_SQ_NORM: 1.0,
+        U_SQ_NORM: 1.0,
+        DELAYED_SQ_RESIDUAL: residual,
+        ALIGN_ALONG: along,
+        ALIGN_RESIDUAL: residual,
+        ALIGN_DUAL: dual,
+        **more,
+    }
+
+
+def test_the_alignment_is_the_n_weighted_c_k_of_the_replies_that_report_it() -> None:
+    """c_k = sum n_i a_i / sqrt(sum n_i r_i sum n_i q_i), as `ConsensusADMM` computes it
+    from the duals it holds; a reply without the terms (a new node, a stock or older
+    client) adds nothing, and with no dual yet c_k is undefined."""
+    stats = RoundStats()
+    stats.add(10, reply(2.0, 4.0, 1.0))
+    stats.add(30, reply(-1.0, 1.0, 4.0))
+    stats.add(20, {PREVIOUS_ROUND: 0, EXAMPLES_CHANGE: 20, W_SQ_NORM: 1.0, U_SQ_NORM: 0.0})
+    expected = (10 * 2.0 - 30 * 1.0) / np.sqrt((10 * 4.0 + 30 * 1.0) * (10 * 1.0 + 30 * 4.0))
+    assert stats.alignment == expected
+    first = RoundStats()
+    first.add(10, reply(0.0, 4.0, 0.0))  # u_i = 0 before the first step
+    assert first.alignment is None
+
+
+def test_malformed_alignment_terms_are_a_protocol_problem() -> None:
+    entry = ClientEntry(num_examples=10, last_round=2)
+    assert protocol_problem(entry, reply(-3.0, 4.0, 1.0), 10) is None  # along may be < 0
+    for bad in (
+        reply(float("nan"), 4.0, 1.0),
+        reply(1.0, 4.0, -1.0),
+        reply(1.0, float("inf"), 1.0),
+    ):
+        problem = protocol_problem(entry, bad, 10)
+        assert problem is not None and problem[1] == 0

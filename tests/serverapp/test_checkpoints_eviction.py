@@ -21,6 +21,7 @@ from seed_task import gaps
 
 from flwr_admm import Checkpointing, ClientPolicy
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.core import AdaptiveDualStep
 from flwr_admm.node.records import load_states
 from flwr_admm.rounds.checkpoint import (
     MANIFEST,
@@ -44,6 +45,10 @@ SETTINGS = {
 STRATEGIES = {
     "FedADMM": FedADMM,
     "FedADMMClientDuals": FedADMMClientDuals,
+    # the adaptive gamma of client-held duals is server state: checkpointed
+    "FedADMMClientDuals-adaptive": lambda **kw: FedADMMClientDuals(
+        dual_step=AdaptiveDualStep(), **kw
+    ),
 }
 
 
