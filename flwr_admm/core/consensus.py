@@ -293,7 +293,8 @@ class ConsensusADMM:
             raise ValueError("replies: need at least one reply to aggregate")
         ordered = sorted(rnd.absorbed, key=lambda r: natural_key(r.key))
         rho, z_prev = self.rho, self.z
-        gamma = self.gamma if isinstance(self.dual_step, AdaptiveDualStep) else None
+        adaptive = isinstance(self.dual_step, AdaptiveDualStep) and rho > 0.0  # rho 0: FedAvg
+        gamma = self.gamma if adaptive else None
         with single_thread_blas():  # the norms too: a threaded dot sums in its own order
             dz, stats = self._update(rnd, ordered)
             dz_sq = sum_sq_norm(dz)  # ||z - z'||^2: s

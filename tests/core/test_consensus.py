@@ -20,7 +20,7 @@ from consensus_reference import ridge_round as _ridge_round
 from flwr.server.strategy.aggregate import aggregate
 from sklearn.linear_model import Lasso
 
-from flwr_admm.core import L1, ConsensusADMM
+from flwr_admm.core import L1, AdaptiveDualStep, ConsensusADMM
 from flwr_admm.core.sums import RunningSums
 from flwr_admm.core.types import Reply
 
@@ -398,6 +398,18 @@ def test_a_state_written_with_a_deleted_acceleration_is_refused_naming_it() -> N
             resumed.load_state_dict(arrays, old)
     resumed.load_state_dict(arrays, meta)
     np.testing.assert_array_equal(resumed.z[0], admm.z[0])
+
+
+def test_fedavg_mode_reports_no_dual_step() -> None:
+    """rho = 0 takes no dual step: the round reports no gamma (it reported the adaptive
+    rule's floor, 0.2, as if a step had been taken)."""
+    admm = ConsensusADMM([np.zeros(3)], rho=0.0, dual_step=AdaptiveDualStep())
+    for k in range(1, 4):
+        report = admm.step([Reply("c0", [np.ones(3)], 10), Reply("c1", [np.full(3, 2.0)], 20)], k)
+        assert report.dual_step is None
+    admm = ConsensusADMM([np.zeros(3)], rho=0.5, dual_step=AdaptiveDualStep())
+    report = admm.step([Reply("c0", [np.ones(3)], 10), Reply("c1", [np.full(3, 2.0)], 20)], 1)
+    assert report.dual_step == 0.2
 
 
 # ---------------------------------------------------------------- held duals
