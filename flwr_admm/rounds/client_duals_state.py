@@ -137,7 +137,7 @@ class ClientDualsState:
         self.sweep = RebuildSweep()
         self.stats = RoundStats()
         # offer K's shares back (admm-restore): c_i is the whole state only when
-        # u_i += 1 (w_i - z) and nothing else is kept (no e_i, u_i,prev, b_i)
+        # u_i += 1 (w_i - z) and nothing else is kept (no e_i, b_i)
         self.restores = restores and self.dual_step == 1.0
         self.linearized = linearized  # replies carry b_i (admm-step-budget)
         self.budgets_warned = False  # the unequal-budget warning is logged once a run
@@ -332,7 +332,7 @@ class ClientDualsState:
         """Restore `state_dict` output.
 
         ValueError, with nothing changed, if z and S disagree, or z's shapes are not
-        `shapes` (the model's, when the caller knows them).
+        `shapes` (the model's, when the caller knows them), or an adaptive gamma is missing.
         """
         count = int(manifest["num_tensors"])
         z = [np.asarray(arrays[f"z_{i}"], dtype=np.float64) for i in range(count)]
@@ -341,11 +341,12 @@ class ClientDualsState:
         if [t.shape for t in s] != z_shapes or (shapes is not None and list(shapes) != z_shapes):
             raise ValueError("z, S and the model's shapes disagree")
         clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
+        adaptive = isinstance(self.dual_step, AdaptiveDualStep)
+        gamma = saved_gamma(manifest) if adaptive else self.gamma
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        if isinstance(self.dual_step, AdaptiveDualStep):
-            self.gamma = saved_gamma(manifest)
+        self.gamma = gamma
 
 
 def check_settings(
