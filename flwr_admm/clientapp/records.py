@@ -2,8 +2,8 @@
 
 Down: `received_arrays` (the model under ``arrays``), `received_block` (the round's
 second block, `flwr_admm.node.blocks`: ``admm-start``, ``admm-dual``,
-``scaffold-control``, ``admm-accel-z``). Up: `build_reply` (w_i under the received
-names and dtypes; keeps it in ``context.state`` as the next warm start, last) and
+``scaffold-control``). Up: `build_reply` (w_i under the received names and dtypes;
+keeps it in ``context.state`` as the next warm start, last) and
 `node_records` (client-held duals: Delta_i in float64, or its compressed payload, and
 sigma_i' under ``admm-share``).
 """
