@@ -156,6 +156,37 @@ def test_every_strategy_trains_with_its_own_handler(tmp_path: Path) -> None:
     assert len(set(losses.values())) == len(RUNS), losses  # six different trajectories
 
 
+def test_a_fraction_of_the_nodes_trains_under_client_held_linearized_duals(
+    tmp_path: Path,
+) -> None:
+    """fraction-train 0.3: 3 of 10 nodes a round, each keeping its own y_i."""
+    recording = Recording()
+    document, grid = run_app(
+        tmp_path,
+        app=recording,
+        strategy="fedadmm-client-duals-linearized",
+        **{"fraction-train": 0.3},
+    )
+    assert document["status"] == "completed", document["reason"]
+    rounds: dict[str, list[int]] = {}
+    for partition, calls in recording.calls.items():
+        for message, reply in calls:
+            if message.metadata.message_type == "train":
+                assert message.content.config_records["config"]["admm-form"] == "linearized"
+                assert "admm-step-budget" in reply.content.metric_records["metrics"]
+                rounds.setdefault(message.metadata.group_id, []).append(partition)
+    assert sorted(rounds) == ["1", "2"] and all(len(p) == 3 for p in rounds.values()), rounds
+    trained = {p for partitions in rounds.values() for p in partitions}
+    for context in grid.contexts.values():
+        kept = set(context.state.array_records)
+        partition = int(context.node_config["partition-id"])
+        assert bool(kept) == (partition in trained), (partition, kept)
+    assert document["rounds"][-1]["loss"] != document["rounds"][0]["loss"]
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ValueError, match="fraction-train: must be"):
+            Settings.from_run_config({**CONFIG, "fraction-train": bad})
+
+
 def test_scaffold_control_is_option_two_under_plain_sgd(tmp_path: Path) -> None:
     """c_i+ - c_i = -c + (x - y_i) / (K lr) with K the steps, lr the SGD step."""
     recording = Recording()

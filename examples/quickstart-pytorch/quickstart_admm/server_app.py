@@ -36,13 +36,14 @@ FRACTION_EVALUATE = 0.2  # 2 of 10 nodes validate locally; the central test set 
 
 
 def make_strategy(settings: Settings) -> Strategy:
-    """Return the run config's strategy; every node trains every round."""
+    """Return the run config's strategy; `fraction_train` of the nodes train a round."""
     n = settings.num_partitions
     common: dict[str, Any] = {
+        "fraction_train": settings.fraction_train,
         "fraction_evaluate": FRACTION_EVALUATE,
         "min_evaluate_nodes": min(2, n),
-        # FedAvg sizes its sample before waiting for the nodes: ask for all of them
-        "min_train_nodes": n,
+        # FedAvg sizes its sample before waiting for the nodes: ask for the full sample
+        "min_train_nodes": max(1, int(n * settings.fraction_train)),
         "min_available_nodes": n,
     }
     if settings.strategy == "fedavg":
@@ -60,6 +61,8 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedADMM(form=LINEARIZED_CONVEX, **common)
     if settings.strategy == "fedadmm-client-duals":
         return FedADMMClientDuals(**common)
+    if settings.strategy == "fedadmm-client-duals-linearized":  # y_i on the nodes
+        return FedADMMClientDuals(form="linearized", **common)
     if settings.strategy == "scaffold":
         return SCAFFOLD(**common)
     return FedDyn(alpha=settings.feddyn_alpha, **common)

@@ -31,6 +31,14 @@ STRATEGIES = (
     "fedadmm-linearized",
     "fedadmm-linearized-convex",
     "fedadmm-client-duals",
+    "fedadmm-client-duals-linearized",
+    "scaffold",
+    "feddyn",
+)
+# their server state would treat BatchNorm statistics as weights
+REFUSE_BATCH_NORM = (
+    "fedadmm-client-duals",
+    "fedadmm-client-duals-linearized",
     "scaffold",
     "feddyn",
 )
@@ -84,6 +92,7 @@ class Settings:
     feddyn_alpha: float
     dual_step: str | float
     num_partitions: int
+    fraction_train: float
     dirichlet_alpha: float
     seed: int
     output_dir: str
@@ -110,6 +119,9 @@ class Settings:
         _integer("seed", self.seed, low=0)
         for key in ("learning_rate", "proximal_mu", "feddyn_alpha", "dirichlet_alpha"):
             _positive(key, getattr(self, key))
+        _positive("fraction_train", self.fraction_train)
+        if self.fraction_train > 1:
+            raise ValueError(f"fraction-train: must be in (0, 1], got {self.fraction_train!r}")
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, int | float):
             raise ValueError(f"momentum: must be a number in [0, 1), got {self.momentum!r}")
         if not 0 <= self.momentum < 1:
@@ -133,7 +145,7 @@ class Settings:
             )
         if not isinstance(self.batch_norm, bool):
             raise ValueError(f"batch-norm: must be true or false, got {self.batch_norm!r}")
-        if self.batch_norm and self.strategy in ("scaffold", "feddyn", "fedadmm-client-duals"):
+        if self.batch_norm and self.strategy in REFUSE_BATCH_NORM:
             raise ValueError(
                 f"batch-norm: not supported with strategy {self.strategy!r} (it would treat "
                 "BatchNorm statistics as weights); use fedavg, fedprox or fedadmm"
