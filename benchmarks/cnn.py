@@ -65,13 +65,6 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedDyn (alpha 0.1)": {"strategy": "feddyn"},
 }
 TARGET = 0.9
-# the example's task.REFUSE_BATCH_NORM (not imported: the example is put on sys.path late)
-REFUSE_BATCH_NORM = (
-    "fedadmm-client-duals",
-    "fedadmm-client-duals-linearized",
-    "scaffold",
-    "feddyn",
-)
 
 
 def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -80,10 +73,15 @@ def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
     return {**project["tool"]["flwr"]["app"]["config"], **overrides}
 
 
-def run_one(config: dict[str, Any]) -> list[float]:
-    """Run the example's strategy on its ClientApp in process; return the accuracies."""
+def example_on_path() -> None:
+    """Put the example's package (``quickstart_admm``) on ``sys.path``."""
     if str(EXAMPLE) not in sys.path:
         sys.path.insert(0, str(EXAMPLE))
+
+
+def run_one(config: dict[str, Any]) -> list[float]:
+    """Run the example's strategy on its ClientApp in process; return the accuracies."""
+    example_on_path()
     import torch
     from flwr.app import ArrayRecord
     from quickstart_admm.client_app import app as client_app
@@ -155,6 +153,9 @@ def run_task(
     task: str, seeds: list[int], rounds: int, labels: list[str] | None = None
 ) -> dict[str, Any]:
     """Run every row (or those `labels` name) on `task` over `seeds`; print the table."""
+    example_on_path()
+    from quickstart_admm.task import REFUSE_BATCH_NORM
+
     rounds *= ROUNDS_FACTOR.get(task, 1)
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as out:

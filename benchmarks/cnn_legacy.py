@@ -14,21 +14,27 @@ model is tested on the central test set after each round.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks.cnn import EXAMPLE, TASKS, print_table, run_cli, run_config, run_record, summary
+from benchmarks.cnn import (
+    TASKS,
+    example_on_path,
+    print_table,
+    run_cli,
+    run_config,
+    run_record,
+    summary,
+)
 
 ROWS = ("FedAvg (legacy)", "FedADMM (defaults, legacy), TorchADMM")
 
 
 def run_one(config: dict[str, Any], row: str) -> list[float]:
     """Run `row` on the legacy in-process driver; return the central accuracies."""
-    if str(EXAMPLE) not in sys.path:
-        sys.path.insert(0, str(EXAMPLE))
+    example_on_path()
     import torch
     from flwr.client import NumPyClient
     from flwr.common import Context, ndarrays_to_parameters
