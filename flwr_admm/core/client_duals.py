@@ -31,6 +31,7 @@ d2_i is unknown, and the reply says so.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ import numpy as np
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACK_ROUND,
+    BUDGET_REFERENCE,
     DUAL_STEP,
     FORM,
     RESTORE,
@@ -179,8 +181,8 @@ class DualStart:
 
     `alignment` holds the terms of the dual step's alignment c_k
     (`flwr_admm.core.schedules`): s^2 <w_i - z^k, u_i>, s^2 ||w_i - z^k||^2 and
-    s^2 ||u_i||^2 with u_i before the step and s = 1 / b_i under the linearized form
-    (rho_i; y_i = u_i / b_i), else 1 (one rho for every client cancels in c_k).
+    s^2 ||u_i||^2 with u_i before the step and s = 1 / b under the linearized form
+    (y_i = u_i / b, `dual_scale`), else 1 (one rho for every client cancels in c_k).
     """
 
     dual: Arrays
@@ -200,10 +202,13 @@ class DualStart:
         return DualState(w, self.dual, num_examples, server_round, residual, budget)
 
 
-def start_round(state: DualState | None, z: Arrays, dual_step: float = 1.0) -> DualStart:
+def start_round(
+    state: DualState | None, z: Arrays, dual_step: float = 1.0, scale: float | None = None
+) -> DualStart:
     """Update u_i += gamma (w_i - z^k) if it took part before (d2 = ||w_i - z^k||^2).
 
-    The center is z^k - u_i; `dual_step` is gamma (`dual_step_of`).
+    The center is z^k - u_i; `dual_step` is gamma (`dual_step_of`); `scale` the
+    linearized form's b of the alignment terms (`dual_scale`).
     """
     if state is None:
         dual = [np.zeros_like(t) for t in z]
@@ -211,18 +216,33 @@ def start_round(state: DualState | None, z: Arrays, dual_step: float = 1.0) -> D
     diff = [w - t for w, t in zip(state.w, z, strict=True)]
     d2 = float(sum(np.vdot(d, d) for d in diff))
     along = float(sum(np.vdot(d, u) for d, u in zip(diff, state.u, strict=True)))
-    s_sq = 1.0 if state.budget is None else 1.0 / (state.budget * state.budget)
+    b = dual_scale(state, scale)
+    s_sq = 1.0 if b is None else 1.0 / (b * b)
     dual_sq = float(sum(np.vdot(u, u) for u in state.u))
     dual = _dual_update(state.u, diff, dual_step)
     center = [t - u for t, u in zip(z, dual, strict=True)]
     return DualStart(dual, center, d2, (s_sq * along, s_sq * d2, s_sq * dual_sq))
 
 
-def linear_term(state: DualState | None, start: DualStart) -> Arrays:
-    """Return the linearized form's y_i = u_i / b_i (b_i: the kept state's step budget).
+def dual_scale(state: DualState | None, reference: float | None) -> float | None:
+    """Return b with y_i = u_i / b: the server's ``admm-budget-reference``, else b_i.
 
-    The node keeps u_i = b_i y_i, so u_i += gamma (w_i - z^k) is the linearized form's
-    y_i += gamma rho_i (w_i - z') with rho_i = 1 / b_i (`flwr_admm.core.linearized`).
+    One b for every node keeps S / N the linearized z-step whatever the nodes' own
+    budgets (`flwr_admm.rounds.client_duals_replies.reference_budget`); a server that
+    sends none (before the first replies) leaves the node's own b_i, kept with its state.
+    """
+    if reference is not None:
+        return reference
+    return None if state is None else state.budget
+
+
+def linear_term(
+    state: DualState | None, start: DualStart, reference: float | None = None
+) -> Arrays:
+    """Return the linearized form's y_i = u_i / b (`dual_scale`).
+
+    The node keeps u_i = b y_i, so u_i += gamma (w_i - z^k) is the linearized form's
+    y_i += gamma rho (w_i - z') with rho = 1 / b (`flwr_admm.core.linearized`).
     A first round (u_i = 0) needs no budget.
     """
     if state is None or state.budget is None:
@@ -232,7 +252,19 @@ def linear_term(state: DualState | None, start: DualStart) -> Arrays:
                 "form='prox'?): resync the node or keep the form for the whole run"
             )
         return [np.zeros_like(u) for u in start.dual]
-    return [u / state.budget for u in start.dual]
+    b = dual_scale(state, reference)
+    assert b is not None
+    return [u / b for u in start.dual]
+
+
+def reference_of(config: Mapping[str, object]) -> float | None:
+    """Return ``admm-budget-reference`` (None if absent); ValueError unless a number > 0."""
+    if BUDGET_REFERENCE not in config:
+        return None
+    value = config[BUDGET_REFERENCE]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{BUDGET_REFERENCE}: must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def dual_step_of(config: Mapping[str, object]) -> float:

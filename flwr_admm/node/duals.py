@@ -108,6 +108,8 @@ class DualsRound:
         `state` is the server's offer (``admm-restore``): w = c_i, u = 0; no w_i of its own.
     align : bool
         ``admm-align = 1``: report the dual step's alignment terms.
+    reference : float or None
+        The linearized form's b, ``admm-budget-reference`` (None: the node's own b_i).
 
     """
 
@@ -118,6 +120,7 @@ class DualsRound:
     rebuild: bool
     restored: bool = False
     align: bool = False
+    reference: float | None = None
 
     @classmethod
     def open(
@@ -131,9 +134,12 @@ class DualsRound:
         kept = load_states(records, [t.shape for t in z])
         base = dual_math.opened(config, z, kept.committed, kept.pending)
         rebuild = flag(config, REBUILD)
-        start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config))
+        reference = dual_math.reference_of(config)
+        start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config), reference)
         align = flag(config, ALIGN)
-        return cls(base.state, base.resync, start, server_round, rebuild, base.restored, align)
+        return cls(
+            base.state, base.resync, start, server_round, rebuild, base.restored, align, reference
+        )
 
     @property
     def own(self) -> DualState | None:
@@ -147,8 +153,8 @@ class DualsRound:
 
     @property
     def correction(self) -> Arrays:
-        """Return the linearized form's y_i = u_i / b_i (`dual_math.linear_term`)."""
-        return dual_math.linear_term(self.state, self.start)
+        """Return the linearized form's y_i = u_i / b (`dual_math.linear_term`)."""
+        return dual_math.linear_term(self.state, self.start, self.reference)
 
     def change(self, w: Arrays, num_examples: int) -> Arrays:
         """Return Delta_i = n_i' (w_i' + u_i) - n_i c_i."""

@@ -128,16 +128,20 @@ def protocol_problem(
     return None
 
 
-def budget_mismatch(budgets: list[float]) -> int:
-    """Return how many of a round's step budgets b_i differ from the most common one.
+def reference_budget(budgets: list[float]) -> float:
+    """Return b, the step budget every node scales its dual by (u_i = b y_i): the median b_i.
 
-    S / N weighs the nodes by n_i; the linearized z-step weighs them by n_i / b_i, so
-    client-held duals are exact only when every b_i is the same: unequal ones move the
-    fixed point. Reported (``num_budget_mismatch``), not rejected: a node that rejected
-    the others' budgets could lock them out.
+    Any b > 0 keeps the linearized form's fixed point: S / N = sum n_i (w_i + b y_i) / N
+    is its z-step when one b scales every u_i, whatever the nodes' own b_i (their steps
+    y_i += gamma (w_i - z^k) / b stop exactly when w_i = z^k, and sum n_i y_i = 0 there).
+    With equal b_i it is b_i, rho_i = 1 / b_i, the form itself. The median: one node's
+    report among three or more cannot set it.
     """
-    counts = [sum(math.isclose(b, v, rel_tol=1e-9) for v in budgets) for b in budgets]
-    return len(budgets) - max(counts, default=0)
+    ordered = sorted(budgets)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
 def z_step(
@@ -229,7 +233,7 @@ class RoundStats:
         self.screened = False  # filled by `add`: reports screened, checked residual kept
         self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
         self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
-        self.budgets: list[float] = []  # the linearized form's b_i (`budget_mismatch`)
+        self.budgets: list[float] = []  # the linearized form's b_i (`reference_budget`)
         self.align = [0.0, 0.0, 0.0]  # sum n_i of ALIGN_ALONG, ALIGN_RESIDUAL, ALIGN_DUAL
 
     def add(self, num_examples: int, metrics: Mapping[str, Any], change_sq: float = 0.0) -> None:

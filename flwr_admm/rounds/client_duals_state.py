@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -32,10 +32,10 @@ from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
     ALIGN,
+    BUDGET_REFERENCE_METRIC,
     CONVERGED,
     DUAL_STEP,
     GAMMA,
-    NUM_BUDGET_MISMATCH,
     NUM_CLIENTS_CACHED,
     REBUILD,
     REBUILDING,
@@ -46,8 +46,8 @@ from flwr_admm.protocol import (
 )
 from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
-    budget_mismatch,
     protocol_problem,
+    reference_budget,
     z_round,
 )
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
@@ -140,7 +140,8 @@ class ClientDualsState:
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, b_i)
         self.restores = restores and self.dual_step == 1.0
         self.linearized = linearized  # replies carry b_i (admm-step-budget)
-        self.budgets_warned = False  # the unequal-budget warning is logged once a run
+        # the linearized form's b (u_i = b y_i on every node), from the first replies
+        self.reference: float | None = None
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -271,19 +272,10 @@ class ClientDualsState:
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
         metrics[REBUILDING] = int(self.sweep.active)
         if self.linearized:
-            mismatch = metrics[NUM_BUDGET_MISMATCH] = budget_mismatch(self.stats.budgets)
-            if mismatch and not self.budgets_warned:
-                self.budgets_warned = True
-                log(
-                    WARNING,
-                    "FedADMMClientDuals: %d of %d replies report another step budget "
-                    "K_i lr_i than the most common one; client-held duals weigh the nodes "
-                    "by n_i, the linearized z-step by n_i / b_i, so z settles away from "
-                    "the optimum (give every node the same local steps and learning "
-                    "rate, not epochs over unequal data; or use FedADMM)",
-                    mismatch,
-                    len(self.stats.budgets),
-                )
+            if self.reference is None and self.stats.budgets:
+                self.reference = reference_budget(self.stats.budgets)
+            if self.reference is not None:
+                metrics[BUDGET_REFERENCE_METRIC] = self.reference
         return metrics, converged
 
     def discard_metrics(self) -> dict[str, Any]:
@@ -321,6 +313,8 @@ class ClientDualsState:
         }
         if isinstance(self.dual_step, AdaptiveDualStep):
             manifest["gamma"] = self.gamma
+        if self.reference is not None:
+            manifest["budget_reference"] = self.reference
         return {**arrays, **sweep_arrays}, manifest
 
     def load_state_dict(
@@ -343,10 +337,21 @@ class ClientDualsState:
         clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
         adaptive = isinstance(self.dual_step, AdaptiveDualStep)
         gamma = saved_gamma(manifest) if adaptive else self.gamma
+        reference = saved_reference(manifest)
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
         self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        self.gamma = gamma
+        self.gamma, self.reference = gamma, reference
+
+
+def saved_reference(manifest: Mapping[str, Any]) -> float | None:
+    """Return a checkpoint's b (None: written before the first replies, or before b)."""
+    value = manifest.get("budget_reference")
+    if value is None:
+        return None
+    if not _finite_number(value) or value <= 0:
+        raise ValueError(f"budget_reference: must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def check_settings(

@@ -14,8 +14,7 @@ without over-relaxation.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,30 +120,4 @@ def _check_client_duals(config: Mapping[str, Any]) -> None:
         raise ValueError(
             "run config 'relaxation': must be 1 with strategy=fedadmm-client-duals, "
             f"got {config['relaxation']!r}"
-        )
-
-
-def check_equal_budgets(
-    form: FormSettings,
-    strategy: str,
-    epochs: int | None,
-    batch_size: int | None,
-    sizes: Sequence[int],
-) -> None:
-    """Refuse local epochs that give the partitions (of `sizes`) unequal step counts K_i.
-
-    Client-held duals under a linearized form weigh the nodes by n_i, which is its
-    z-step only with one K_i lr (z settles away from the optimum otherwise;
-    `flwr_admm.rounds.client_duals_replies.budget_mismatch`): epochs of minibatches over
-    partitions of unequal size give unequal K_i.
-    """
-    if form.linearized is None or strategy != "fedadmm-client-duals" or epochs is None:
-        return
-    steps = {epochs * (math.ceil(n / batch_size) if batch_size else 1) for n in sizes}
-    if len(steps) > 1:
-        raise ValueError(
-            f"run config 'local-epochs': {epochs} epoch(s) of batches of {batch_size} give "
-            f"the partitions {min(steps)} to {max(steps)} local steps, and "
-            f"strategy=fedadmm-client-duals with form={form.name!r} needs one K_i lr; set "
-            "'local-steps' instead, or use strategy=fedadmm"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from threadpoolctl import threadpool_limits
 
 from flwr_admm.protocol import (
@@ -20,7 +21,7 @@ from flwr_admm.protocol import (
     W_SQ_NORM,
 )
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem, z_round
-from flwr_admm.rounds.client_duals_state import ClientEntry
+from flwr_admm.rounds.client_duals_state import ClientDualsState, ClientEntry
 
 
 def test_z_round_metrics_do_not_depend_on_the_blas_thread_count() -> None:
@@ -93,3 +94,29 @@ def test_malformed_alignment_terms_are_a_protocol_problem() -> None:
     ):
         problem = protocol_problem(entry, bad, 10)
         assert problem is not None and problem[1] == 0
+
+
+def test_the_budget_reference_is_checkpointed_and_a_bad_one_refused() -> None:
+    """b (``admm-budget-reference``) is server state: lost on a resume, the next round
+    would set it from other replies while the nodes' u_i are scaled by the old one."""
+
+    def linearized() -> ClientDualsState:
+        return ClientDualsState(
+            rho=1.0, regularizer=None, eps_abs=0.0, eps_rel=0.0, linearized=True
+        )
+
+    state = linearized()
+    state.adopt([np.zeros(3)])
+    state.reference = 7.5
+    arrays, manifest = state.state_dict()
+    resumed = linearized()
+    resumed.load_state_dict(arrays, manifest)
+    assert resumed.reference == 7.5
+    older = linearized()  # written before b existed: the next replies set it
+    older.load_state_dict(arrays, {k: v for k, v in manifest.items() if k != "budget_reference"})
+    assert older.reference is None
+    for bad in (0.0, -1.0, float("nan"), "7.5"):
+        damaged = linearized()
+        with pytest.raises(ValueError, match=r"^budget_reference: must be a finite number > 0"):
+            damaged.load_state_dict(arrays, {**manifest, "budget_reference": bad})
+        assert damaged.reference is None and damaged.z is None  # nothing changed

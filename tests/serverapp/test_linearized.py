@@ -18,7 +18,7 @@ from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
-from flwr_admm.rounds.client_duals_replies import budget_mismatch
+from flwr_admm.rounds.client_duals_replies import reference_budget
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -307,26 +307,22 @@ def uneven_train(msg: Message, context: Context) -> Message:
     return linearized_loop(msg, context, steps, 0.5)
 
 
-def test_unequal_step_budgets_are_exact_server_held_and_reported_client_held():
-    """S / N weighs nodes by n_i, the linearized z-step by n_i / b_i: with unequal b_i
-    client-held duals settle at a wrong point (gap 2.0e-3 from round 50 on), which looked
-    converged. The round now reports how many replies are off the
-    most common b_i and warns once (rejecting them would let one node lock the others
-    out); FedADMM weighs by n_i / b_i exactly."""
+def test_unequal_step_budgets_are_exact_server_held_and_client_held():
+    """S / N weighs nodes by n_i, which was the linearized z-step only with one b_i: with
+    K_i = 10 and 30 client-held duals settled at a 2.0e-3 gap (from round 50 on) while
+    looking converged. Every node now scales its dual by the server's one b (the median
+    of the first replies' b_i, `admm-budget-reference`): S / N is the z-step, exactly."""
     held, _ = _run(FedADMM(form=SCAFFNEW, **_every_node()), 60, uneven_app)
     assert gaps(held)[-1] < 1e-12
     strategy = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
     z, _ = _run(strategy, 60, uneven_app)
-    assert 1.9e-3 < gaps(z)[-1] < 2.1e-3  # the limitation, as docs/client_duals.md says
-    assert [h["num_budget_mismatch"] for h in strategy.history] == [N // 2] * 60
+    assert gaps(z)[-1] < 1e-12
+    assert [h["budget_reference"] for h in strategy.history] == [(5.0 + 15.0) / 2] * 60
     assert [h["num_rejected"] for h in strategy.history] == [0] * 60
-    assert strategy.state.budgets_warned
     equal = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
-    _run(equal, 2)  # every node K = 20, lr 1
-    assert [h["num_budget_mismatch"] for h in equal.history] == [0, 0]
-    assert not equal.state.budgets_warned
-    assert budget_mismatch([5.0, 5.0, 15.0, 0.001]) == 2 and budget_mismatch([]) == 0
-    assert budget_mismatch([2.0, 2.0 * (1 + 1e-12)]) == 0
+    _run(equal, 2)  # every node K = 20, lr 1: b = b_i, the form itself
+    assert [h["budget_reference"] for h in equal.history] == [20.0, 20.0]
+    assert reference_budget([5.0, 15.0, 0.001]) == 5.0 and reference_budget([3.0]) == 3.0
 
 
 def test_the_legacy_client_held_strategy_runs_the_same_linearized_iteration():
