@@ -36,9 +36,6 @@ START_TENSORS = "admm-start"  # legacy FedADMM: 1 = the parameters are v_i, then
 # under DUAL_RECORD (Message API); the client runs its steps on grad f_i + y_i from z
 FORM = "admm-form"
 FORM_LINEARIZED = "linearized"
-# client-held duals, linearized form: b, the step budget every node's u_i is scaled by
-# (y_i = u_i / b; fixed from the first replies, so S / N is the z-step with any b_i)
-BUDGET_REFERENCE = "admm-budget-reference"
 DUAL_RECORD = "admm-dual"
 
 # ------------------------------------------------------------- reply metrics
@@ -95,7 +92,6 @@ PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of
 # client-held duals: sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i), from what the server folds
 CHECKED_PRIMAL_RESIDUAL = "checked_primal_residual"
 NUM_DELAYED_RESIDUALS = "num_delayed_residuals"
-BUDGET_REFERENCE_METRIC = "budget_reference"  # linearized client-held: the b sent
 DUAL_RESIDUAL = "dual_residual"
 EPS_PRIMAL = "eps_primal"
 EPS_DUAL = "eps_dual"

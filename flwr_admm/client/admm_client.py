@@ -265,10 +265,11 @@ class ADMMClient(NumPyClient):
                 duals.start,
                 w,
                 n,
-                duals.change(w, n),
+                duals.change(w, n, budget),
                 rebuild=duals.rebuild,
                 resync=duals.resync,
                 loss=float(result.loss),
+                budget=budget,
             )
             pending = duals.start.kept(w, n, server_round, sums.residual, budget)
             records.save_states(self.state, duals.kept(pending))  # last: after all can fail

@@ -97,13 +97,17 @@ def secure_reply(
     rebuild: bool,
     resync: bool,
     loss: float,
+    budget: float | None = None,
 ) -> SecureReply:
-    """Build the SecAgg+ reply of one round (see the module docstring)."""
+    """Build the SecAgg+ reply of one round (see the module docstring).
+
+    `budget` is the linearized form's b_i' (the share's weight is n_i / b_i').
+    """
     grid = settings.grid
     sent, kept = grid.quantize(change, None if state is None else state.residual)
     arrays = list(sent)
     if settings.sweep and rebuild:
-        share = DualState(w, start.dual, num_examples, 0, kept).share  # sigma_i'
+        share = start.kept(w, num_examples, 0, kept, budget).share  # sigma_i'
         block, error = grid.quantize(share, None)
         kept = [e + r for e, r in zip(kept, error, strict=True)]
         arrays += block

@@ -9,6 +9,10 @@ step; as in `ConsensusADMM` the fixed point is unchanged and sum_i n_i u_i stays
     w_i' ~ argmin f_i(w) + rho/2 ||w - (z^k - u_i)||^2      (the caller's local solve)
     Delta_i = n_i' (w_i' + u_i) - n_i c_i,  c_i = w_i + u_i   (`contribution_change`)
 
+In the linearized form the weight of c_i is omega_i = n_i / b_i (rho_i = 1 / b_i) in
+place of n_i and the node keeps u_i = b_i y_i in the scale of its latest b_i
+(`share_weight`, `DualStart.dual_for`), so S / N is that form's z-step.
+
 The server keeps S = sum_i n_i c_i and acknowledges in every fit config the round a
 whose contribution S holds for this client. The client keeps a committed state C
 (round a_c) and a pending one P (round p) and trains from the one S holds
@@ -31,7 +35,6 @@ d2_i is unknown, and the reply says so.
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,7 +43,6 @@ import numpy as np
 from flwr_admm.core.types import Arrays, check_dual_step
 from flwr_admm.protocol import (
     ACK_ROUND,
-    BUDGET_REFERENCE,
     DUAL_STEP,
     FORM,
     RESTORE,
@@ -65,18 +67,32 @@ class DualState:
 
     @property
     def contribution(self) -> Arrays:
-        """Return c_i = w_i + u_i, the share S holds (times n_i)."""
+        """Return c_i = w_i + u_i, the share S holds (times `weight`)."""
         return [w + u for w, u in zip(self.w, self.u, strict=True)]
 
     @property
+    def weight(self) -> float:
+        """Return omega_i, the weight of c_i in S (`share_weight`)."""
+        return share_weight(self.num_examples, self.budget)
+
+    @property
     def share(self) -> Arrays:
-        """Return sigma_i = n_i c_i - e_i, this client's exact part of S."""
-        n = float(self.num_examples)
+        """Return sigma_i = omega_i c_i - e_i, this client's exact part of S."""
+        n = self.weight
         share = [np.asarray(n * (w + u)) for w, u in zip(self.w, self.u, strict=True)]
         if self.residual is not None:
             for total, residual in zip(share, self.residual, strict=True):
                 total -= residual
         return share
+
+
+def share_weight(num_examples: int, budget: float | None) -> float:
+    """Return omega_i = n_i, or n_i / b_i in the linearized form (`budget` b_i).
+
+    The linearized z-step is z' = sum_i n_i rho_i (w_i + y_i / rho_i) / sum_i n_i rho_i
+    with rho_i = 1 / b_i: c_i = w_i + u_i with u_i = b_i y_i, weighed by n_i / b_i.
+    """
+    return float(num_examples) if budget is None else num_examples / budget
 
 
 @dataclass(frozen=True)
@@ -181,14 +197,21 @@ class DualStart:
 
     `alignment` holds the terms of the dual step's alignment c_k
     (`flwr_admm.core.schedules`): s^2 <w_i - z^k, u_i>, s^2 ||w_i - z^k||^2 and
-    s^2 ||u_i||^2 with u_i before the step and s = 1 / b under the linearized form
-    (y_i = u_i / b, `dual_scale`), else 1 (one rho for every client cancels in c_k).
+    s^2 ||u_i||^2 with u_i before the step and s = 1 / b_i under the linearized form
+    (rho_i; y_i = u_i / b_i), else 1 (one rho for every client cancels in c_k).
     """
 
     dual: Arrays
     center: Arrays
     delayed_sq_residual: float | None
     alignment: tuple[float, float, float] | None = None
+    scale: float | None = None  # the linearized form: the b_i that `dual` is u_i = b_i y_i of
+
+    def dual_for(self, budget: float | None) -> Arrays:
+        """Return u_i = b_i' y_i for the reply's step budget b_i' (the dual itself if unchanged)."""
+        if budget is None or self.scale is None or budget == self.scale:
+            return self.dual
+        return [u * (budget / self.scale) for u in self.dual]
 
     def kept(
         self,
@@ -198,17 +221,14 @@ class DualStart:
         residual: Arrays | None = None,
         budget: float | None = None,
     ) -> DualState:
-        """Return the state to keep after training w_i' from this start."""
-        return DualState(w, self.dual, num_examples, server_round, residual, budget)
+        """Return the state to keep after training w_i' from this start (u_i in b_i' scale)."""
+        return DualState(w, self.dual_for(budget), num_examples, server_round, residual, budget)
 
 
-def start_round(
-    state: DualState | None, z: Arrays, dual_step: float = 1.0, scale: float | None = None
-) -> DualStart:
+def start_round(state: DualState | None, z: Arrays, dual_step: float = 1.0) -> DualStart:
     """Update u_i += gamma (w_i - z^k) if it took part before (d2 = ||w_i - z^k||^2).
 
-    The center is z^k - u_i; `dual_step` is gamma (`dual_step_of`); `scale` the
-    linearized form's b of the alignment terms (`dual_scale`).
+    The center is z^k - u_i; `dual_step` is gamma (`dual_step_of`).
     """
     if state is None:
         dual = [np.zeros_like(t) for t in z]
@@ -216,33 +236,19 @@ def start_round(
     diff = [w - t for w, t in zip(state.w, z, strict=True)]
     d2 = float(sum(np.vdot(d, d) for d in diff))
     along = float(sum(np.vdot(d, u) for d, u in zip(diff, state.u, strict=True)))
-    b = dual_scale(state, scale)
-    s_sq = 1.0 if b is None else 1.0 / (b * b)
+    s_sq = 1.0 if state.budget is None else 1.0 / (state.budget * state.budget)
     dual_sq = float(sum(np.vdot(u, u) for u in state.u))
     dual = _dual_update(state.u, diff, dual_step)
     center = [t - u for t, u in zip(z, dual, strict=True)]
-    return DualStart(dual, center, d2, (s_sq * along, s_sq * d2, s_sq * dual_sq))
+    alignment = (s_sq * along, s_sq * d2, s_sq * dual_sq)
+    return DualStart(dual, center, d2, alignment, state.budget)
 
 
-def dual_scale(state: DualState | None, reference: float | None) -> float | None:
-    """Return b with y_i = u_i / b: the server's ``admm-budget-reference``, else b_i.
+def linear_term(state: DualState | None, start: DualStart) -> Arrays:
+    """Return the linearized form's y_i = u_i / b_i (b_i: the kept state's step budget).
 
-    One b for every node keeps S / N the linearized z-step whatever the nodes' own
-    budgets (`flwr_admm.rounds.client_duals_replies.reference_budget`); a server that
-    sends none (before the first replies) leaves the node's own b_i, kept with its state.
-    """
-    if reference is not None:
-        return reference
-    return None if state is None else state.budget
-
-
-def linear_term(
-    state: DualState | None, start: DualStart, reference: float | None = None
-) -> Arrays:
-    """Return the linearized form's y_i = u_i / b (`dual_scale`).
-
-    The node keeps u_i = b y_i, so u_i += gamma (w_i - z^k) is the linearized form's
-    y_i += gamma rho (w_i - z') with rho = 1 / b (`flwr_admm.core.linearized`).
+    The node keeps u_i = b_i y_i, so u_i += gamma (w_i - z^k) is the linearized form's
+    y_i += gamma rho_i (w_i - z') with rho_i = 1 / b_i (`flwr_admm.core.linearized`).
     A first round (u_i = 0) needs no budget.
     """
     if state is None or state.budget is None:
@@ -252,19 +258,7 @@ def linear_term(
                 "form='prox'?): resync the node or keep the form for the whole run"
             )
         return [np.zeros_like(u) for u in start.dual]
-    b = dual_scale(state, reference)
-    assert b is not None
-    return [u / b for u in start.dual]
-
-
-def reference_of(config: Mapping[str, object]) -> float | None:
-    """Return ``admm-budget-reference`` (None if absent); ValueError unless a number > 0."""
-    if BUDGET_REFERENCE not in config:
-        return None
-    value = config[BUDGET_REFERENCE]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValueError(f"{BUDGET_REFERENCE}: must be a finite number > 0, got {value!r}")
-    return float(value)
+    return [u / state.budget for u in start.dual]
 
 
 def dual_step_of(config: Mapping[str, object]) -> float:
@@ -285,13 +279,21 @@ def _dual_update(u: Arrays, diff: Arrays, gamma: float) -> Arrays:
 
 
 def contribution_change(
-    state: DualState | None, w: Arrays, dual: Arrays, num_examples: int
+    state: DualState | None,
+    w: Arrays,
+    dual: Arrays,
+    num_examples: int,
+    budget: float | None = None,
 ) -> Arrays:
-    """Return Delta_i = n_i' (w_i' + u_i) - n_i c_i (n_i c_i = 0 before the first round)."""
+    """Return Delta_i = omega_i' (w_i' + u_i) - omega_i c_i (0 before the first round).
+
+    omega_i = n_i, or n_i / b_i in the linearized form (`share_weight`; `budget` b_i').
+    """
+    weight = share_weight(num_examples, budget)
     # np.asarray: for a 0-d tensor the product is a numpy scalar, which `-=` below would
     # rebind instead of updating in place.
-    change = [np.asarray(float(num_examples) * (a + u)) for a, u in zip(w, dual, strict=True)]
+    change = [np.asarray(weight * (a + u)) for a, u in zip(w, dual, strict=True)]
     if state is not None:
         for delta, old in zip(change, state.contribution, strict=True):
-            delta -= float(state.num_examples) * old
+            delta -= state.weight * old
     return change

@@ -108,8 +108,6 @@ class DualsRound:
         `state` is the server's offer (``admm-restore``): w = c_i, u = 0; no w_i of its own.
     align : bool
         ``admm-align = 1``: report the dual step's alignment terms.
-    reference : float or None
-        The linearized form's b, ``admm-budget-reference`` (None: the node's own b_i).
 
     """
 
@@ -120,7 +118,6 @@ class DualsRound:
     rebuild: bool
     restored: bool = False
     align: bool = False
-    reference: float | None = None
 
     @classmethod
     def open(
@@ -134,12 +131,9 @@ class DualsRound:
         kept = load_states(records, [t.shape for t in z])
         base = dual_math.opened(config, z, kept.committed, kept.pending)
         rebuild = flag(config, REBUILD)
-        reference = dual_math.reference_of(config)
-        start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config), reference)
+        start = dual_math.start_round(base.state, z, dual_math.dual_step_of(config))
         align = flag(config, ALIGN)
-        return cls(
-            base.state, base.resync, start, server_round, rebuild, base.restored, align, reference
-        )
+        return cls(base.state, base.resync, start, server_round, rebuild, base.restored, align)
 
     @property
     def own(self) -> DualState | None:
@@ -153,12 +147,13 @@ class DualsRound:
 
     @property
     def correction(self) -> Arrays:
-        """Return the linearized form's y_i = u_i / b (`dual_math.linear_term`)."""
-        return dual_math.linear_term(self.state, self.start, self.reference)
+        """Return the linearized form's y_i = u_i / b_i (`dual_math.linear_term`)."""
+        return dual_math.linear_term(self.state, self.start)
 
-    def change(self, w: Arrays, num_examples: int) -> Arrays:
-        """Return Delta_i = n_i' (w_i' + u_i) - n_i c_i."""
-        return dual_math.contribution_change(self.state, w, self.start.dual, num_examples)
+    def change(self, w: Arrays, num_examples: int, budget: float | None = None) -> Arrays:
+        """Return Delta_i = omega_i' (w_i' + u_i) - omega_i c_i (`dual_math.share_weight`)."""
+        dual = self.start.dual_for(budget)
+        return dual_math.contribution_change(self.state, w, dual, num_examples, budget)
 
     def kept(self, pending: DualState) -> KeptDuals:
         """Return the states to keep: the own committed one (an offer is not kept) and `pending`."""
@@ -179,7 +174,7 @@ class DualsRound:
         compressor's stochastic rounding.
         """
         w = [np.asarray(t, dtype=np.float64) for t in w]
-        x = self.change(w, num_examples)
+        x = self.change(w, num_examples, budget)
         if self.state is not None and self.state.residual is not None:  # x = Delta_i + e_i
             x = [d + e for d, e in zip(x, self.state.residual, strict=True)]
         payload, residual = None, None

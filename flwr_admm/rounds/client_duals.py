@@ -58,13 +58,12 @@ is offered back (``admm-restore``), so a node that loses its state again
 trains from it (`flwr_admm.core.client_duals.restored_state`).
 
 The linearized form (``form="linearized"``; `flwr_admm.core.linearized.client_held_steps`
-names what it refuses): the config carries ``admm-form = "linearized"`` and, from the
-second round on, one step budget b for every node (``admm-budget-reference``: the
-median of the first replies' b_i, fixed for the run, checkpointed); node i keeps
-u_i = b y_i, runs K_i steps on grad f_i + u_i / b from z^k and replies its step
-budget b_i (``admm-step-budget``; a reply without it is rejected). The server's rho is 1.
-One b for every u_i keeps S / N the z-step whatever the b_i (with equal b_i, b = b_i:
-the form itself); each node scaling by its own b_i moved the fixed point.
+names what it refuses): the config carries ``admm-form = "linearized"``; node i keeps
+u_i = b_i y_i, runs K_i steps on grad f_i + u_i / b_i from z^k and replies its step
+budget b_i' (``admm-step-budget``; a reply without it is rejected). Every n_i above is
+then omega_i = n_i / b_i (rho_i = 1 / b_i), with u_i rescaled to b_i' before it enters
+the share (`flwr_admm.core.client_duals.share_weight`): S / N is the form's z-step with
+any budgets, server-held FedADMM's with every node replying. The server's rho is 1.
 
 Uplink compression (``Uplink(compressor=...)``; error feedback is required, as S would
 keep every compression error without it). Node i keeps a residual e_i, compresses
@@ -97,7 +96,6 @@ from flwr_admm.core.settings import given_rho
 from flwr_admm.core.types import Arrays, check_reply
 from flwr_admm.options import Convergence, Uplink, option
 from flwr_admm.protocol import (
-    BUDGET_REFERENCE,
     FORM,
     FORM_LINEARIZED,
     MODE_CLIENT,
@@ -179,10 +177,8 @@ class ClientDualsRound:
         state = self.state
         self.channel.sampled(sampled, population)  # resets the round's byte count
         config: dict[str, Scalar] = {**self.channel.config(), RHO: state.rho, MODE_KEY: MODE_CLIENT}
-        if self.form == "linearized":  # nodes start at z^k, y_i = u_i / b
+        if self.form == "linearized":  # nodes start at z^k, y_i = u_i / b_i
             config[FORM] = FORM_LINEARIZED
-            if state.reference is not None:
-                config[BUDGET_REFERENCE] = state.reference
         return config
 
     def instruction(self, node: str, key: str | None) -> Instruction:

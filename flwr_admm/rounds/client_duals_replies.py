@@ -47,7 +47,6 @@ from flwr_admm.protocol import (
     RESYNC,
     RHO,
     SECAGG_EXAMPLES,
-    STEP_BUDGET,
     U_SQ_NORM,
     W_SQ_NORM,
 )
@@ -128,26 +127,10 @@ def protocol_problem(
     return None
 
 
-def reference_budget(budgets: list[float]) -> float:
-    """Return b, the step budget every node scales its dual by (u_i = b y_i): the median b_i.
-
-    Any b > 0 keeps the linearized form's fixed point: S / N = sum n_i (w_i + b y_i) / N
-    is its z-step when one b scales every u_i, whatever the nodes' own b_i (their steps
-    y_i += gamma (w_i - z^k) / b stop exactly when w_i = z^k, and sum n_i y_i = 0 there).
-    With equal b_i it is b_i, rho_i = 1 / b_i, the form itself. The median: one node's
-    report among three or more cannot set it.
-    """
-    ordered = sorted(budgets)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2.0
-
-
 def z_step(
     z: Arrays,
     contribution_sum: Arrays,
-    total_examples: int,
+    total_weight: float,
     regularizer: Regularizer | None,
     rho: float,
 ) -> float:
@@ -159,7 +142,7 @@ def z_step(
         z_flat, s_flat = z_t.reshape(-1), s_t.reshape(-1)
         for block in blocks(z_flat.size):
             size = block.stop - block.start
-            np.divide(s_flat[block], float(total_examples), out=new[:size])
+            np.divide(s_flat[block], float(total_weight), out=new[:size])
             if regularizer is not None:
                 regularizer.prox_([new[:size]], rho)
             np.subtract(new[:size], z_flat[block], out=diff[:size])
@@ -233,23 +216,36 @@ class RoundStats:
         self.screened = False  # filled by `add`: reports screened, checked residual kept
         self.reports: list[tuple[float, float, float]] = []  # (n_i, ||w_i'||^2, ||u_i||^2)
         self.change_sq = self.n_steady = 0.0  # sum ||Delta_i||^2 / n_i, sum n_i (steady)
-        self.budgets: list[float] = []  # the linearized form's b_i (`reference_budget`)
         self.align = [0.0, 0.0, 0.0]  # sum n_i of ALIGN_ALONG, ALIGN_RESIDUAL, ALIGN_DUAL
 
-    def add(self, num_examples: int, metrics: Mapping[str, Any], change_sq: float = 0.0) -> None:
-        """Count one accepted reply (its n_i, protocol metrics and ||Delta_i||^2)."""
+    def add(
+        self,
+        num_examples: int,
+        metrics: Mapping[str, Any],
+        change_sq: float | None = 0.0,
+        weight: float | None = None,
+    ) -> None:
+        """Count one accepted reply (its n_i, protocol metrics and ||Delta_i||^2).
+
+        `weight` is omega_i when it is not n_i (the linearized form): Delta_i = omega_i
+        (c_i' - c_i), and the server's own residual is ||c_i' - c_i||, n_i-weighted.
+        `change_sq` None: omega_i changed (a new b_i), Delta_i is no such difference.
+        """
         n = float(num_examples)
         self.num_replies += 1
         self.n += n
         self.screened = True
         self.reports.append((n, float(metrics[W_SQ_NORM]), float(metrics[U_SQ_NORM])))
-        if STEP_BUDGET in metrics:  # checked by `protocol_problem`
-            self.budgets.append(float(metrics[STEP_BUDGET]))
         self.w_sq += n * self.reports[-1][1]
         self.u_sq += n * self.reports[-1][2]
         full = metrics.get(PREVIOUS_ROUND, 0) == 0 or metrics.get(RESYNC, 0) == 1
-        if not full and metrics.get(EXAMPLES_CHANGE, 0) == 0:  # Delta_i = n_i (c_i' - c_i)
-            self.change_sq += float(change_sq) / n
+        steady = not full and metrics.get(EXAMPLES_CHANGE, 0) == 0 and change_sq is not None
+        if steady:  # Delta_i = omega_i (c_i' - c_i)
+            assert change_sq is not None
+            if weight is None:
+                self.change_sq += float(change_sq) / n
+            else:
+                self.change_sq += n * float(change_sq) / (weight * weight)
             self.n_steady += n
         if DELAYED_SQ_RESIDUAL in metrics:
             self.num_delayed += 1
@@ -306,7 +302,7 @@ class RoundStats:
 
 
 def z_round(
-    state: ClientDualsState, stats: RoundStats, weight: int
+    state: ClientDualsState, stats: RoundStats, weight: float
 ) -> tuple[Arrays, dict[str, Scalar], bool]:
     """Take round k's z-step (`weight` = N + N_stale); return (z, metrics, converged)."""
     z, contribution_sum = state.z, state.contribution_sum

@@ -18,7 +18,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.client_duals import restore_payload
+from flwr_admm.core.client_duals import restore_payload, share_weight
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import (
     AdaptiveDualStep,
@@ -32,7 +32,6 @@ from flwr_admm.core.types import Arrays
 from flwr_admm.protocol import (
     ACK_ROUND,
     ALIGN,
-    BUDGET_REFERENCE_METRIC,
     CONVERGED,
     DUAL_STEP,
     GAMMA,
@@ -43,11 +42,11 @@ from flwr_admm.protocol import (
     RESTORE_EXAMPLES,
     RESTORED,
     RHO,
+    STEP_BUDGET,
 )
 from flwr_admm.rounds.client_duals_replies import (
     RoundStats,
     protocol_problem,
-    reference_budget,
     z_round,
 )
 from flwr_admm.rounds.client_duals_sweep import RebuildSweep
@@ -59,34 +58,44 @@ STRATEGY = "FedADMMClientDuals"  # in the fingerprinted configuration of its che
 
 @dataclass(slots=True)
 class ClientEntry:
-    """All the server keeps per client key: n_i in S, and the round it was added."""
+    """All the server keeps per client key: n_i, the round it was added, omega_i in S.
+
+    omega_i is n_i, or n_i / b_i in the linearized form (`share_weight`).
+    """
 
     num_examples: int
     last_round: int
+    weight: float
 
 
-def entry_arrays(clients: dict[str, ClientEntry]) -> dict[str, NDArray[np.int64]]:
-    """Return the entries' n_i and last rounds as two arrays, in the order of `clients`."""
+def entry_arrays(clients: dict[str, ClientEntry]) -> dict[str, NDArray[Any]]:
+    """Return the entries' n_i, last rounds and omega_i as arrays, in the order of `clients`."""
     entries = list(clients.values())
     return {
         "entry_examples": np.array([e.num_examples for e in entries], dtype=np.int64),
         "entry_rounds": np.array([e.last_round for e in entries], dtype=np.int64),
+        "entry_weights": np.array([e.weight for e in entries], dtype=np.float64),
     }
 
 
 def entries_from_arrays(
     keys: list[str], arrays: Mapping[str, NDArray[Any]]
 ) -> dict[str, ClientEntry]:
-    """Rebuild the entries of `keys` from `entry_arrays` output; ValueError if they differ."""
+    """Rebuild the entries of `keys` from `entry_arrays` output; ValueError if they differ.
+
+    A checkpoint written before omega_i was kept weighed every share by n_i (the prox
+    form's omega_i; `ClientDualsState.load_state_dict` refuses a linearized one).
+    """
     examples, rounds = arrays["entry_examples"], arrays["entry_rounds"]
-    if examples.shape != (len(keys),) or rounds.shape != (len(keys),):
+    weights = arrays.get("entry_weights", examples.astype(np.float64))
+    if any(a.shape != (len(keys),) for a in (examples, rounds, weights)):
         raise ValueError("entries and keys disagree")
-    pairs = zip(keys, examples.tolist(), rounds.tolist(), strict=True)
-    return {key: ClientEntry(int(n), int(r)) for key, n, r in pairs}
+    rows = zip(keys, examples.tolist(), rounds.tolist(), weights.tolist(), strict=True)
+    return {key: ClientEntry(int(n), int(r), float(w)) for key, n, r, w in rows}
 
 
 class ClientDualsState:
-    """z, S = sum_i n_i c_i, N = sum_i n_i, (n_i, last round) per key, the rebuild sweep.
+    """z, S = sum_i omega_i c_i, N = sum_i omega_i, entries per key, the rebuild sweep.
 
     Parameters
     ----------
@@ -100,8 +109,8 @@ class ClientDualsState:
         What the next round sends; None before the first round.
     contribution_sum : list of ndarray or None
         S; sized (zeros) by the first z.
-    total_examples : int
-        N.
+    total_examples : float
+        N = sum_i omega_i (omega_i = n_i but in the linearized form, `share_weight`).
     clients : dict
         key -> `ClientEntry` (n_i in S, the round it was added): the acknowledgement.
     sweep : RebuildSweep
@@ -131,17 +140,15 @@ class ClientDualsState:
         self.regularizer = regularizer
         self.eps_abs, self.eps_rel = float(eps_abs), float(eps_rel)
         self.z: Arrays | None = None
-        self.contribution_sum: Arrays | None = None  # S = sum_i n_i c_i
-        self.total_examples = 0  # N = sum_i n_i
+        self.contribution_sum: Arrays | None = None  # S = sum_i omega_i c_i
+        self.total_examples = 0.0  # N = sum_i omega_i
         self.clients: dict[str, ClientEntry] = {}
         self.sweep = RebuildSweep()
         self.stats = RoundStats()
         # offer K's shares back (admm-restore): c_i is the whole state only when
         # u_i += 1 (w_i - z) and nothing else is kept (no e_i, b_i)
         self.restores = restores and self.dual_step == 1.0
-        self.linearized = linearized  # replies carry b_i (admm-step-budget)
-        # the linearized form's b (u_i = b y_i on every node), from the first replies
-        self.reference: float | None = None
+        self.linearized = linearized  # replies carry b_i (admm-step-budget): omega_i = n_i / b_i
 
     # ------------------------------------------------------------------ rounds
     def adopt(self, z: Arrays) -> None:
@@ -194,8 +201,15 @@ class ClientDualsState:
             entry, metrics, num_examples, secure=secure, offered=offered, linearized=self.linearized
         )
 
-    def record(self, key: str, num_examples: int, server_round: int, *, full: bool) -> bool:
-        """N += n_i' - n_i, entry_i = (n_i', k); True for a resync.
+    def weight(self, num_examples: int, metrics: Mapping[str, Any]) -> float:
+        """Return omega_i of an admitted reply: n_i, or n_i / b_i in the linearized form."""
+        budget = float(metrics[STEP_BUDGET]) if self.linearized else None
+        return share_weight(num_examples, budget)
+
+    def record(
+        self, key: str, num_examples: int, server_round: int, *, full: bool, weight: float
+    ) -> bool:
+        """N += omega_i' - omega_i, entry_i = (n_i', k, omega_i'); True for a resync.
 
         A resync's old share is taken out of S if the server kept it, else it goes stale.
         """
@@ -205,9 +219,9 @@ class ClientDualsState:
         if entry is not None and resync:
             log(INFO, "FedADMMClientDuals: %s resynchronized (its state was lost)", key)
             if not self.sweep.take_out(key, self.contribution_sum):
-                self.sweep.drop(key, entry.num_examples, self.contribution_sum)
-        self.total_examples += num_examples - (0 if entry is None else entry.num_examples)
-        self.clients[key] = ClientEntry(num_examples, server_round)
+                self.sweep.drop(key, entry.weight, self.contribution_sum)
+        self.total_examples += weight - (0.0 if entry is None else entry.weight)
+        self.clients[key] = ClientEntry(num_examples, server_round, weight)
         return resync
 
     def fold(
@@ -227,13 +241,18 @@ class ClientDualsState:
         """
         assert self.contribution_sum is not None
         restored = metrics.get(RESTORED, 0) == 1  # checked by `problem`: it was offered
-        resync = self.record(key, num_examples, server_round, full=full)
+        weight, entry = self.weight(num_examples, metrics), self.clients.get(key)
+        resync = self.record(key, num_examples, server_round, full=full, weight=weight)
         self.sweep.fold(
             key, self.contribution_sum, change, share, full=full, resync=resync, restored=restored
         )
         flat = (np.asarray(t, dtype=np.float64).reshape(-1) for t in change)
         change_sq = sum(float(a @ a) for a in flat)  # ||Delta_i||^2: the server's own check
-        self.stats.add(num_examples, metrics, change_sq)
+        if not self.linearized:
+            self.stats.add(num_examples, metrics, change_sq)
+        else:  # Delta_i = omega_i (c_i' - c_i) only while b_i stays
+            same = entry is not None and entry.weight == weight
+            self.stats.add(num_examples, metrics, change_sq if same else None, weight)
         return resync
 
     def evict(self, keys: Iterable[str]) -> int:
@@ -244,9 +263,9 @@ class ClientDualsState:
             if entry is None or self.contribution_sum is None:
                 continue
             evicted += 1
-            self.total_examples -= entry.num_examples
+            self.total_examples -= entry.weight
             if not self.sweep.take_out(key, self.contribution_sum):
-                self.sweep.drop(key, entry.num_examples, self.contribution_sum)
+                self.sweep.drop(key, entry.weight, self.contribution_sum)
         self.end_sweep()
         return evicted
 
@@ -271,11 +290,6 @@ class ClientDualsState:
         metrics[CONVERGED] = int(converged)
         metrics[NUM_CLIENTS_CACHED] = len(self.clients)
         metrics[REBUILDING] = int(self.sweep.active)
-        if self.linearized:
-            if self.reference is None and self.stats.budgets:
-                self.reference = reference_budget(self.stats.budgets)
-            if self.reference is not None:
-                metrics[BUDGET_REFERENCE_METRIC] = self.reference
         return metrics, converged
 
     def discard_metrics(self) -> dict[str, Any]:
@@ -307,14 +321,12 @@ class ClientDualsState:
         sweep_arrays, sweep_manifest = self.sweep.state_dict()
         manifest = {
             "num_tensors": len(self.z),
-            "total_examples": int(self.total_examples),
+            "total_examples": float(self.total_examples),
             "keys": list(self.clients),
             **sweep_manifest,
         }
         if isinstance(self.dual_step, AdaptiveDualStep):
             manifest["gamma"] = self.gamma
-        if self.reference is not None:
-            manifest["budget_reference"] = self.reference
         return {**arrays, **sweep_arrays}, manifest
 
     def load_state_dict(
@@ -334,24 +346,18 @@ class ClientDualsState:
         z_shapes = [t.shape for t in z]
         if [t.shape for t in s] != z_shapes or (shapes is not None and list(shapes) != z_shapes):
             raise ValueError("z, S and the model's shapes disagree")
+        if self.linearized and "entry_weights" not in arrays:
+            raise ValueError(
+                "entry_weights: a linearized-form checkpoint written before S weighed c_i "
+                "by n_i / b_i holds shares this version cannot take out; start afresh"
+            )
         clients = entries_from_arrays([str(k) for k in manifest["keys"]], arrays)
         adaptive = isinstance(self.dual_step, AdaptiveDualStep)
         gamma = saved_gamma(manifest) if adaptive else self.gamma
-        reference = saved_reference(manifest)
         self.sweep.load_state_dict(arrays, manifest, s)
         self.z, self.contribution_sum = z, s
-        self.total_examples, self.clients = int(manifest["total_examples"]), clients
-        self.gamma, self.reference = gamma, reference
-
-
-def saved_reference(manifest: Mapping[str, Any]) -> float | None:
-    """Return a checkpoint's b (None: written before the first replies, or before b)."""
-    value = manifest.get("budget_reference")
-    if value is None:
-        return None
-    if not _finite_number(value) or value <= 0:
-        raise ValueError(f"budget_reference: must be a finite number > 0, got {value!r}")
-    return float(value)
+        self.total_examples, self.clients = float(manifest["total_examples"]), clients
+        self.gamma = gamma
 
 
 def check_settings(

@@ -52,7 +52,7 @@ class RebuildSweep:
     def __init__(self) -> None:
         self.new_sum: Arrays | None = None  # S_new; None: no sweep
         self.rebuilt: set[str] = set()  # R
-        self.stale_examples = 0  # N_stale: the n of the stale shares still in S
+        self.stale_examples = 0.0  # N_stale: the omega of the stale shares still in S
         self.known: dict[str, Arrays] = {}  # K: key -> sigma_i, its exact share in S
 
     @property
@@ -64,7 +64,7 @@ class RebuildSweep:
         """Return whether `key` must send its full share sigma' (``admm-rebuild``)."""
         return self.new_sum is not None and key not in self.rebuilt
 
-    def drop(self, key: str, num_examples: int, like: Arrays) -> None:
+    def drop(self, key: str, weight: float, like: Arrays) -> None:
         """Mark the share of `key` in S stale; start the sweep, or restart it.
 
         (Re)start with S_new = sum_{i in K} sigma_i, R = K; restart when that share is
@@ -75,7 +75,7 @@ class RebuildSweep:
             for share in self.known.values():
                 _add(self.new_sum, share)
             self.rebuilt = set(self.known)
-        self.stale_examples += num_examples
+        self.stale_examples += weight
 
     def take_out(self, key: str, total: Arrays) -> bool:
         """S -= sigma_key (and S_new -= sigma_key) if `key` is in K; return whether it was.
@@ -154,7 +154,7 @@ class RebuildSweep:
         return new_sum
 
     def _reset(self) -> None:
-        self.new_sum, self.rebuilt, self.stale_examples = None, set(), 0
+        self.new_sum, self.rebuilt, self.stale_examples = None, set(), 0.0
 
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
@@ -165,7 +165,7 @@ class RebuildSweep:
         manifest: dict[str, Any] = {
             "rebuilding": self.active,
             "rebuilt": sorted(self.rebuilt),
-            "stale_examples": int(self.stale_examples),
+            "stale_examples": float(self.stale_examples),
         }
         if self.known:  # absent (no known share) in checkpoints of a run without resyncs
             manifest["known"] = list(self.known)
@@ -193,7 +193,7 @@ class RebuildSweep:
             raise ValueError("S_new and S disagree")
         self.new_sum = new_sum
         self.rebuilt = {str(k) for k in manifest["rebuilt"]}
-        self.stale_examples = int(manifest["stale_examples"])
+        self.stale_examples = float(manifest["stale_examples"])
 
 
 def _add(total: Arrays, arrays: Sequence[NDArray[np.generic]]) -> None:

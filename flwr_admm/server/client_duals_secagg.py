@@ -9,8 +9,9 @@ that needed an individual reply to the sum or to the client:
     client   x_i = grid(Delta_i + e_i), e_i' = Delta_i + e_i - s x_i  (error feedback,
              `flwr_admm.core.secure_sum`), statistics as fixed-point limbs, and
              num_examples = max_weight so that every client weighs exactly 1;
-    server   S += s sum_i x_i (exact: S = sum_i n_i c_i - sum_i e_i), N from the clients'
-             n_i (clear metadata), residuals from the summed statistics.
+    server   S += s sum_i x_i (exact: S = sum_i omega_i c_i - sum_i e_i), N from the
+             clients' n_i (and b_i: omega_i = n_i / b_i in the linearized form; clear
+             metadata), residuals from the summed statistics.
 
 What the server still sees per client: its key, the round it last took part in, the
 change of n_i and n_i, the resync flag and, under ``form="linearized"``, its step
@@ -69,7 +70,6 @@ from flwr_admm.protocol import (
     SECAGG_SWEEP,
     SECAGG_WEIGHT,
     SECURE_DROPPED,
-    STEP_BUDGET,
 )
 from flwr_admm.rounds.client_duals import ClientDualsRound, compressor_of
 from flwr_admm.rounds.client_duals_replies import RoundStats, protocol_problem
@@ -184,15 +184,16 @@ class SecureClientDualsRound(ClientDualsRound):
     def fold(
         self, replies: list[tuple[Incoming, Any]], server_round: int, tally: Tally
     ) -> list[bool]:
-        """N += n_i' - n_i and the entries from the clear n_i; S += s sum_i x_i."""
+        """N += omega_i' - omega_i and the entries from the clear n_i, b_i; S += s sum_i x_i."""
         state, aggregate, self._aggregate = self.state, self._aggregate, None
         if aggregate is None:  # the round was dropped (`admits`)
             return [False] * len(replies)
         assert state.contribution_sum is not None
         for reply, _ in replies:  # a resync's old share goes stale
             n = int(reply.metrics[SECAGG_EXAMPLES])
-            full = reply.metrics[PREVIOUS_ROUND] == 0
-            tally.add(NUM_RESYNCED, int(state.record(reply.key, n, server_round, full=full)))
+            full, weight = reply.metrics[PREVIOUS_ROUND] == 0, state.weight(n, reply.metrics)
+            resync = state.record(reply.key, n, server_round, full=full, weight=weight)
+            tally.add(NUM_RESYNCED, int(resync))
         change, new_block, stats = aggregate
         sweep = state.sweep
         same_sweep = sweep.new_sum is not None and sweep.new_sum is self._sweep_sent
@@ -248,8 +249,6 @@ def _round_stats(metrics: list[Mapping[str, Any]], stats: list[float]) -> RoundS
         n = float(reported[SECAGG_EXAMPLES])
         round_stats.num_replies += 1
         round_stats.n += n
-        if STEP_BUDGET in reported:  # the linearized form's b_i, in the clear
-            round_stats.budgets.append(float(reported[STEP_BUDGET]))
         if reported[PREVIOUS_ROUND] != 0:
             round_stats.num_delayed += 1
             round_stats.n_delayed += n
@@ -270,7 +269,8 @@ class FedADMMClientDualsSecAgg(FedADMMClientDuals):
         exact up to the clients' residuals |e_i| <= s h / 2 per entry (h = 2c / T);
         a larger |Delta_i| / s than c is clipped and sent in later rounds. Default
         max_weight / c: a client with n_i = max_weight may move its contribution
-        c_i by 1 per entry a round unclipped.
+        c_i by 1 per entry a round unclipped. Under ``form="linearized"`` c_i weighs
+        n_i / b_i: a scale b_i times smaller keeps that resolution.
     clipping_range, quantization_range, modulus_range, max_weight :
         SecAgg+'s own settings (defaults as in Flower: 8.0, 2**22, 2**32, 1000); c and
         T must be powers of two, max_weight an integer (the num_examples every client

@@ -200,6 +200,27 @@ def test_scale_quick_reports_times_state_and_engine_ratios_per_strategy(tmp_path
         assert positive(run["ratio_vs_fedavg"]) and positive(run["mean_round_seconds"])
 
 
+def test_cnn_quick_runs_the_example_and_keeps_every_round(tmp_path: Path) -> None:
+    """`benchmarks.cnn` (the CNN tables of the README and docs/torch.md) runs the example
+    in process and records a run that fails as NaN: a harness error would look like a
+    diverged strategy, so two rows that train must give finite accuracies every round."""
+    pytest.importorskip("torch")
+    out_file = tmp_path / "cnn.json"
+    rows = "FedADMM (defaults), TorchADMM;FedADMMClientDuals linearized, TorchADMM"
+    args = ("--quick", "--tasks", "cnn-sgd-partial", "--rows", rows, "--output", str(out_file))
+    run_module("benchmarks.cnn", *args)
+    (task,) = load(out_file)["tasks"]
+    assert task["task"] == "cnn-sgd-partial" and task["rounds"] == 4  # 2 quick rounds, x 2
+    assert list(task["rows"]) == rows.split(";")
+    for row in task["rows"].values():
+        (run,) = row["runs"]
+        assert run["seed"] == 0 and len(run["accuracies"]) == 5  # the initial model too
+        assert (
+            all(0.0 <= a <= 1.0 for a in run["accuracies"])
+            and run["final"] == run["accuracies"][-1]
+        )
+
+
 def test_torch_step_quick_reports_its_ratios(tmp_path: Path) -> None:
     out_file = tmp_path / "torch_step.json"
     out = run_module("benchmarks.torch_step", "--quick", "--output", str(out_file))

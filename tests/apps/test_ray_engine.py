@@ -14,7 +14,6 @@ empty under run_simulation, so every hyperparameter travels in the fit config.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -82,7 +81,6 @@ def test_run_simulation_matches_in_process_driver() -> None:
     def client_fn(context: Context) -> Any:
         return make_client(context).to_client()
 
-    started = time.monotonic()
     run_simulation(
         server_app=app,
         client_app=ClientApp(client_fn=client_fn),
@@ -92,7 +90,6 @@ def test_run_simulation_matches_in_process_driver() -> None:
             "init_args": {"num_cpus": 2, "include_dashboard": False},
         },
     )
-    elapsed = time.monotonic() - started
 
     local = strategies()
     proxies = make_proxies(make_client, NUM_CLIENTS)
@@ -126,4 +123,3 @@ def test_run_simulation_matches_in_process_driver() -> None:
     assert [h["uplink_bytes"] for h in compressed.history] == [
         h["uplink_bytes"] for h in reference.history
     ]
-    assert elapsed < 90, f"Ray run took {elapsed:.1f} s"

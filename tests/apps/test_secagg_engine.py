@@ -14,7 +14,6 @@ contribution; a spy on ``aggregate_fit`` records what the strategy was handed.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +99,6 @@ def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_
         legacy = LegacyContext(context, config=ServerConfig(num_rounds=ROUNDS), strategy=strategy)
         DefaultWorkflow(fit_workflow=strategy.workflow(3, 2))(grid, legacy)
 
-    started = time.monotonic()
     run_simulation(
         server_app=app,
         client_app=ClientApp(client_fn=recording_client_fn(tmp_path), mods=[secaggplus_mod]),
@@ -110,7 +108,6 @@ def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_
             "init_args": {"num_cpus": 2, "include_dashboard": False},
         },
     )
-    elapsed = time.monotonic() - started
     assert len(strategy.seen) == ROUNDS, "the ServerApp never ran every round"
     grid, count = strategy.grid, len(strategy.z)
     for server_round, seen in enumerate(strategy.seen, start=1):
@@ -143,4 +140,3 @@ def test_strategy_sees_only_the_aggregate_and_survives_a_dropout(form: str, tmp_
     proxies = faulty_proxies(admm_client_fn(**CLIENT), NODES, {DROPOUT[0]: {DROPOUT[1]: "lost"}})
     run_rounds(SecureSumEmulation(reference), proxies, ROUNDS)
     np.testing.assert_allclose(strategy.z[0], reference.z[0], rtol=1e-12, atol=0)
-    assert elapsed < 120, f"Ray run took {elapsed:.1f} s"

@@ -9,11 +9,9 @@ from flwr_admm.core.client_duals import (
     DualState,
     acknowledged,
     dual_step_of,
-    linear_term,
-    reference_of,
     start_round,
 )
-from flwr_admm.protocol import BUDGET_REFERENCE, DUAL_STEP
+from flwr_admm.protocol import DUAL_STEP
 
 W = [np.array([1.0, -2.0]), np.array(3.0)]
 U = [np.array([0.5, 0.5]), np.array(-1.0)]
@@ -47,25 +45,6 @@ def test_the_alignment_terms_are_those_of_the_step_before_it_is_taken() -> None:
     linear = start_round(DualState(W, U, 4, 3, budget=2.0), Z, dual_step=0.25)
     assert linear.alignment == (along / 4, residual / 4, dual / 4)
     assert start_round(None, Z).alignment is None  # nothing before: no step
-
-
-def test_the_server_s_budget_reference_scales_the_dual_in_place_of_the_node_s_own() -> None:
-    """y_i = u_i / b with the server's b (one for every node), the node's b_i without it."""
-    state = DualState(W, U, 4, 3, budget=2.0)
-    own, common = start_round(state, Z), start_round(state, Z, scale=8.0)
-    for got, u in zip(linear_term(state, own), own.dual, strict=True):
-        np.testing.assert_array_equal(got, u / 2.0)
-    for got, u in zip(linear_term(state, common, 8.0), common.dual, strict=True):
-        np.testing.assert_array_equal(got, u / 8.0)
-    assert common.alignment is not None and own.alignment is not None
-    assert common.alignment == tuple(t * 4.0 / 64.0 for t in own.alignment)
-    assert reference_of({}) is None and reference_of({BUDGET_REFERENCE: 3}) == 3.0
-
-
-@pytest.mark.parametrize("value", [0.0, -1.0, True, "2", float("inf"), float("nan")])
-def test_a_bad_budget_reference_names_the_key(value: object) -> None:
-    with pytest.raises(ValueError, match=f"^{BUDGET_REFERENCE}: must be a finite number > 0"):
-        reference_of({BUDGET_REFERENCE: value})
 
 
 def test_a_new_client_starts_at_z_with_a_zero_dual() -> None:

@@ -85,7 +85,7 @@ def test_the_alignment_is_the_n_weighted_c_k_of_the_replies_that_report_it() -> 
 
 
 def test_malformed_alignment_terms_are_a_protocol_problem() -> None:
-    entry = ClientEntry(num_examples=10, last_round=2)
+    entry = ClientEntry(num_examples=10, last_round=2, weight=10.0)
     assert protocol_problem(entry, reply(-3.0, 4.0, 1.0), 10) is None  # along may be < 0
     for bad in (
         reply(float("nan"), 4.0, 1.0),
@@ -96,27 +96,30 @@ def test_malformed_alignment_terms_are_a_protocol_problem() -> None:
         assert problem is not None and problem[1] == 0
 
 
-def test_the_budget_reference_is_checkpointed_and_a_bad_one_refused() -> None:
-    """b (``admm-budget-reference``) is server state: lost on a resume, the next round
-    would set it from other replies while the nodes' u_i are scaled by the old one."""
+def test_the_weights_omega_i_are_checkpointed_and_an_older_linearized_checkpoint_refused() -> None:
+    """The linearized form weighs c_i by omega_i = n_i / b_i: kept per key and summed
+    into N. A checkpoint without them weighed every share by n_i: the prox form's
+    weights, but shares a linearized run could not take out of S again."""
 
-    def linearized() -> ClientDualsState:
+    def state(linearized: bool) -> ClientDualsState:
         return ClientDualsState(
-            rho=1.0, regularizer=None, eps_abs=0.0, eps_rel=0.0, linearized=True
+            rho=1.0, regularizer=None, eps_abs=0.0, eps_rel=0.0, linearized=linearized
         )
 
-    state = linearized()
-    state.adopt([np.zeros(3)])
-    state.reference = 7.5
-    arrays, manifest = state.state_dict()
-    resumed = linearized()
+    linear = state(True)
+    linear.adopt([np.zeros(3)])
+    linear.record("a", 30, 1, full=True, weight=30 / 7.0)
+    linear.record("b", 20, 1, full=True, weight=20 / 3.0)
+    assert linear.total_examples == 30 / 7.0 + 20 / 3.0
+    arrays, manifest = linear.state_dict()
+    resumed = state(True)
     resumed.load_state_dict(arrays, manifest)
-    assert resumed.reference == 7.5
-    older = linearized()  # written before b existed: the next replies set it
-    older.load_state_dict(arrays, {k: v for k, v in manifest.items() if k != "budget_reference"})
-    assert older.reference is None
-    for bad in (0.0, -1.0, float("nan"), "7.5"):
-        damaged = linearized()
-        with pytest.raises(ValueError, match=r"^budget_reference: must be a finite number > 0"):
-            damaged.load_state_dict(arrays, {**manifest, "budget_reference": bad})
-        assert damaged.reference is None and damaged.z is None  # nothing changed
+    assert resumed.clients == linear.clients and resumed.total_examples == linear.total_examples
+    older = {k: v for k, v in arrays.items() if k != "entry_weights"}
+    prox = state(False)
+    prox.load_state_dict(older, manifest)
+    assert [e.weight for e in prox.clients.values()] == [30.0, 20.0]
+    refused = state(True)
+    with pytest.raises(ValueError, match=r"^entry_weights: a linearized-form checkpoint"):
+        refused.load_state_dict(older, manifest)
+    assert refused.z is None and refused.clients == {}  # nothing changed

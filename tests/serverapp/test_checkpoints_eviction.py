@@ -52,7 +52,7 @@ STRATEGIES = {
 }
 RESUMED = {
     **STRATEGIES,
-    # its b (admm-budget-reference) is server state, checkpointed
+    # S weighs c_i by n_i / b_i: the weights are server state, checkpointed
     "FedADMMClientDuals-linearized": lambda **kw: FedADMMClientDuals(
         form="linearized", **{k: v for k, v in kw.items() if k != "rho"}
     ),
