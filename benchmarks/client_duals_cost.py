@@ -105,7 +105,7 @@ def prepared(
     assert aggregated is not None
     for proxy in proxies[SAMPLED:]:  # what N / 10 rounds would leave behind
         key = f"partition-id:{proxy.cid}"
-        strategy.state.clients[key] = ClientEntry(examples(proxy), SETUP_ROUND)
+        strategy.state.clients[key] = ClientEntry(examples(proxy), SETUP_ROUND, examples(proxy))
         strategy.state.total_examples += examples(proxy)
     sample = proxies[:: num_clients // SAMPLED][:SAMPLED]
     manager.next_sample = sample
@@ -115,7 +115,7 @@ def prepared(
 
 
 def server_state_bytes(strategy: FedADMMClientDuals) -> int:
-    """Z and S (float64), plus the per-key records (counted as 3 ints each)."""
+    """Z and S (float64), plus the per-key records (n_i, round, omega_i: 8 bytes each)."""
     arrays = [*(strategy.z or []), *(strategy.state.contribution_sum or [])]
     return int(sum(a.nbytes for a in arrays)) + 24 * len(strategy.state.clients)
 
