@@ -170,19 +170,13 @@ def test_engine_quick_reports_seconds_per_round(tmp_path: Path) -> None:
         assert all(positive(t) for t in run["round_seconds"])
 
 
-@pytest.mark.ray
-def test_scale_quick_reports_times_state_and_engine_ratios_per_strategy(tmp_path: Path) -> None:
-    """One quick run of both parts (the in-process driver, then the Ray engine)."""
+def test_scale_quick_reports_times_state_and_ratios_per_strategy(tmp_path: Path) -> None:
+    """The driver part, as a user runs it. Its Ray part is the engine smoke run of
+    `test_engine_quick_reports_seconds_per_round` again (the same `timed_run_simulation`
+    in a subprocess per strategy), so it is skipped here and its table checked below."""
     out_file = tmp_path / "scale.json"
-    out = run_module(
-        "benchmarks.scale",
-        "--quick",
-        "--output",
-        str(out_file),
-        "--plot-dir",
-        str(tmp_path),
-        timeout=600,
-    )
+    args = ("--quick", "--skip-engine", "--output", str(out_file), "--plot-dir", str(tmp_path))
+    out = run_module("benchmarks.scale", *args)
     assert "aggregate_fit ms" in out
     document = load(out_file)
     strategies = {"FedAvg", "FedADMM", "FedADMMClientDuals"}
@@ -194,10 +188,36 @@ def test_scale_quick_reports_times_state_and_engine_ratios_per_strategy(tmp_path
             assert positive(row[key]), (key, row)
         assert row["retained_state_bytes"] >= 0
     assert (tmp_path / "scale_driver.png").stat().st_size > 0
-    runs = document["engine"]["runs"]
-    assert {run["strategy"] for run in runs} == strategies
+    assert "engine" not in document
+
+
+def test_scale_engine_part_divides_each_run_by_fedavg_of_its_fraction(monkeypatch) -> None:
+    """`benchmarks.scale_engine.engine_part` with its subprocess runs stubbed: one run
+    per (fraction, strategy), each divided by FedAvg's run of the same fraction."""
+    from benchmarks import scale_engine
+    from benchmarks.scale import FRACTIONS, STRATEGIES
+
+    seconds = {"FedAvg": 0.5, "FedADMM": 0.6, "FedADMMClientDuals": 0.75}
+
+    def spawn(name: str, fraction: float, rounds: int, supernodes: int) -> dict[str, Any]:
+        mean = seconds[name] * (2.0 if fraction == FRACTIONS[-1] else 1.0)
+        return {
+            "strategy": name,
+            "fraction": fraction,
+            "mean_round_seconds": mean,
+            "process_seconds": 1.0,
+            "server_max_rss_mib": 100.0,
+        }
+
+    monkeypatch.setattr(scale_engine, "spawn", spawn)
+    part = scale_engine.engine_part(quick=False)
+    assert part["supernodes"] == scale_engine.NUM_SUPERNODES
+    runs = part["runs"]
+    assert [(r["fraction"], r["strategy"]) for r in runs] == [
+        (f, name) for f in FRACTIONS for name in STRATEGIES
+    ]
     for run in runs:
-        assert positive(run["ratio_vs_fedavg"]) and positive(run["mean_round_seconds"])
+        assert run["ratio_vs_fedavg"] == pytest.approx(seconds[run["strategy"]] / 0.5)
 
 
 def test_cnn_quick_runs_the_example_and_keeps_every_round(tmp_path: Path) -> None:
