@@ -174,7 +174,8 @@ class DualsRound:
         compressor's stochastic rounding.
         """
         w = [np.asarray(t, dtype=np.float64) for t in w]
-        x = self.change(w, num_examples, budget)
+        dual = self.start.dual_for(budget)  # u_i = b_i' y_i in the linearized form
+        x = dual_math.contribution_change(self.state, w, dual, num_examples, budget)
         if self.state is not None and self.state.residual is not None:  # x = Delta_i + e_i
             x = [d + e for d, e in zip(x, self.state.residual, strict=True)]
         payload, residual = None, None
@@ -183,7 +184,7 @@ class DualsRound:
             payload = compressor.encode(x, rng)
             sent = compressor.decode(payload, [t.shape for t in x])
             x, residual = sent, [a - b for a, b in zip(x, sent, strict=True)]
-        pending = self.start.kept(w, num_examples, self.server_round, residual, budget)
+        pending = DualState(w, dual, num_examples, self.server_round, residual, budget)
         metrics = reply_metrics(
             self.state, self.start, w, num_examples, self.resync, self.restored, self.align
         )
