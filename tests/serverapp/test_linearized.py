@@ -9,6 +9,7 @@ from flower_run import admm_client_fn, run_seed, seed_model
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from message_apps import ZRecorder, local_data, plain_app
+from message_duals import FaultyGrid
 from message_replies import FakeGrid, named, reply
 from seed_task import first_round_below, gaps, optimum
 
@@ -18,6 +19,7 @@ from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
+from flwr_admm.node.records import load_states
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -331,6 +333,38 @@ def test_unequal_step_budgets_client_held_are_the_server_held_iteration(app, for
     z, _ = _run(strategy, 60, app)
     np.testing.assert_allclose(z, held, rtol=0, atol=1e-10)
     assert [h["num_rejected"] for h in strategy.history] == [0] * 60
+
+
+def test_a_node_that_lost_its_state_under_changing_budgets_resyncs_and_s_stays_exact():
+    """The weights omega_i = n_i / b_i through a resync and the rebuild sweep: node 6
+    loses its state before round 4 while every K_i moves each round. S ends as the sum
+    of the nodes' kept shares omega_i c_i, N as their weights, z at the optimum."""
+    strategy = FedADMMClientDuals(form=SCAFFNEW, **_every_node())
+    grid, recorder, stale = FaultyGrid(drifting_app, N, {6: {4: "wipe"}}), ZRecorder(), []
+
+    def record(server_round, arrays):
+        stale.append(strategy.state.sweep.stale_examples)
+        return recorder(server_round, arrays)
+
+    run_strategy(strategy, grid, ArrayRecord([np.zeros(20)]), 60, evaluate_fn=record)
+    assert [h["num_resynced"] for h in strategy.history[2:5]] == [0, 1, 0]
+    assert strategy.history[3]["rebuilding"] == 1 and strategy.history[-1]["rebuilding"] == 0
+    # while the sweep is on, the lost share counts with its omega_i: n_i / b_i of round 3
+    # (partition 6: K = 5 + 10 ((3 + 6) mod 3) = 5 steps of lr 0.5)
+    (n_6,) = {
+        len(local_data(c)[1]) for c in grid.contexts.values() if c.node_config["partition-id"] == 6
+    }
+    assert stale[4] == n_6 / 2.5 and stale[3] == stale[5] == 0.0  # stale[k]: after round k
+    assert gaps(recorder.matrix[1:])[-1] < 1e-10
+    shares, weights = np.zeros(20), 0.0
+    for context in grid.contexts.values():
+        kept = load_states(context.state, [(20,)]).pending
+        assert kept is not None and kept.budget is not None
+        shares, weights = shares + kept.share[0], weights + kept.weight
+    total = strategy.state.contribution_sum
+    assert total is not None
+    np.testing.assert_allclose(total[0], shares, rtol=0, atol=1e-9 * np.abs(shares).max())
+    assert strategy.state.total_examples == pytest.approx(weights, rel=1e-12)
 
 
 def test_the_legacy_client_held_strategy_runs_the_same_linearized_iteration():
