@@ -259,19 +259,18 @@ class ADMMClient(NumPyClient):
         w = [np.asarray(t, dtype=np.float64) for t in result.params]
         n, steps = self.num_examples, {LOCAL_STEPS: int(result.steps)}
         if secure is not None:  # SecAgg+: the server sees sums only (flwr_admm.client.secagg)
+            pending = duals.start.kept(w, n, server_round, None, budget)  # u_i = b_i' y_i
             sums = secure_reply(
                 secure,
                 duals.state,
                 duals.start,
-                w,
-                n,
-                duals.change(w, n, budget),
+                pending,
+                duals.change(pending),
                 rebuild=duals.rebuild,
                 resync=duals.resync,
                 loss=float(result.loss),
-                budget=budget,
             )
-            pending = duals.start.kept(w, n, server_round, sums.residual, budget)
+            pending.residual = sums.residual
             records.save_states(self.state, duals.kept(pending))  # last: after all can fail
             metrics = {**self._key_metrics(), **sums.metrics, **steps}
             metrics.update({} if budget is None else {STEP_BUDGET: budget})  # in the clear

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.common import Scalar
@@ -90,24 +90,22 @@ def secure_reply(
     settings: SecureRound,
     state: DualState | None,
     start: DualStart,
-    w: Arrays,
-    num_examples: int,
+    pending: DualState,
     change: Arrays,
     *,
     rebuild: bool,
     resync: bool,
     loss: float,
-    budget: float | None = None,
 ) -> SecureReply:
     """Build the SecAgg+ reply of one round (see the module docstring).
 
-    `budget` is the linearized form's b_i' (the share's weight is n_i / b_i').
+    `pending` is the state the node keeps (w_i', u_i, n_i', b_i'), `change` its Delta_i.
     """
-    grid = settings.grid
+    grid, w, num_examples = settings.grid, pending.w, pending.num_examples
     sent, kept = grid.quantize(change, None if state is None else state.residual)
     arrays = list(sent)
     if settings.sweep and rebuild:
-        share = start.kept(w, num_examples, 0, kept, budget).share  # sigma_i'
+        share = replace(pending, residual=kept).share  # sigma_i' = omega_i' c_i' - e_i'
         block, error = grid.quantize(share, None)
         kept = [e + r for e, r in zip(kept, error, strict=True)]
         arrays += block

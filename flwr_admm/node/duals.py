@@ -150,10 +150,11 @@ class DualsRound:
         """Return the linearized form's y_i = u_i / b_i (`dual_math.linear_term`)."""
         return dual_math.linear_term(self.state, self.start)
 
-    def change(self, w: Arrays, num_examples: int, budget: float | None = None) -> Arrays:
-        """Return Delta_i = omega_i' (w_i' + u_i) - omega_i c_i (`dual_math.share_weight`)."""
-        dual = self.start.dual_for(budget)
-        return dual_math.contribution_change(self.state, w, dual, num_examples, budget)
+    def change(self, pending: DualState) -> Arrays:
+        """Return Delta_i = omega_i' (w_i' + u_i) - omega_i c_i for the state to keep."""
+        return dual_math.contribution_change(
+            self.state, pending.w, pending.u, pending.num_examples, pending.budget
+        )
 
     def kept(self, pending: DualState) -> KeptDuals:
         """Return the states to keep: the own committed one (an offer is not kept) and `pending`."""
@@ -174,8 +175,8 @@ class DualsRound:
         compressor's stochastic rounding.
         """
         w = [np.asarray(t, dtype=np.float64) for t in w]
-        dual = self.start.dual_for(budget)  # u_i = b_i' y_i in the linearized form
-        x = dual_math.contribution_change(self.state, w, dual, num_examples, budget)
+        pending = self.start.kept(w, num_examples, self.server_round, None, budget)
+        x = self.change(pending)
         if self.state is not None and self.state.residual is not None:  # x = Delta_i + e_i
             x = [d + e for d, e in zip(x, self.state.residual, strict=True)]
         payload, residual = None, None
@@ -184,7 +185,7 @@ class DualsRound:
             payload = compressor.encode(x, rng)
             sent = compressor.decode(payload, [t.shape for t in x])
             x, residual = sent, [a - b for a, b in zip(x, sent, strict=True)]
-        pending = DualState(w, dual, num_examples, self.server_round, residual, budget)
+        pending.residual = residual
         metrics = reply_metrics(
             self.state, self.start, w, num_examples, self.resync, self.restored, self.align
         )
