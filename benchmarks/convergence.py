@@ -5,16 +5,17 @@ rho, mu or FedDyn's alpha; FedAvg and SCAFFOLD have no penalty, SCAFFOLD has its
 step eta_g in {1, 1.6}) through the in-process driver
 `flwr_admm.testing.run_rounds`, and the best configuration for each target is
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
-its defaults ("FedADMM (defaults)": `ResidualBalancing` from rho0 = 0.1, dual step
-0.2, alpha = 1, `flwr_admm.core.settings`; "FedADMM (defaults), local
-tuned" runs them over the local grid only, lr x steps, no server argument), plain ADMM
-at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 = 1. The
-grid rows and those two are the textbook iteration (alpha as the
-grid says, dual step 1). "FedADMM linearized" is ``FedADMM(form="linearized")``
-(`flwr_admm.core.linearized`: rho_i = 1 / (K_i lr), no penalty knob; ``Linearized()``,
-dual step 0.2, no momentum) over lr x steps, and "(untuned)" on the task's default
-local settings; "FedADMM linearized, convex recipe" the same with `LINEARIZED_CONVEX`
-(momentum start 0.7 with restart, dual step 1).
+its defaults ("FedADMM (defaults)": the Message API's default form, the linearized one,
+``Linearized()``: rho_i = 1 / (K_i lr) from each reply, no penalty knob, the adaptive
+dual step from 0.2, no momentum; `flwr_admm.core.linearized`; "FedADMM (defaults),
+local tuned" runs them over the local grid only, lr x steps, no server argument),
+plain ADMM at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 =
+1. The grid rows and those two are the textbook iteration (alpha as the grid says,
+dual step 1). "FedADMM prox form" is ``FedADMM(form="prox")`` with its defaults
+(`ResidualBalancing` from rho0 = 0.1, the adaptive dual step, alpha = 1;
+`flwr_admm.core.settings`) over lr x steps, and "(untuned)" on the task's default local
+settings; "FedADMM linearized, convex recipe" the linearized form with
+`LINEARIZED_CONVEX` (momentum start 0.7 with restart, dual step 1), the same two ways.
 
 Targets: the relative objective gap (F(z) - F*) / |F*| <= 1e-3 and 1e-6 on the convex
 tasks, F the pooled objective sum_i n_i f_i / n and F* its minimum by scipy's L-BFGS
@@ -80,10 +81,9 @@ DEFAULTS_LABEL = "FedADMM (defaults)"
 # FedADMM() with its server defaults over the task's local grid only (lr x steps):
 # separates what local tuning buys from what the algorithm does.
 LOCAL_TUNED_LABEL = "FedADMM (defaults), local tuned"
-# FedADMM(form="linearized"): rho_i = 1 / (K_i lr) from each reply, no penalty knob;
-# tuned over the local grid (lr x steps) and untuned on the task's local settings;
-# Linearized() (dual step 0.2, no momentum) and the convex recipe (momentum 0.7, gamma 1)
-LINEARIZED_LABEL = "FedADMM linearized"
+# FedADMM(form="prox") with its defaults and the linearized convex recipe (momentum 0.7,
+# gamma 1): tuned over the local grid (lr x steps) and untuned on the task's settings
+PROX_LABEL = "FedADMM prox form"
 LINEARIZED_CONVEX_LABEL = "FedADMM linearized, convex recipe"
 PEER_LABELS = (*BASELINES, *PEERS)
 SWEEP = (1.0, 1.5, 1.6, 1.7, 1.8)
@@ -175,10 +175,10 @@ def make_strategy(
     if algorithm in PEERS:
         return make_peer(algorithm, config, common)
     # sampling_seed=None: Flower's ClientManager.sample, seeded like the baselines'
-    if algorithm == DEFAULTS_LABEL:
-        return FedADMM(sampling_seed=None, **common)
-    if algorithm == LINEARIZED_LABEL:
-        return FedADMM(form="linearized", sampling_seed=None, **common)
+    if algorithm == DEFAULTS_LABEL:  # the Message API's FedADMM() (legacy default: prox)
+        return FedADMM(form=None, sampling_seed=None, **common)
+    if algorithm == PROX_LABEL:
+        return FedADMM(form="prox", sampling_seed=None, **common)
     if algorithm == LINEARIZED_CONVEX_LABEL:
         return FedADMM(form=LINEARIZED_CONVEX, sampling_seed=None, **common)
     return FedADMM(
@@ -332,7 +332,7 @@ def benchmark_problem(problem: Problem, sweep: bool = False) -> dict[str, Any]:
     for config in problem.grid.configs(penalized=True):
         relaxed = {**config, "relaxation": RELAXED}
         runs.append({**run_one(problem, "FedADMM", relaxed), "label": RELAXED_LABEL})
-    for name in (LINEARIZED_LABEL, LINEARIZED_CONVEX_LABEL):
+    for name in (PROX_LABEL, LINEARIZED_CONVEX_LABEL):
         for config in problem.grid.configs(penalized=False):
             runs.append({**run_one(problem, name, config), "label": name})
         linearized = {**problem.defaults, "penalty": 0.0}

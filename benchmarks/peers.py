@@ -84,7 +84,8 @@ def penalty_name(algorithm: str, schedule: object) -> str | None:
     names = {"FedAvg": None, "SCAFFOLD": None, "FedProx": "mu", "FedDyn": "alpha"}
     if algorithm in names:
         return names[algorithm]
-    if algorithm.startswith("FedADMM linearized"):  # rho_i = 1 / (K_i lr): no knob
+    # the linearized form (rho_i = 1 / (K_i lr)) and the prox form's defaults: no knob
+    if algorithm.startswith(("FedADMM linearized", "FedADMM prox form", "FedADMM (defaults)")):
         return None
     return "rho0" if schedule else "rho"
 

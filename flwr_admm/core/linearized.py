@@ -52,6 +52,7 @@ from flwr_admm.core.schedules import (
 )
 from flwr_admm.core.settings import (
     DEFAULT_DUAL_STEP,
+    DEFAULT_RHO,
     ConsensusSettings,
     given_rho,
     strategy_defaults,
@@ -67,11 +68,13 @@ __all__ = [
     "FORMS",
     "LINEARIZED_CONVEX",
     "SCAFFNEW",
+    "STOCK_MU",
     "Form",
     "FormSpec",
     "Linearized",
     "budget_scale",
     "check_form",
+    "chosen_form",
     "client_held_steps",
     "dual_tensors",
     "scale_of_budget",
@@ -118,6 +121,9 @@ SCAFFNEW = Linearized(momentum=0.0, dual_step=1.0)  # the textbook iteration
 # for full-batch convex clients: the fastest on the convex tasks, diverges on the CNN
 LINEARIZED_CONVEX = Linearized(momentum=0.7, dual_step=1.0)
 FormSpec = Form | Linearized  # what a strategy's ``form`` takes
+# FedProx's mu sent to a stock handler under the linearized form, and its rho_i there:
+# such a handler replies without a step budget and runs FedProx around z
+STOCK_MU = DEFAULT_RHO
 
 
 def check_form(value: object) -> Form:
@@ -127,6 +133,18 @@ def check_form(value: object) -> Form:
     if not isinstance(value, str) or value not in FORMS:
         raise ValueError(f"form: must be one of {list(FORMS)} or a Linearized(...), got {value!r}")
     return "linearized" if value == "linearized" else "prox"
+
+
+def chosen_form(form: FormSpec | None, prox_keywords: Mapping[str, object]) -> FormSpec:
+    """Return `form`, or for None `FedADMM`'s default: ``Linearized()``, or "prox".
+
+    "prox" when one of `prox_keywords` (rho, proximal_mu, rho_schedule, relaxation,
+    dual_step, regularizer, compressor, local DP: settings of the prox form only) is
+    given (not None): asking for one of them asks for that form.
+    """
+    if form is not None:
+        return form
+    return "prox" if any(v is not None for v in prox_keywords.values()) else Linearized()
 
 
 def strategy_settings(

@@ -23,10 +23,12 @@ from numpy.typing import NDArray
 
 from flwr_admm.core.consensus import ConsensusADMM
 from flwr_admm.core.linearized import (
+    STOCK_MU,
     Form,
     FormSpec,
     budget_scale,
     check_form,
+    chosen_form,
     dual_tensors,
     strategy_settings,
 )
@@ -66,6 +68,7 @@ from flwr_admm.protocol import (
     START_MARK,
     START_RECORD,
     START_TENSORS,
+    STEP_BUDGET,
 )
 from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, Tally, read_block
 from flwr_admm.uplink.channel import UplinkChannel
@@ -117,7 +120,7 @@ class FedADMMRound:
         relaxation: float | None,
         dual_step: DualStep | None,
         z_average: ZAverage,
-        form: FormSpec,
+        form: FormSpec | None,
         convergence: Convergence,
         uplink: Uplink | None,
         tensor_policy: Mapping[str, str] | None,
@@ -125,9 +128,13 @@ class FedADMMRound:
     ) -> FedADMMRound:
         """Return the round a `FedADMM` front-end's keywords describe (checked).
 
-        `given` holds ``rho``, ``proximal_mu`` and ``rho_schedule`` (`strategy_settings`).
+        `given` holds ``rho``, ``proximal_mu`` and ``rho_schedule`` (`strategy_settings`);
+        `form` None is the default form (`chosen_form`).
         """
         link = Uplink() if uplink is None else option("uplink", uplink, Uplink)
+        prox_only = {"regularizer": regularizer, "relaxation": relaxation, "dual_step": dual_step}
+        channel: dict[str, object] = {"uplink": link.compressor, "local_dp": link.local_dp}
+        form = chosen_form(form, {**given, **prox_only, **channel})
         settings = strategy_settings(
             form,
             given,
@@ -137,10 +144,10 @@ class FedADMMRound:
             relaxation=relaxation,
             z_average=z_average,
             dual_step=dual_step,
-            channel={"uplink": link.compressor, "local_dp": link.local_dp},
+            channel=channel,
         )
-        channel = UplinkChannel(link.compressor, link.local_dp)
-        return cls(settings, check_form(form), channel, check_rules(tensor_policy), start)
+        uplink_channel = UplinkChannel(link.compressor, link.local_dp)
+        return cls(settings, check_form(form), uplink_channel, check_rules(tensor_policy), start)
 
     # ------------------------------------------------------------------ model
     def adopt(self, z: Arrays, layout: Layout) -> None:
@@ -182,11 +189,14 @@ class FedADMMRound:
         return self.uplink.config()
 
     def instruction(self, node: str, key: str | None) -> Instruction:
-        """Prox form: v_i = z - y_i / rho_i, rho_i and z; linearized: the start and y_i."""
+        """Prox form: v_i = z - y_i / rho_i, rho_i and z; linearized: the start and y_i.
+
+        The linearized form's ``proximal-mu`` is for stock FedProx handlers (`STOCK_MU`).
+        """
         admm, split = self._core()
         self.sent_key[node] = key if key in admm.records else None
         if self.form == "linearized":  # y_i goes down; rho_i = 1 / b_i comes back
-            linear: dict[str, Scalar] = {FORM: FORM_LINEARIZED, PROXIMAL_MU: 0.0}
+            linear: dict[str, Scalar] = {FORM: FORM_LINEARIZED, PROXIMAL_MU: STOCK_MU}
             return Instruction(self._start, linear, {DUAL_RECORD: dual_tensors(admm, split, key)})
         center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
         arrays = AS_RECEIVED if center is admm.z else self._merge(center)
@@ -266,7 +276,11 @@ class FedADMMRound:
             tally.reject(key, why)
             return None
         scale = None
-        if self.form == "linearized":  # rho_i = 1 / b_i, b_i the reply's step budget
+        if self.form == "linearized" and STEP_BUDGET not in reply.metrics:
+            scale = STOCK_MU  # a stock FedProx handler: rho_i = mu, its dual held at 0
+            self.marks.stock.add(key)
+            self.marks.at_z.discard(key)
+        elif self.form == "linearized":  # rho_i = 1 / b_i, b_i the reply's step budget
             scale, why = budget_scale(reply.metrics)
             if why is not None:
                 tally.reject(key, why)

@@ -23,8 +23,10 @@ __all__ = ["FedADMM", "textbook"]
 class FedADMM(RoundStrategy):
     """Federated inexact consensus ADMM (server-held duals), Flower's legacy strategy API.
 
-    As `flwr_admm.serverapp.FedADMM` (the round, the defaults, the keywords); the same
-    replies give the same iterates. Takes Flower's legacy `FedAvg` keywords, that
+    As `flwr_admm.serverapp.FedADMM` (the round, the defaults, the keywords) but for
+    ``form``, "prox" by default: the linearized form appends y_i to the parameters,
+    which a stock FedProx NumPyClient cannot read (None: the Message API's default
+    form). The same replies give the same iterates. Takes Flower's legacy `FedAvg` keywords, that
     class's own and `tensor_names`, all keyword-only.
 
     Legacy wire: the parameters are v_i and the config holds ``rho`` = ``proximal_mu``
@@ -33,7 +35,7 @@ class FedADMM(RoundStrategy):
     client whose last reply said it starts at z (``admm-started-at-z`` = 1) and whose
     v_i is not z, z follows v_i as a second block (config ``admm-start`` = 1). In the
     linearized form the parameters are z followed by y_i, with ``admm-form`` =
-    "linearized" and ``proximal_mu`` = 0.
+    "linearized" and ``proximal_mu`` = 0.1.
 
     Parameters
     ----------
@@ -53,7 +55,7 @@ class FedADMM(RoundStrategy):
         relaxation: float | None = None,
         dual_step: DualStep | None = None,
         z_average: ZAverage = "cached",
-        form: FormSpec = "prox",
+        form: FormSpec | None = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
         clients: ClientPolicy = ClientPolicy(),

@@ -27,36 +27,40 @@ __all__ = ["FedADMM", "textbook"]
 class FedADMM(RoundStrategy):
     r"""Federated inexact consensus ADMM with server-held duals (Message API).
 
-    The round, the reference for every module of the package, with u_i = y_i / rho_i
-    the scaled dual of client i and p_i = n_i / sum_j n_j over every client seen:
+    The round, the reference for every module of the package, with y_i the dual of
+    client i and p_i = n_i / sum_j n_j over every client seen. The default, linearized
+    form (Scaffnew; `flwr_admm.core.linearized` derives it and its identity with
+    SCAFFOLD option II) sends z and y_i and takes rho_i = 1 / b_i from each reply's
+    step budget b_i = K_i lr_i (no penalty knob):
+
+        w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from z    (no prox term)
+        z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i         (stale w_i, y_i of
+        y_i += gamma rho_i (w_i - z')                                  absent clients count)
+
+    The prox form (``form="prox"``, the seeds' iteration), with u_i = y_i / rho_i:
 
         send  v_i = z - u_i, rho_i and z                 (center, penalty, start)
         w_i ~ argmin f_i(w) + rho_i/2 ||w - v_i||^2      (local solve, started at z)
-        z'   = prox_{g/rho}(sum_i p_i (w_i + u_i))       (stale w_i, u_i of absent
-        u_i += gamma (w_i - z')                           clients keep counting)
-
-    The linearized form (``form="linearized"``, Scaffnew; `flwr_admm.core.linearized`
-    derives it and its identity with SCAFFOLD option II) sends z and y_i instead of
-    v_i, and takes rho_i = 1 / b_i from each reply's step budget b_i = K_i lr_i:
-
-        w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from z    (no prox term)
-        z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i,   y_i += rho_i (w_i - z')
+        z'   = prox_{g/rho}(sum_i p_i (w_i + u_i))
+        u_i += gamma (w_i - z')
 
     The general form (over-relaxation, per-client rho, unscaled duals) is
     `flwr_admm.core.ConsensusADMM`'s; the legacy `flwr_admm.server.FedADMM` runs the
     same round (`flwr_admm.rounds.fedadmm.FedADMMRound`).
 
-    Wire. Each sampled node gets v_i under ``arrays``, z under ``admm-start`` (when
-    rho_i > 0) and ``rho`` = ``proximal-mu`` = rho_i in the config; in the linearized
-    form z (or the momentum start) under ``arrays``, y_i under ``admm-dual``,
-    ``admm-form`` = "linearized" and ``proximal-mu`` = 0. A reply carries one
-    ArrayRecord (w_i) and one MetricRecord with ``num-examples``, optionally ``loss``
-    (f_i(w_i)), the client's key (``client-key``, else ``partition-id``, else the node
-    id), ``admm-started-at-z`` (set by `flwr_admm.torch.TorchADMM` and
-    `flwr_admm.clientapp.ADMMTrainStep`) and, in the linearized form,
-    ``admm-step-budget`` (required). A reply without ``admm-started-at-z`` comes from a
-    stock FedProx handler, which starts at v_i: such a node's dual is held at 0 and it
-    runs FedProx's step around z (``num_stock_replies``; why: `flwr_admm.rounds.fedadmm`).
+    Wire. In the linearized form each sampled node gets z (or the momentum start)
+    under ``arrays``, y_i under ``admm-dual``, ``admm-form`` = "linearized" and
+    ``proximal-mu`` = 0.1 (`STOCK_MU`) in the config; in the prox form v_i under
+    ``arrays``, z under ``admm-start`` (when rho_i > 0) and ``rho`` = ``proximal-mu`` =
+    rho_i. A reply carries one ArrayRecord (w_i) and one MetricRecord with
+    ``num-examples``, optionally ``loss`` (f_i(w_i)), the client's key
+    (``client-key``, else ``partition-id``, else the node id), ``admm-step-budget`` b_i
+    (linearized form) and ``admm-started-at-z`` (prox form), both set by
+    `flwr_admm.torch.TorchADMM` and `flwr_admm.clientapp.ADMMTrainStep`. A reply
+    without them comes from a stock FedProx handler, which runs FedProx around what it
+    was sent under ``arrays`` (z; in the prox form v_i): its dual is held at 0, its
+    rho_i is the mu it was sent, so it runs FedProx's step around z
+    (``num_stock_replies``; why: `flwr_admm.rounds.fedadmm`).
 
     Robustness: error replies count as ``num_failures``; replies with missing or extra
     records, other tensor names, shapes or non-numeric dtypes, NaN/inf, or a bad
@@ -93,13 +97,16 @@ class FedADMM(RoundStrategy):
         The z-step averages the last w_i of every client seen ("cached", default) or
         only the round's replies (as FedDyn): faster with partial participation
         (docs/peers.md), the same with every client replying. Fingerprinted if set.
-    form : {"prox", "linearized"} or Linearized
-        The prox step around v_i ("prox", default) or the linearized one above with a
-        `Linearized`'s server steps ("linearized" is ``Linearized()``). That form fixes
-        rho, proximal_mu, rho_schedule, relaxation, dual_step and regularizer (given:
-        ValueError) and takes no compressor or local DP. ``form=LINEARIZED_CONVEX``
-        (`flwr_admm.core.linearized`) is the fastest setting measured on full-batch
-        convex clients and diverges on the CNN task (docs/options.md).
+    form : {"prox", "linearized"}, Linearized or None
+        The linearized step above with a `Linearized`'s server steps ("linearized" is
+        ``Linearized()``) or the prox step around v_i ("prox"). None (default):
+        ``Linearized()``, or "prox" when a setting of the prox form only is given (rho,
+        proximal_mu, rho_schedule, regularizer, relaxation, dual_step, a compressor or
+        local DP), so ``FedProx(proximal_mu=mu)`` -> ``FedADMM(proximal_mu=mu)`` keeps
+        mu. The linearized form fixes those settings (given with it: ValueError).
+        ``form=LINEARIZED_CONVEX`` (`flwr_admm.core.linearized`) is the fastest setting
+        measured on full-batch convex clients and diverges on the CNN task
+        (docs/options.md).
     convergence : Convergence
         Boyd's stopping thresholds (`flwr_admm.options.Convergence`).
     sampling_seed : int or None
@@ -160,7 +167,7 @@ class FedADMM(RoundStrategy):
         relaxation: float | None = None,
         dual_step: DualStep | None = None,
         z_average: ZAverage = "cached",
-        form: FormSpec = "prox",
+        form: FormSpec | None = None,
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
         clients: ClientPolicy = ClientPolicy(),

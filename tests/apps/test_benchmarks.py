@@ -65,8 +65,8 @@ def test_quick_benchmarks_write_their_ratios(tmp_path: Path) -> None:
         "FedADMM alpha=1.6-RB (untuned)",
         "SCAFFOLD",
         "FedDyn",
-        "FedADMM linearized",
-        "FedADMM linearized (untuned)",
+        "FedADMM prox form",
+        "FedADMM prox form (untuned)",
         "FedADMM linearized, convex recipe",
         "FedADMM linearized, convex recipe (untuned)",
     }
@@ -272,8 +272,8 @@ def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
         rounds = run["rounds_to"]["0.001"]
         assert rounds is not None, run
         assert run["bytes_to"]["0.001"] == rounds * 10 * 2 * blocks * block, algorithm
-    # FedADMM's linearized form: z and y_i down, w_i up (3 copies a round)
-    run = run_one(problem, "FedADMM linearized", {**config, "penalty": 0.0})
+    # FedADMM()'s linearized form: z and y_i down, w_i up (3 copies a round)
+    run = run_one(problem, "FedADMM (defaults)", {**config, "penalty": 0.0})
     rounds = run["rounds_to"]["0.001"]
     assert rounds is not None, run
     assert run["bytes_to"]["0.001"] == rounds * 10 * 3 * block

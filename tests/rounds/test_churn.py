@@ -151,7 +151,9 @@ RUNS: dict[str, Callable[[], tuple[np.ndarray, int]]] = {
     "legacy client-held duals": lambda: legacy_churn(
         FedADMMClientDuals(initial_parameters=zeros_parameters())
     ),
-    "message FedADMM": lambda: message_churn(serverapp.FedADMM(fraction_evaluate=0.0)),
+    "message FedADMM": lambda: message_churn(  # the handler runs the prox form's solve
+        serverapp.FedADMM(fraction_evaluate=0.0, form="prox")
+    ),
     "message client-held duals": lambda: message_churn(
         serverapp.FedADMMClientDuals(fraction_evaluate=0.0)
     ),

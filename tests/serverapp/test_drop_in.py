@@ -46,7 +46,7 @@ FEDAVG_ARGS = (0.5, 0.25, 3, 1, 4, "weight", "model", "settings", train_aggr, ev
 def test_proximal_mu_is_accepted_as_rho(cls: type) -> None:
     assert rho_of(cls(proximal_mu=0.1)) == 0.1
     assert rho_of(cls(rho=0.1, proximal_mu=0.1)) == 0.1  # both, equal
-    assert rho_of(cls()) == DEFAULT_RHO == 0.1  # neither: the default
+    assert rho_of(cls(form="prox")) == DEFAULT_RHO == 0.1  # neither: the default
 
 
 @pytest.mark.parametrize("cls", CONSENSUS)

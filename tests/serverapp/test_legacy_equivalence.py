@@ -106,13 +106,20 @@ def test_legacy_and_message_api_give_identical_z_sequences(case: str) -> None:
 
 def test_both_apis_report_the_adaptive_gamma_of_every_round() -> None:
     """`FedADMM()`'s round metrics carry the gamma each round's dual step used (the same
-    on both APIs; it rises from 0.2 on this deterministic task); a fixed step reports none."""
+    on both APIs, the legacy one with ``form=None``, the Message API's default; it rises
+    from 0.2 on this deterministic task); a fixed step reports none."""
     sampling = {"fraction": 1.0, "minimum": 2}
     adaptive, _ = message_run(sampling, {}, CLIENT)
+    assert adaptive.algorithm.form == "linearized"
     gammas = [h["dual_step"] for h in adaptive.history]
     assert gammas[0] == 0.2 and gammas[-1] > 0.2 and gammas == sorted(gammas)
     legacy, _, _ = run_seed(
-        flwr_admm.server.FedADMM, ROUNDS, client_kwargs=CLIENT, fraction_fit=1.0, min_fit_clients=2
+        flwr_admm.server.FedADMM,
+        ROUNDS,
+        client_kwargs=CLIENT,
+        fraction_fit=1.0,
+        min_fit_clients=2,
+        form=None,
     )
     assert [h["dual_step"] for h in legacy.history] == gammas
     fixed, _ = message_run(sampling, {"dual_step": 0.5}, CLIENT)

@@ -8,6 +8,7 @@ import pytest
 from flower_run import admm_client_fn, run_seed, seed_model
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedProx
 from message_apps import ZRecorder, local_data, plain_app
 from message_duals import FaultyGrid
 from message_replies import FakeGrid, named, reply
@@ -18,7 +19,7 @@ from flwr_admm import Uplink
 from flwr_admm.clientapp import ADMMTrainStep, make_client_app
 from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
-from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, Linearized
+from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, STOCK_MU, Linearized
 from flwr_admm.node.records import load_states
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
@@ -79,7 +80,7 @@ def test_the_wire_z_and_y_i_down_w_i_and_the_step_budget_up():
     first, last = train[0].content, train[-1].content
     assert sorted(last.array_records) == ["admm-dual", "arrays"]
     config = last["config"]
-    assert config["admm-form"] == "linearized" and config["proximal-mu"] == 0.0
+    assert config["admm-form"] == "linearized" and config["proximal-mu"] == STOCK_MU == 0.1
     assert "rho" not in config and config["server-round"] == 2
     np.testing.assert_array_equal(first["admm-dual"]["0"].numpy(), np.zeros(20))  # new: y_i = 0
     key = f"partition-id:{N - 1}" if f"partition-id:{N - 1}" in strategy.admm.records else None
@@ -87,7 +88,8 @@ def test_the_wire_z_and_y_i_down_w_i_and_the_step_budget_up():
     assert np.linalg.norm(held.y[0]) > 0
     assert strategy.history[-1]["num_rejected"] == 0
     assert strategy.configuration()["form"] == "linearized"
-    assert "form" not in FedADMM().configuration()  # the prox form's fingerprint is unchanged
+    assert "form" not in FedADMM(form="prox").configuration()  # the prox form's: unchanged
+    assert FedADMM().configuration()["form"] == "linearized"  # the default form
 
 
 # --------------------------------------------------- a user's handler with ADMMTrainStep
@@ -122,12 +124,42 @@ def test_a_user_handler_with_the_helpers_runs_the_same_iteration():
     np.testing.assert_allclose(own, ready, rtol=0, atol=1e-12)
 
 
-def test_a_stock_handler_is_rejected_naming_the_missing_budget_never_folded():
-    strategy = FedADMM(form="linearized", **_every_node())
-    z, _ = _run(strategy, 2, client_app=plain_app)  # FedProx's steps, reply without budget
-    assert all(h.get("num_rejected") == N for h in strategy.history)
-    np.testing.assert_array_equal(z[-1], np.zeros(20))  # no reply was folded
-    assert strategy.admm.records == {}
+def test_the_default_with_stock_fedprox_handlers_is_flowers_fedprox():
+    """The one-line swap: ``FedProx(...)`` -> ``FedADMM(...)`` over a stock handler.
+
+    The replies carry no step budget: each is folded with rho_i = mu = `STOCK_MU` and its
+    dual held at 0, so with every node replying z' is FedAvg of FedProx's steps around z:
+    Flower's own FedProx(proximal_mu=0.1), round for round.
+    """
+    strategy = FedADMM(**_every_node())
+    assert strategy.algorithm.form == "linearized"
+    ours, _ = _run(strategy, 15, client_app=plain_app)  # FedProx's steps, no budget
+    flower, _ = _run(FedProx(proximal_mu=STOCK_MU, **_every_node()), 15, client_app=plain_app)
+    assert np.linalg.norm(flower[-1] - flower[0]) > 0.1  # the models really move
+    np.testing.assert_allclose(ours, flower, rtol=1e-12, atol=1e-14)
+    assert all(h["num_stock_replies"] == N and h["num_rejected"] == 0 for h in strategy.history)
+    assert all(not np.any(r.y[0]) for r in strategy.admm.records.values())  # duals held at 0
+    assert {r.scale for r in strategy.admm.records.values()} == {STOCK_MU}
+
+
+def test_stock_and_budget_replies_enter_one_z_step_with_their_own_rho_i():
+    """A mixed round: z' = sum_i n_i (rho_i w_i + y_i) / sum_i n_i rho_i, rho_i = 1 / b_i
+    for a reply with a step budget and mu for a stock one (hand-computed)."""
+    strategy = FedADMM(min_train_nodes=2, min_available_nodes=2, fraction_evaluate=0.0)
+    grid = FakeGrid([1, 2])
+    with flower_task_identity():
+        strategy.configure_train(1, named({"w": np.zeros(2)}), ConfigRecord(), grid)
+    w1, w2 = np.array([1.0, 2.0]), np.array([-3.0, 4.0])
+    replies = [
+        reply(1, {"w": w1}, **{"num-examples": 4, "admm-step-budget": 5.0}),  # rho_1 = 0.2
+        reply(2, {"w": w2}, **{"num-examples": 6}),  # stock: rho_2 = mu = 0.1
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    expected = (4 * 0.2 * w1 + 6 * STOCK_MU * w2) / (4 * 0.2 + 6 * STOCK_MU)  # y_i = 0 at k = 0
+    np.testing.assert_allclose(arrays["w"].numpy(), expected, rtol=1e-15)
+    assert metrics["num_stock_replies"] == 1 and metrics["num_rejected"] == 0
+    duals = {key: r.y[0] for key, r in strategy.admm.records.items()}
+    assert sum(bool(np.any(y)) for y in duals.values()) == 1  # the stock one is held at 0
 
 
 def test_a_reply_with_a_bad_budget_is_rejected():
@@ -161,7 +193,29 @@ def test_what_the_form_fixes_is_refused_naming_the_field(keyword, value):
         FedADMM(form="linearized", **{keyword: value})
 
 
-@pytest.mark.parametrize("form", ["linear", "Linearized", None, 1])
+@pytest.mark.parametrize(
+    ("keywords", "form"),
+    [
+        ({}, "linearized"),
+        ({"uplink": Uplink()}, "linearized"),  # no compressor, no local DP
+        ({"z_average": "replies"}, "linearized"),
+        ({"rho": 1.0}, "prox"),
+        ({"proximal_mu": 0.1}, "prox"),  # FedProx(proximal_mu=mu) -> FedADMM(proximal_mu=mu)
+        ({"rho_schedule": "constant"}, "prox"),
+        ({"relaxation": 1.6}, "prox"),
+        ({"dual_step": 0.5}, "prox"),
+        ({"regularizer": L2(0.1)}, "prox"),
+        ({"uplink": Uplink(StochasticQuantizer())}, "prox"),
+    ],
+)
+def test_the_default_form_is_linearized_unless_a_prox_setting_is_given(keywords, form):
+    assert FedADMM(**keywords).algorithm.form == form
+    assert FedADMM(form=None, **keywords).algorithm.form == form
+    assert flwr_admm.server.FedADMM(form=None, **keywords).algorithm.form == form
+    assert flwr_admm.server.FedADMM(**keywords).algorithm.form == "prox"  # legacy default
+
+
+@pytest.mark.parametrize("form", ["linear", "Linearized", "", 1])
 def test_an_unknown_form_is_refused_naming_the_field_and_the_allowed_values(form):
     with pytest.raises(ValueError, match=r"^form: must be one of \['prox', 'linearized'\]"):
         FedADMM(form=form)
