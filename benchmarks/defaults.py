@@ -4,8 +4,9 @@ Each candidate is a set of FedADMM keywords (rho0 = 1 unless said) run on the ta
 local settings (`Problem.defaults`) through the same driver, tracker and client
 sampling as `benchmarks.convergence`, with full participation and with a sampled
 fraction (the task's own when it samples, else ``--fraction``: 3 of 10 clients), the
-sampled runs with twice the round budget. The candidate that `FedADMM()`
-uses is labelled "defaults".
+sampled runs with twice the round budget. The candidate that `FedADMM()` (Message
+API) uses is labelled "defaults" (the linearized form, ``Linearized()``); "prox
+defaults" is ``FedADMM(form="prox")``.
 
     python -m benchmarks.defaults [--tasks seed-logreg,synthetic,digits] [--fraction 0.3]
                                   [--candidates LABEL,...]
@@ -39,8 +40,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "plain (rho 1)": PLAIN,
     "RB": {**PLAIN, "rho_schedule": ResidualBalancing()},
     "RB alpha 1.6": {**PLAIN, "rho_schedule": ResidualBalancing(), "relaxation": 1.6},
-    "defaults": {},  # the adaptive dual step from 0.2 (AdaptiveDualStep())
-    "defaults gamma 0.2": {"dual_step": 0.2},  # the defaults with the fixed step of before
+    "defaults": {"form": None},  # the Message API's FedADMM(): Linearized()
+    # the prox form's defaults: RB from 0.1, the adaptive dual step from 0.2
+    "prox defaults": {"form": "prox"},
+    "prox defaults gamma 0.2": {"dual_step": 0.2},  # with the fixed step of before
     # the defaults' neighbours on the CNN task (docs/torch.md): rho0 = 1, gamma 0.2 or 0.5
     "RB gamma 0.2": {**PLAIN, "rho_schedule": ResidualBalancing(), "dual_step": 0.2},
     "RB gamma 0.5 rho 0.1": {
@@ -57,11 +60,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "relaxation": 1.6,
         "z_average": "replies",
     },
-    "defaults z-replies": {"z_average": "replies"},
-    # the linearized form (docs/options.md): its defaults and its convex recipe
-    "linearized": {"form": "linearized"},
+    "prox defaults z-replies": {"form": "prox", "z_average": "replies"},
+    # the linearized form (docs/options.md): its convex recipe
     "linearized convex": {"form": LINEARIZED_CONVEX},
-    "linearized z-replies": {"form": "linearized", "z_average": "replies"},
+    "defaults z-replies": {"form": None, "z_average": "replies"},
     "linearized convex z-replies": {"form": LINEARIZED_CONVEX, "z_average": "replies"},
 }
 # The candidates a plain run compares (the z_average rows: --candidates).
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(format_table(headers, rows))
     payload = {
         "seconds": time.perf_counter() - started,
-        "defaults": FedADMM().admm_settings.describe(),
+        "defaults": FedADMM(form=None).admm_settings.describe(),
         "runs": results,
     }
     path = write_json("defaults", payload, args.output)

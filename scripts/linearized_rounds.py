@@ -58,13 +58,13 @@ def sampling(fraction: float) -> dict[str, Any]:
 
 
 METHODS: dict[str, Callable[[float], Strategy]] = {
-    "`FedADMM()` (defaults, prox form)": lambda f: FedADMM(**sampling(f)),
+    '`FedADMM(form="prox")` (the prox form\'s defaults)': lambda f: FedADMM(
+        form="prox", **sampling(f)
+    ),
     "`FedADMM(dual_step=0.2)` (prox form, fixed gamma 0.2)": lambda f: FedADMM(
         dual_step=0.2, **sampling(f)
     ),
-    '`FedADMM(form="linearized")` (`Linearized()`: adaptive gamma)': lambda f: FedADMM(
-        form="linearized", **sampling(f)
-    ),
+    "`FedADMM()` (defaults: `Linearized()`, adaptive gamma)": lambda f: FedADMM(**sampling(f)),
     "`FedADMM(form=Linearized(dual_step=0.2))`": lambda f: FedADMM(
         form=Linearized(dual_step=0.2), **sampling(f)
     ),

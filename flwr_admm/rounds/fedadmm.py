@@ -300,7 +300,8 @@ class FedADMMRound:
         report = admm.finish(server_round)
         if self._held is not None:
             self._held.finish()
-        stock = self.marks.settle(admm, partial(log, WARNING, "FedADMM: %s"))  # y_i = 0
+        missing = STEP_BUDGET if self.form == "linearized" else START_MARK
+        stock = self.marks.settle(admm, partial(log, WARNING, "FedADMM: %s"), missing)  # y_i = 0
         metrics = {**report_metrics(report), NUM_STOCK_REPLIES: stock}
         if self.uplink is not None:
             metrics.update(self.uplink.round_metrics(aggregated=True))
@@ -391,18 +392,21 @@ class StartMarks:
         else:
             self.at_z.discard(key)
 
-    def settle(self, admm: ConsensusADMM, warn: Callable[[str], None]) -> int:
+    def settle(
+        self, admm: ConsensusADMM, warn: Callable[[str], None], missing: str = START_MARK
+    ) -> int:
         """Hold the stock clients' duals at 0 (after the round); warn once per key.
 
-        Returns how many replies of the round were stock ones.
+        `missing` names what the stock replies lacked. Returns how many replies of the
+        round were stock ones.
         """
         held = admm.reset_duals(self.stock)
         for key in sorted(set(held) - self.warned):
             warn(
-                f"{key} replied without {START_MARK!r} (a stock FedProx handler, which "
-                "starts at its center): its dual is held at 0, so it runs FedProx's step "
-                "around z; flwr_admm.torch.TorchADMM or flwr_admm.clientapp.ADMMTrainStep "
-                "run the ADMM step"
+                f"{key} replied without {missing!r} (a stock FedProx handler): its dual "
+                "is held at 0, so it runs FedProx's step around z; "
+                "flwr_admm.torch.TorchADMM or flwr_admm.clientapp.ADMMTrainStep run the "
+                "ADMM step"
             )
             self.warned.add(key)
         return len(self.stock)

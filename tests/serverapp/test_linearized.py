@@ -21,6 +21,7 @@ from flwr_admm.clientapp.step import step_budget
 from flwr_admm.core import L2
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, SCAFFNEW, STOCK_MU, Linearized
 from flwr_admm.node.records import load_states
+from flwr_admm.rounds import fedadmm as rounds_fedadmm
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity, run_strategy
 from flwr_admm.uplink import StochasticQuantizer
@@ -142,9 +143,14 @@ def test_the_default_with_stock_fedprox_handlers_is_flowers_fedprox():
     assert {r.scale for r in strategy.admm.records.values()} == {STOCK_MU}
 
 
-def test_stock_and_budget_replies_enter_one_z_step_with_their_own_rho_i():
+def test_stock_and_budget_replies_enter_one_z_step_with_their_own_rho_i(monkeypatch):
     """A mixed round: z' = sum_i n_i (rho_i w_i + y_i) / sum_i n_i rho_i, rho_i = 1 / b_i
-    for a reply with a step budget and mu for a stock one (hand-computed)."""
+    for a reply with a step budget and mu for a stock one (hand-computed); the warning
+    names what the stock reply lacked."""
+    logged = []
+    monkeypatch.setattr(
+        rounds_fedadmm, "log", lambda level, text, *args: logged.append(text % args)
+    )
     strategy = FedADMM(min_train_nodes=2, min_available_nodes=2, fraction_evaluate=0.0)
     grid = FakeGrid([1, 2])
     with flower_task_identity():
@@ -160,6 +166,8 @@ def test_stock_and_budget_replies_enter_one_z_step_with_their_own_rho_i():
     assert metrics["num_stock_replies"] == 1 and metrics["num_rejected"] == 0
     duals = {key: r.y[0] for key, r in strategy.admm.records.items()}
     assert sum(bool(np.any(y)) for y in duals.values()) == 1  # the stock one is held at 0
+    (warning,) = [text for text in logged if "stock FedProx handler" in text]
+    assert "replied without 'admm-step-budget'" in warning
 
 
 def test_a_reply_with_a_bad_budget_is_rejected():
