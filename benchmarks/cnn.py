@@ -11,7 +11,8 @@ deterministic (Python's `random`, which Flower's FedAvg samples with, is seeded 
 run) and takes seconds. ``flwr run examples/quickstart-pytorch`` runs the same app in
 Flower's engine (``examples/quickstart-pytorch/compare.py``).
 
-Rows: Flower's FedAvg and FedProx(0.1); FedADMM with its defaults and `TorchADMM`, and
+Rows: Flower's FedAvg and FedProx(0.1); FedADMM with its defaults (the linearized form,
+``Linearized()``) and with the prox form's (``form="prox"``), each with `TorchADMM` and
 with a stock FedProx handler; FedADMM's linearized form with `TorchADMM`
 (``Linearized()``, and the convex recipe `LINEARIZED_CONVEX`); `FedADMMClientDuals` in
 both forms; SCAFFOLD and FedDyn(0.1).
@@ -52,7 +53,9 @@ ROWS: dict[str, dict[str, Any]] = {
     "FedProx (mu 0.1)": {"strategy": "fedprox"},
     "FedADMM (defaults), TorchADMM": {"strategy": "fedadmm", "handler": "torchadmm"},
     "FedADMM (defaults), stock FedProx handler": {"strategy": "fedadmm", "handler": "fedprox"},
-    "FedADMM (dual step 0.2), TorchADMM": {"strategy": "fedadmm", "dual-step": 0.2},
+    "FedADMM prox form, TorchADMM": {"strategy": "fedadmm-prox", "handler": "torchadmm"},
+    "FedADMM prox form, stock FedProx handler": {"strategy": "fedadmm-prox", "handler": "fedprox"},
+    "FedADMM prox form (dual step 0.2), TorchADMM": {"strategy": "fedadmm-prox", "dual-step": 0.2},
     "FedADMM linearized, TorchADMM": {"strategy": "fedadmm-linearized", "handler": "torchadmm"},
     "FedADMM linearized (dual step 0.2), TorchADMM": {
         "strategy": "fedadmm-linearized",

@@ -38,6 +38,7 @@ RUNS = {
     "fedprox": ("fedprox", "torchadmm"),
     "fedadmm": ("fedadmm", "torchadmm"),
     "fedadmm-fedprox": ("fedadmm", "fedprox"),
+    "fedadmm-prox": ("fedadmm-prox", "torchadmm"),
     "fedadmm-client-duals": ("fedadmm-client-duals", "torchadmm"),
     "scaffold": ("scaffold", "torchadmm"),
     "feddyn": ("feddyn", "torchadmm"),

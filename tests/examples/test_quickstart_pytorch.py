@@ -32,6 +32,7 @@ from flwr_admm.protocol import (
     DUALS_PENDING_W,
     DUALS_STATE_U,
     DUALS_STATE_W,
+    MESSAGE_STATE_W,
     SCAFFOLD_CONTROL_RECORD,
 )
 from flwr_admm.serverapp.testing import InProcessGrid, flower_task_identity
@@ -45,6 +46,7 @@ RUNS = [
     ("fedprox", "torchadmm"),
     ("fedadmm", "torchadmm"),
     ("fedadmm", "fedprox"),
+    ("fedadmm-prox", "torchadmm"),
     ("fedadmm-client-duals", "torchadmm"),
     ("scaffold", "torchadmm"),
     ("feddyn", "torchadmm"),
@@ -54,6 +56,7 @@ STATE = {  # what each run leaves in every node's context.state
     ("fedprox", "torchadmm"): set(),
     ("fedadmm", "torchadmm"): set(),  # the default, linearized form starts at z
     ("fedadmm", "fedprox"): set(),  # the stock FedProx handler keeps nothing
+    ("fedadmm-prox", "torchadmm"): {MESSAGE_STATE_W},  # TorchADMM's warm start
     # the committed and the pending (not yet acknowledged) w_i, u_i
     ("fedadmm-client-duals", "torchadmm"): {
         DUALS_STATE_W,

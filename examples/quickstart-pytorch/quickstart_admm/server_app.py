@@ -1,7 +1,8 @@
 """The ServerApp: the run config's strategy, central evaluation every round, a JSON record.
 
 The strategy line is the only difference between runs: Flower's ``FedAvg`` /
-``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults), ``FedADMMClientDuals()``,
+``FedProx``, or flwr-admm's ``FedADMM()`` (its defaults: the linearized form),
+``FedADMM(form="prox")``, ``FedADMMClientDuals()``,
 ``SCAFFOLD()`` and
 ``FedDyn(alpha=...)``. Every round the global model is tested on the central test
 set and ``<output-dir>/<strategy>[-<handler>]-seed<seed>.json`` is rewritten. A
@@ -52,8 +53,10 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedProx(proximal_mu=settings.proximal_mu, **common)
     # "adaptive": FedADMM's default, AdaptiveDualStep(); a number: a fixed dual step
     dual_step = None if settings.dual_step == "adaptive" else float(settings.dual_step)
-    if settings.strategy == "fedadmm":
+    if settings.strategy == "fedadmm":  # the linearized form, or prox if dual_step is set
         return FedADMM(dual_step=dual_step, **common)
+    if settings.strategy == "fedadmm-prox":  # the prox form's defaults (rho 0.1, RB)
+        return FedADMM(form="prox", dual_step=dual_step, **common)
     if settings.strategy == "fedadmm-linearized":  # Scaffnew: rho_i = 1 / b_i per reply
         form = Linearized() if dual_step is None else Linearized(dual_step=dual_step)
         return FedADMM(form=form, **common)

@@ -28,6 +28,7 @@ STRATEGIES = (
     "fedavg",
     "fedprox",
     "fedadmm",
+    "fedadmm-prox",
     "fedadmm-linearized",
     "fedadmm-linearized-convex",
     "fedadmm-client-duals",
@@ -156,9 +157,8 @@ class Settings:
     @property
     def run_name(self) -> str:
         """``<strategy>[-<handler>]-seed<seed>``: the handler only where it matters."""
-        handler = (
-            f"-{self.handler}" if self.strategy == "fedadmm" and self.handler != "torchadmm" else ""
-        )
+        stock = self.strategy in ("fedadmm", "fedadmm-prox") and self.handler != "torchadmm"
+        handler = f"-{self.handler}" if stock else ""
         return f"{self.strategy}{handler}-seed{self.seed}"
 
 
