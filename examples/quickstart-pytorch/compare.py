@@ -10,7 +10,7 @@ simulated nodes of one CPU each, all on one private Flower runtime
 and runtime dependency installation off, the SuperLink started from a neutral
 directory and stopped by PID at the end; `flwr_admm` imported from this checkout).
 ``fedadmm-fedprox`` is FedADMM driven by the stock FedProx handler (run-config
-handler = "fedprox"). A run whose JSON is
+handler = "fedprox"); ``fedadmm-prox[-fedprox]`` the same with ``form="prox"``. A run whose JSON is
 missing, incomplete or non-finite is a failure: the script then exits 1.
 """
 
@@ -39,6 +39,7 @@ RUNS = {
     "fedadmm": ("fedadmm", "torchadmm"),
     "fedadmm-fedprox": ("fedadmm", "fedprox"),
     "fedadmm-prox": ("fedadmm-prox", "torchadmm"),
+    "fedadmm-prox-fedprox": ("fedadmm-prox", "fedprox"),
     "fedadmm-client-duals": ("fedadmm-client-duals", "torchadmm"),
     "scaffold": ("scaffold", "torchadmm"),
     "feddyn": ("feddyn", "torchadmm"),
