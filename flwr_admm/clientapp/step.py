@@ -206,6 +206,9 @@ class ADMMTrainStep:
     ) -> Message:
         """Return the reply (`build_reply`); with `context`, keep w_i as the next warm start.
 
+        The context also gives the reply its client key (``partition-id``, ``client-key``);
+        under the linearized form, which starts at z, nothing is kept.
+
         Under the linearized form `step_budget` b_i is required (``admm-step-budget``).
         With client-held duals the reply carries Delta_i (and sigma_i' when asked) and
         the protocol metrics, and both dual states are kept in ``context.state``
@@ -225,12 +228,15 @@ class ADMMTrainStep:
             step_budget=step_budget,
         )
         if self.duals is None:
+            # the context gives the client key; the linearized form starts at z: no warm start
+            keep = None if self.form == "linearized" else context
+            key = key_metrics(context) if context is not None and keep is None else {}
             return build_reply(
                 self.message,
                 arrays,
                 num_examples,
-                {**(metrics or {}), **answer.metrics},
-                context,
+                {**key, **(metrics or {}), **answer.metrics},
+                keep,
                 arrayrecord_key=self.arrayrecord_key,
                 configrecord_key=self.configrecord_key,
             )

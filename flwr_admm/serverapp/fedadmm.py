@@ -78,8 +78,9 @@ class FedADMM(RoundStrategy):
         ``train_metrics_aggr_fn`` sees the accepted replies only; where a name it
         returns is one of ours, ours wins; identity and protocol keys are dropped.
     rho, proximal_mu : float
-        Penalty rho >= 0 (default 0.1); rho = 0 is FedAvg. ``proximal_mu`` is FedProx's
-        name for it: give either (both: equal, else ValueError).
+        The prox form's penalty rho >= 0 (default 0.1; giving it selects that form);
+        rho = 0 is FedAvg. ``proximal_mu`` is FedProx's name for it: give either
+        (both: equal, else ValueError).
     rho_schedule : RhoSchedule or str, optional
         `Constant`, `ResidualBalancing`, or a name.
         None (default): `ResidualBalancing()` from rho when rho > 0, else `Constant()`.

@@ -312,8 +312,9 @@ class TorchADMM:
             assert self._budget is not None
             reported = {LOCAL_STEPS: self._budget.steps, **(metrics or {})}
             budget = self.step_budget()
-            held = self.context if self.train_step.duals is not None else None  # its states
-            return self.train_step.reply(arrays, num_examples, reported, held, step_budget=budget)
+            return self.train_step.reply(  # the context: the client key (and dual states)
+                arrays, num_examples, reported, self.context, step_budget=budget
+            )
         return self.train_step.reply(arrays, num_examples, metrics, self.context)
 
     def step_budget(self) -> float:

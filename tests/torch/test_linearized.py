@@ -266,3 +266,16 @@ def test_the_legacy_builder_refuses_client_held_duals_in_the_linearized_form() -
             config,
             Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}),
         )
+
+
+def test_a_linearized_reply_is_keyed_by_partition_and_keeps_no_warm_start():
+    """Server-held linearized duals are keyed by the node's partition-id, as the prox
+    form's are (keyed by node id, a restarted node would lose its y_i, and Flower's
+    random node ids would change the summation order between engine runs); the form
+    starts at z, so nothing is kept in ``context.state``."""
+    grid = InProcessGrid(torch_app(sgd()), N, node_ids=[97, 13, 55, 2, 81, 40, 66, 7, 29, 100])
+    strategy = FedADMM(min_train_nodes=N, min_available_nodes=N, fraction_evaluate=0.0)
+    zeros = ArrayRecord({"coef": Array(np.zeros(D))})
+    run_strategy(strategy, grid, zeros, 2)
+    assert sorted(strategy.admm.records) == sorted(f"partition-id:{i}" for i in range(N))
+    assert all(not context.state.array_records for context in grid.contexts.values())
