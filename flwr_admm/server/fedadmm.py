@@ -26,8 +26,8 @@ class FedADMM(RoundStrategy):
     As `flwr_admm.serverapp.FedADMM` (the round, the defaults, the keywords) but for
     ``form``, "prox" by default: the linearized form appends y_i to the parameters,
     which a stock FedProx NumPyClient cannot read (None: the Message API's default
-    form). The same replies give the same iterates. Takes Flower's legacy `FedAvg` keywords, that
-    class's own and `tensor_names`, all keyword-only.
+    form). The same replies give the same iterates. Takes Flower's legacy `FedAvg`
+    keywords, that class's own and `tensor_names`, all keyword-only.
 
     Legacy wire: the parameters are v_i and the config holds ``rho`` = ``proximal_mu``
     = rho_i, the keys Flower's legacy FedProx client reads (a stock one, whose replies
