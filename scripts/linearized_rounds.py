@@ -76,8 +76,12 @@ METHODS: dict[str, Callable[[float], Strategy]] = {
         form=LINEARIZED_CONVEX, **sampling(f)
     ),
     "`SCAFFOLD()` (server step 1)": lambda f: SCAFFOLD(**sampling(f)),
-    # client-held duals: the adaptive gamma from the nodes' alignment reports, the
-    # rule's floor (what it ran at before the reports), the textbook step
+    # client-held duals: the prox form's defaults (rho 0.1, gamma 1); the linearized form
+    # with the adaptive gamma from the nodes' alignment reports, the rule's floor (what
+    # it ran at before the reports), the textbook step
+    "`FedADMMClientDuals()` (defaults: prox form, rho 0.1, gamma 1)": lambda f: FedADMMClientDuals(
+        **sampling(f)
+    ),
     '`FedADMMClientDuals(form="linearized")` (adaptive gamma)': lambda f: FedADMMClientDuals(
         form="linearized", **sampling(f)
     ),
