@@ -63,6 +63,7 @@ ROWS: dict[str, dict[str, Any]] = {
     },
     "FedADMM linearized (convex recipe), TorchADMM": {"strategy": "fedadmm-linearized-convex"},
     "FedADMMClientDuals (defaults), TorchADMM": {"strategy": "fedadmm-client-duals"},
+    "FedADMMClientDuals prox form, TorchADMM": {"strategy": "fedadmm-client-duals-prox"},
     "FedADMMClientDuals linearized, TorchADMM": {"strategy": "fedadmm-client-duals-linearized"},
     "SCAFFOLD": {"strategy": "scaffold"},
     "FedDyn (alpha 0.1)": {"strategy": "feddyn"},

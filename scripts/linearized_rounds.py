@@ -76,14 +76,14 @@ METHODS: dict[str, Callable[[float], Strategy]] = {
         form=LINEARIZED_CONVEX, **sampling(f)
     ),
     "`SCAFFOLD()` (server step 1)": lambda f: SCAFFOLD(**sampling(f)),
-    # client-held duals: the prox form's defaults (rho 0.1, gamma 1); the linearized form
+    # client-held duals: the prox form (rho 0.1, gamma 1); the linearized form (default)
     # with the adaptive gamma from the nodes' alignment reports, the rule's floor (what
     # it ran at before the reports), the textbook step
-    "`FedADMMClientDuals()` (defaults: prox form, rho 0.1, gamma 1)": lambda f: FedADMMClientDuals(
-        **sampling(f)
+    '`FedADMMClientDuals(form="prox")` (rho 0.1, gamma 1)': lambda f: FedADMMClientDuals(
+        form="prox", **sampling(f)
     ),
-    '`FedADMMClientDuals(form="linearized")` (adaptive gamma)': lambda f: FedADMMClientDuals(
-        form="linearized", **sampling(f)
+    "`FedADMMClientDuals()` (defaults: linearized, adaptive gamma)": lambda f: FedADMMClientDuals(
+        **sampling(f)
     ),
     "`FedADMMClientDuals(form=Linearized(dual_step=0.2))`": lambda f: FedADMMClientDuals(
         form=Linearized(dual_step=0.2), **sampling(f)

@@ -89,7 +89,7 @@ from typing import Any
 from flwr.common import Scalar
 from numpy.typing import NDArray
 
-from flwr_admm.core.linearized import Form, FormSpec, check_form, client_held_steps
+from flwr_admm.core.linearized import Form, FormSpec, check_form, chosen_form, client_held_steps
 from flwr_admm.core.regularizers import Regularizer
 from flwr_admm.core.schedules import DualStep
 from flwr_admm.core.settings import given_rho
@@ -136,13 +136,16 @@ class ClientDualsRound:
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
         convergence: Convergence = Convergence(),
-        dual_step: DualStep = 1.0,
+        dual_step: DualStep | None = None,
         uplink: Uplink | None = None,
-        form: FormSpec = "prox",
+        form: FormSpec | None = "prox",
         restores: bool = True,
     ) -> None:
-        self.form: Form = check_form(form)
         compressor = compressor_of(uplink)
+        prox_only = {"rho": rho, "proximal_mu": proximal_mu, "regularizer": regularizer}
+        form = chosen_form(form, {**prox_only, "dual_step": dual_step, "uplink": compressor})
+        dual_step = 1.0 if dual_step is None else dual_step  # the prox form's: textbook
+        self.form: Form = check_form(form)
         if self.form == "linearized":  # rho = 1: rho_i = 1 / b_i on the nodes
             given: dict[str, object] = {"rho": rho, "proximal_mu": proximal_mu}
             given.update(regularizer=regularizer, uplink=compressor, dual_step=dual_step)

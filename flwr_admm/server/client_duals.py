@@ -21,7 +21,8 @@ class FedADMMClientDuals(RoundStrategy):
     """Consensus ADMM with client-held duals on Flower's legacy API.
 
     As `flwr_admm.serverapp.FedADMMClientDuals`, whose keywords it takes after Flower's
-    legacy `FedAvg` keywords, all keyword-only; the same replies give the same iterates.
+    legacy `FedAvg` keywords, all keyword-only (``form`` "prox" by default, as the legacy
+    `FedADMM`; None: the Message API's choice); the same replies give the same iterates.
     Legacy wire: the parameters are z^k, followed by z_k under fast ADMM; a reply's
     parameters are Delta_i (with ``uplink``, its compressed payload), followed by the
     full share sigma_i' when asked to rebuild.
@@ -33,8 +34,8 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        dual_step: DualStep = 1.0,
-        form: FormSpec = "prox",
+        dual_step: DualStep | None = None,
+        form: FormSpec | None = "prox",
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
         clients: ClientPolicy = ClientPolicy(),

@@ -51,18 +51,20 @@ class FedADMMClientDuals(RoundStrategy):
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         As in `FedADMM`.
     rho, proximal_mu : float
-        Constant penalty rho > 0 (default 0.1), as in `FedADMM`. A rho schedule,
-        per-client rho or over-relaxation would need every dual on the server: use
-        `FedADMM` for them.
+        The prox form's constant penalty rho > 0 (default 0.1; giving it selects that
+        form), as in `FedADMM`. A rho schedule, per-client rho or over-relaxation would
+        need every dual on the server: use `FedADMM` for them.
     regularizer : Regularizer, optional
         Server regularizer g (`L1`, `L2`); the z-step is prox_{g/rho}(S / N).
-    dual_step : float in (0, 1] or AdaptiveDualStep
-        The nodes' dual step gamma (default 1): u_i += gamma (w_i - z^k), sent as
+    dual_step : float in (0, 1], AdaptiveDualStep or None
+        The prox form's dual step gamma (None: 1): u_i += gamma (w_i - z^k), sent as
         ``admm-dual-step`` when it is not 1. An `AdaptiveDualStep` sets it each round
         from the alignment terms the nodes report (``admm-align-*``; docs/client_duals.md).
-    form : {"prox", "linearized"} or Linearized
+    form : {"prox", "linearized"}, Linearized or None
         The linearized form with client-held duals (module docstring of
-        `flwr_admm.rounds.client_duals`).
+        `flwr_admm.rounds.client_duals`) or the prox form. None (default): as `FedADMM`,
+        ``Linearized()`` unless a prox-form setting is given (rho, proximal_mu,
+        regularizer, dual_step, a compressor), then "prox".
     convergence, sampling_seed, clients, checkpoint, health
         As in `FedADMM`; the stopping test uses the delayed primal residual, an evicted
         key's share leaves S through the rebuild sweep, and a checkpoint holds no
@@ -90,8 +92,8 @@ class FedADMMClientDuals(RoundStrategy):
         rho: float | None = None,
         proximal_mu: float | None = None,
         regularizer: Regularizer | None = None,
-        dual_step: DualStep = 1.0,
-        form: FormSpec = "prox",
+        dual_step: DualStep | None = None,
+        form: FormSpec | None = None,
         convergence: Convergence = Convergence(),
         sampling_seed: int | None = 0,
         clients: ClientPolicy = ClientPolicy(),

@@ -154,8 +154,8 @@ RUNS: dict[str, Callable[[], tuple[np.ndarray, int]]] = {
     "message FedADMM": lambda: message_churn(  # the handler runs the prox form's solve
         serverapp.FedADMM(fraction_evaluate=0.0, form="prox")
     ),
-    "message client-held duals": lambda: message_churn(
-        serverapp.FedADMMClientDuals(fraction_evaluate=0.0)
+    "message client-held duals": lambda: message_churn(  # the prox form's solve
+        serverapp.FedADMMClientDuals(fraction_evaluate=0.0, form="prox")
     ),
     "legacy SCAFFOLD": lambda: legacy_churn(SCAFFOLD(initial_parameters=zeros_parameters())),
     "legacy FedDyn": lambda: legacy_churn(FedDyn(alpha=0.1, initial_parameters=zeros_parameters())),

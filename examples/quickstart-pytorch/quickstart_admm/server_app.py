@@ -62,8 +62,10 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedADMM(form=form, **common)
     if settings.strategy == "fedadmm-linearized-convex":  # momentum start, gamma 1
         return FedADMM(form=LINEARIZED_CONVEX, **common)
-    if settings.strategy == "fedadmm-client-duals":
+    if settings.strategy == "fedadmm-client-duals":  # the linearized form by default
         return FedADMMClientDuals(**common)
+    if settings.strategy == "fedadmm-client-duals-prox":  # rho 0.1, gamma 1
+        return FedADMMClientDuals(form="prox", **common)
     if settings.strategy == "fedadmm-client-duals-linearized":  # y_i on the nodes
         return FedADMMClientDuals(form="linearized", **common)
     if settings.strategy == "scaffold":

@@ -32,6 +32,7 @@ STRATEGIES = (
     "fedadmm-linearized",
     "fedadmm-linearized-convex",
     "fedadmm-client-duals",
+    "fedadmm-client-duals-prox",
     "fedadmm-client-duals-linearized",
     "scaffold",
     "feddyn",
@@ -39,6 +40,7 @@ STRATEGIES = (
 # their server state would treat BatchNorm statistics as weights
 REFUSE_BATCH_NORM = (
     "fedadmm-client-duals",
+    "fedadmm-client-duals-prox",
     "fedadmm-client-duals-linearized",
     "scaffold",
     "feddyn",
