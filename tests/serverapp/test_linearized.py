@@ -223,6 +223,24 @@ def test_the_default_form_is_linearized_unless_a_prox_setting_is_given(keywords,
     assert flwr_admm.server.FedADMM(**keywords).algorithm.form == "prox"  # legacy default
 
 
+@pytest.mark.parametrize(
+    ("keywords", "form"),
+    [
+        ({}, "linearized"),
+        ({"rho": 0.1}, "prox"),
+        ({"proximal_mu": 0.1}, "prox"),
+        ({"dual_step": 0.5}, "prox"),
+        ({"regularizer": L2(0.1)}, "prox"),
+        ({"uplink": Uplink(StochasticQuantizer())}, "prox"),
+    ],
+)
+def test_client_held_duals_choose_their_form_by_the_same_rule(keywords, form):
+    assert FedADMMClientDuals(**keywords).algorithm.form == form
+    legacy = flwr_admm.server.FedADMMClientDuals
+    assert legacy(form=None, **keywords).algorithm.form == form
+    assert legacy(**keywords).algorithm.form == "prox"  # the legacy default
+
+
 @pytest.mark.parametrize("form", ["linear", "Linearized", "", 1])
 def test_an_unknown_form_is_refused_naming_the_field_and_the_allowed_values(form):
     with pytest.raises(ValueError, match=r"^form: must be one of \['prox', 'linearized'\]"):
