@@ -12,7 +12,8 @@ A translator (`flwr_admm.serverapp`, `flwr_admm.server`) turns each sampled node
 
 Blocks travel as Flower's bytes (`flwr.common.Parameters`, one ``.npy`` buffer or one
 compressed payload per tensor, in `Layout` order): a round checks them against the
-layout before anything is deserialized (`read_block`).
+layout before anything is deserialized (`read_block`). A round's core report goes back
+as round metrics (`report_metrics`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,26 @@ from flwr.common import Parameters, Scalar
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from flwr_admm.core.types import Arrays
+from flwr_admm.core.types import Arrays, RoundReport
 from flwr_admm.protocol import (
+    CONVERGED,
+    DUAL_RESIDUAL,
+    EPS_DUAL,
+    EPS_PRIMAL,
+    GAMMA,
+    NEXT_RHO,
+    NUM_CLIENTS_CACHED,
     NUM_EVICTED,
     NUM_FAILURES,
     NUM_KEY_CONFLICTS,
     NUM_REJECTED,
+    NUM_REPLIES,
     NUM_RESYNCED,
+    OBJECTIVE,
+    PRIMAL_RESIDUAL,
     REPLY_ONLY_METRICS,
     REPLY_ONLY_PREFIX,
+    RHO,
 )
 from flwr_admm.uplink.wire import NUMPY_TENSOR_TYPE, parameters_problem, parameters_to_views
 
@@ -51,6 +63,7 @@ __all__ = [
     "Tally",
     "read_block",
     "read_blocks",
+    "report_metrics",
     "without_reply_keys",
 ]
 
@@ -299,3 +312,22 @@ class Algorithm(Protocol):
         self, arrays: dict[str, NDArray[Any]], manifest: dict[str, Any], layout: Layout
     ) -> None:
         """Restore `state_dict`; raise KeyError/TypeError/ValueError when malformed."""
+
+
+def report_metrics(report: RoundReport) -> dict[str, Scalar]:
+    """Return one aggregation's round metrics: rho, gamma, residuals, thresholds, counts, f."""
+    metrics: dict[str, Scalar] = {
+        RHO: report.rho,
+        NEXT_RHO: report.next_rho,
+        PRIMAL_RESIDUAL: report.primal_residual,
+        DUAL_RESIDUAL: report.dual_residual,
+        EPS_PRIMAL: report.eps_primal,
+        EPS_DUAL: report.eps_dual,
+        CONVERGED: int(report.converged),
+        NUM_REPLIES: report.num_replies,
+        NUM_CLIENTS_CACHED: report.num_clients_cached,
+        **({} if report.dual_step is None else {GAMMA: report.dual_step}),  # gamma
+    }
+    if report.objective is not None:
+        metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
+    return metrics

@@ -44,25 +44,16 @@ from flwr_admm.core.tensor_policy import (
     nonnegative_of,
     roles_of,
 )
-from flwr_admm.core.types import NON_FINITE, Arrays, Reply, RoundReport, check_reply
+from flwr_admm.core.types import NON_FINITE, Arrays, Reply, check_reply
 from flwr_admm.options import Convergence, Uplink, option
 from flwr_admm.protocol import (
-    CONVERGED,
     DUAL_RECORD,
-    DUAL_RESIDUAL,
-    EPS_DUAL,
-    EPS_PRIMAL,
     FORM,
     FORM_LINEARIZED,
-    GAMMA,
     LOSS,
-    NEXT_RHO,
     NUM_CLIENTS_CACHED,
-    NUM_REPLIES,
     NUM_RESYNCED,
     NUM_STOCK_REPLIES,
-    OBJECTIVE,
-    PRIMAL_RESIDUAL,
     PROXIMAL_MU,
     RHO,
     START_MARK,
@@ -70,7 +61,15 @@ from flwr_admm.protocol import (
     START_TENSORS,
     STEP_BUDGET,
 )
-from flwr_admm.rounds.exchange import AS_RECEIVED, Incoming, Instruction, Layout, Tally, read_block
+from flwr_admm.rounds.exchange import (
+    AS_RECEIVED,
+    Incoming,
+    Instruction,
+    Layout,
+    Tally,
+    read_block,
+    report_metrics,
+)
 from flwr_admm.uplink.channel import UplinkChannel
 from flwr_admm.uplink.wire import parameters_problem
 
@@ -276,17 +275,16 @@ class FedADMMRound:
             tally.reject(key, why)
             return None
         scale = None
-        if self.form == "linearized" and STEP_BUDGET not in reply.metrics:
-            scale = STOCK_MU  # a stock FedProx handler: rho_i = mu, its dual held at 0
+        if self.form == "prox":
+            self.marks.read(key, reply.metrics, admm.rho)
+        elif STEP_BUDGET not in reply.metrics:  # a stock FedProx handler: its dual held at 0
+            scale = STOCK_MU  # rho_i = the mu it was sent
             self.marks.stock.add(key)
-            self.marks.at_z.discard(key)
-        elif self.form == "linearized":  # rho_i = 1 / b_i, b_i the reply's step budget
+        else:  # rho_i = 1 / b_i, b_i the reply's step budget
             scale, why = budget_scale(reply.metrics)
             if why is not None:
                 tally.reject(key, why)
                 return None
-        else:
-            self.marks.read(key, reply.metrics, admm.rho)
         loss = reply.metrics.get(LOSS)
         real = isinstance(loss, int | float) and not isinstance(loss, bool)
         objective = float(loss) if real and math.isfinite(loss) else None  # type: ignore[arg-type]
@@ -392,9 +390,7 @@ class StartMarks:
         else:
             self.at_z.discard(key)
 
-    def settle(
-        self, admm: ConsensusADMM, warn: Callable[[str], None], missing: str = START_MARK
-    ) -> int:
+    def settle(self, admm: ConsensusADMM, warn: Callable[[str], None], missing: str) -> int:
         """Hold the stock clients' duals at 0 (after the round); warn once per key.
 
         `missing` names what the stock replies lacked. Returns how many replies of the
@@ -415,22 +411,3 @@ class StartMarks:
         """Drop evicted keys."""
         self.at_z -= keys
         self.warned -= keys
-
-
-def report_metrics(report: RoundReport) -> dict[str, Scalar]:
-    """Return one aggregation's round metrics: rho, gamma, residuals, thresholds, counts, f."""
-    metrics: dict[str, Scalar] = {
-        RHO: report.rho,
-        NEXT_RHO: report.next_rho,
-        PRIMAL_RESIDUAL: report.primal_residual,
-        DUAL_RESIDUAL: report.dual_residual,
-        EPS_PRIMAL: report.eps_primal,
-        EPS_DUAL: report.eps_dual,
-        CONVERGED: int(report.converged),
-        NUM_REPLIES: report.num_replies,
-        NUM_CLIENTS_CACHED: report.num_clients_cached,
-        **({} if report.dual_step is None else {GAMMA: report.dual_step}),  # gamma
-    }
-    if report.objective is not None:
-        metrics[OBJECTIVE] = report.objective  # sum_i p_i f_i(w_i) (+ g(z'))
-    return metrics
