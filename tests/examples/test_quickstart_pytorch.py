@@ -156,8 +156,11 @@ def test_every_strategy_trains_with_its_own_handler(tmp_path: Path) -> None:
         losses[(strategy, handler)] = document["rounds"][-1]["loss"]
         assert losses[(strategy, handler)] != document["rounds"][0]["loss"]  # it trained
     # FedADMM() over the stock FedProx handler, every node replying, is Flower's FedProx
-    # (mu 0.1): the stock replies are folded with rho_i = mu and their duals held at 0
-    assert losses[("fedadmm", "fedprox")] == losses[("fedprox", "torchadmm")], losses
+    # (mu 0.1): the stock replies are folded with rho_i = mu and their duals held at 0.
+    # Flower sums the replies in its sample's order (Python's random), in float32: the
+    # two agree to rounding, not bit for bit.
+    swap = losses.pop(("fedadmm", "fedprox"))
+    assert swap == pytest.approx(losses[("fedprox", "torchadmm")], rel=1e-5), (swap, losses)
     assert len(set(losses.values())) == len(RUNS) - 1, losses  # the others all differ
 
 
