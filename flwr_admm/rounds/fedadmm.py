@@ -367,7 +367,8 @@ class StartMarks:
     from a stock FedProx handler, which starts at v_i = z - u_i: then w_i ~ v_i + d_i
     (d_i its drift) and u_i ~ d_i - mean(d) puts the next start opposite the drift,
     which diverges with momentum SGD (docs/torch.md). Its dual is held at 0: its
-    center is z and its step FedProx's.
+    center is z and its step FedProx's. In the linearized form a reply without
+    ``admm-step-budget`` is the stock one (`FedADMMRound` adds it to `stock`).
     """
 
     stock: set[str] = field(default_factory=set)  # unmarked replies this round (rho > 0)
