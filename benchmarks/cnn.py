@@ -83,8 +83,12 @@ def example_on_path() -> None:
         sys.path.insert(0, str(EXAMPLE))
 
 
-def run_one(config: dict[str, Any]) -> list[float]:
-    """Run the example's strategy on its ClientApp in process; return the accuracies."""
+def run_one(config: dict[str, Any]) -> tuple[list[float], list[int]]:
+    """Run the example's strategy on its ClientApp in process.
+
+    Returns the accuracies and the rounds whose start a momentum start moved
+    (FedADMM's ``start_momentum`` round metric > 0; none for the other strategies).
+    """
     example_on_path()
     import torch
     from flwr.app import ArrayRecord
@@ -102,9 +106,10 @@ def run_one(config: dict[str, Any]) -> list[float]:
         context.run_config = dict(config)
     evaluation = CentralEvaluation(settings)
     model = initial_model(settings)
+    strategy = make_strategy(settings)
     try:
         run_strategy(
-            make_strategy(settings),
+            strategy,
             grid,
             ArrayRecord(model.state_dict()),
             settings.num_server_rounds,
@@ -112,7 +117,9 @@ def run_one(config: dict[str, Any]) -> list[float]:
         )
     except Exception as error:  # a diverged run: its rounds so far, then it failed
         print(f"  {settings.run_name}: {type(error).__name__}: {error}")
-    return [float(r["accuracy"]) for r in evaluation.rounds]
+    history = getattr(strategy, "history", [])
+    moved = [k for k, h in enumerate(history, 1) if float(h.get("start_momentum", 0.0)) > 0]
+    return [float(r["accuracy"]) for r in evaluation.rounds], moved
 
 
 def first_round(accuracies: list[float], target: float) -> int | None:
@@ -120,14 +127,24 @@ def first_round(accuracies: list[float], target: float) -> int | None:
     return next((k for k, a in enumerate(accuracies) if a >= target), None)
 
 
-def run_record(seed: int, accuracies: list[float], rounds: int, started: float) -> dict[str, Any]:
-    """Return one run's record: its final accuracy (NaN if it stopped early) and curve."""
+def run_record(
+    seed: int,
+    accuracies: list[float],
+    rounds: int,
+    started: float,
+    momentum_rounds: list[int] | None = None,
+) -> dict[str, Any]:
+    """Return one run's record: its final accuracy (NaN if it stopped early) and curve.
+
+    `momentum_rounds`: the rounds a momentum start moved (kept when there were any).
+    """
     return {
         "seed": seed,
         "final": accuracies[-1] if len(accuracies) == rounds + 1 else float("nan"),
         "round_to_target": first_round(accuracies, TARGET),
         "accuracies": accuracies,
         "seconds": time.perf_counter() - started,
+        **({"momentum_rounds": momentum_rounds} if momentum_rounds else {}),
     }
 
 
@@ -172,8 +189,9 @@ def run_task(
             for seed in seeds:
                 started = time.perf_counter()
                 overrides = {**TASKS[task], **row, "seed": seed, "output-dir": out}
-                accuracies = run_one(run_config({**overrides, "num-server-rounds": rounds}))
-                runs.append(run_record(seed, accuracies, rounds, started))
+                config = run_config({**overrides, "num-server-rounds": rounds})
+                accuracies, moved = run_one(config)
+                runs.append(run_record(seed, accuracies, rounds, started, moved))
             rows[label] = summary(runs)
     print_table(f"{task}: final central accuracy after {rounds} rounds", rows, seeds)
     return {"task": task, "rounds": rounds, "seeds": seeds, "rows": rows}

@@ -30,7 +30,7 @@ from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
 from flwr_admm import RunDivergedError
 from flwr_admm.core import ResidualBalancing
-from flwr_admm.core.linearized import LINEARIZED_CONVEX
+from flwr_admm.core.linearized import LINEARIZED_CONVEX, Linearized
 from flwr_admm.core.settings import TEXTBOOK
 from flwr_admm.server import FedADMM
 from flwr_admm.testing import make_proxies, run_rounds
@@ -63,6 +63,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "prox defaults z-replies": {"form": "prox", "z_average": "replies"},
     # the linearized form (docs/options.md): its convex recipe
     "linearized convex": {"form": LINEARIZED_CONVEX},
+    # the defaults' momentum start (beta 0.9 behind the steady gate 0.9): without it,
+    # and without its gate (the restart test alone)
+    "defaults, no momentum": {"form": Linearized(momentum=0.0)},
+    "defaults, ungated momentum": {"form": Linearized(steady=None)},
     "defaults z-replies": {"form": None, "z_average": "replies"},
     "linearized convex z-replies": {"form": LINEARIZED_CONVEX, "z_average": "replies"},
 }

@@ -87,6 +87,7 @@ NUM_CLIENTS_CACHED = "num_clients_cached"  # client keys the server holds state 
 CONVERGED = "converged"  # 1 once r <= eps_pri and s <= eps_dual, else 0
 NEXT_RHO = "next_rho"
 GAMMA = "dual_step"  # gamma of the round's dual step, when AdaptiveDualStep sets it
+START_MOMENTUM = "start_momentum"  # beta the round's start used (0: at z); with a momentum start
 PRIMAL_RESIDUAL = "primal_residual"
 PREVIOUS_PRIMAL_RESIDUAL = "previous_primal_residual"  # client-held duals: r of round k-1
 # client-held duals: sqrt(sum n_i ||Delta_i / n_i||^2 / sum n_i), from what the server folds

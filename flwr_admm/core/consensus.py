@@ -22,7 +22,7 @@ from flwr_admm.core.schedules import (
     first_gamma,
     saved_gamma,
 )
-from flwr_admm.core.start_momentum import StartMomentum, check_momentum
+from flwr_admm.core.start_momentum import StartMomentum, check_momentum, check_steady
 from flwr_admm.core.steps import (
     DualStats,
     ZAverage,
@@ -111,6 +111,8 @@ class ConsensusADMM:
     start_momentum : float
         beta in [0, 1) of the linearized form's momentum start with restart
         (`flwr_admm.core.start_momentum`): `start_point` is where clients start.
+    start_steady : float or None
+        tau of the momentum's steady gate (`flwr_admm.core.start_momentum`); None: no gate.
 
     """
 
@@ -127,6 +129,7 @@ class ConsensusADMM:
     z_average: ZAverage = "cached"
     dual_step: DualStep = 1.0
     start_momentum: float = 0.0
+    start_steady: float | None = None
     gamma: float = field(init=False, default=1.0)  # this round's dual step
     sums: RunningSums = field(init=False, repr=False, compare=False)
     _round: OpenRound | None = field(init=False, default=None, repr=False, compare=False)
@@ -147,7 +150,8 @@ class ConsensusADMM:
         self.z_average = check_z_average(self.z_average)  # R is needed as with alpha != 1:
         self._shares_needed = self.relaxation != 1.0 or self.z_average == "replies"
         beta = check_momentum(self.start_momentum, "start_momentum")
-        self.momentum = StartMomentum(beta) if beta > 0 else None
+        steady = check_steady(self.start_steady, "start_steady")
+        self.momentum = StartMomentum(beta, steady) if beta > 0 else None
         self.z = [np.array(t, dtype=np.float64) for t in self.z]
         if not self.schedule_state:
             self.schedule_state = self.schedule.init()
@@ -280,10 +284,13 @@ class ConsensusADMM:
         """Set y_i = 0 for clients `keys` between rounds (`RunningSums.hold`).
 
         For clients that do not solve the ADMM step (a stock FedProx handler): their
-        center v_i is then z, their step FedProx's. Return the keys that were known.
+        center v_i is then z, their step FedProx's, and the momentum's steady gate
+        closes (such a round is FedProx's). Return the keys that were known.
         """
         if self._round is not None:
             raise ValueError("reset_duals: a round is open; call finish() or cancel() first")
+        if keys and self.momentum is not None:
+            self.momentum.pause()
         return self.sums.hold(self.records, keys)
 
     def finish(self, server_round: int) -> RoundReport:
@@ -313,8 +320,8 @@ class ConsensusADMM:
         self.rho, self.schedule_state = self.schedule.step(
             self.schedule_state, report, server_round
         )
-        if self.momentum is not None:  # the restart test on z_k -> z_{k+1}
-            self.momentum.step(z_prev, self.z)
+        if self.momentum is not None:  # the restart test and the gate on z_k -> z_{k+1}
+            self.momentum.step(z_prev, self.z, every_client=len(ordered) == len(self.records))
         return replace(report, next_rho=self.rho, dual_step=gamma)  # gamma: this round's
 
     def _update(self, rnd: OpenRound, ordered: list[Reply]) -> tuple[Arrays, DualStats]:

@@ -26,11 +26,14 @@ With heavy-ball momentum mu a step moves lr / (1 - mu) times the gradient once t
 velocity settles, so b_i = K_i lr / (1 - mu) (`step_budget`).
 
 Server steps (`Linearized`; ``form="linearized"`` is ``Linearized()``): the clients
-start at x = z + beta (z - z_prev) with a restart test (`flwr_admm.core.start_momentum`)
-and the dual step is damped, y_i += gamma rho_i (w_i - z'); neither moves the fixed
-point. ``Linearized()`` is beta 0 with the adaptive gamma (`flwr_admm.core.schedules`,
-from 0.2); `LINEARIZED_CONVEX` (beta 0.7, gamma 1)
-is for full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) is the textbook iteration.
+start at x = z + beta (z - z_prev) with a restart test and a steady gate
+(`flwr_admm.core.start_momentum`), and the dual step is damped,
+y_i += gamma rho_i (w_i - z'); neither moves the fixed point. ``Linearized()`` is
+beta 0.9 behind the gate (used only while every client replies and the rounds' steps
+keep their direction; 0 under client-held duals) with the adaptive gamma
+(`flwr_admm.core.schedules`, from 0.2); `LINEARIZED_CONVEX` (beta 0.7 without the
+gate, gamma 1) is for full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) is the
+textbook iteration.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from flwr_admm.core.settings import (
     given_rho,
     strategy_defaults,
 )
-from flwr_admm.core.start_momentum import check_momentum
+from flwr_admm.core.start_momentum import check_momentum, check_steady
 from flwr_admm.core.steps import ZAverage
 from flwr_admm.core.tensor_policy import TensorSplit
 from flwr_admm.core.types import Arrays, check_scale
@@ -86,9 +89,11 @@ Form = Literal["prox", "linearized"]
 FORMS: tuple[str, ...] = ("prox", "linearized")
 
 
-# Chosen on the CNN task (momentum SGD, minibatches; docs/benchmarks.md), where the
-# textbook dual step and the momentum start both diverge or end far behind
-DEFAULT_MOMENTUM = 0.0
+# Chosen on the CNN task (momentum SGD, minibatches; docs/torch.md), where the textbook
+# dual step and an ungated momentum start diverge or end far behind, then on the convex
+# tasks (docs/tuning.md), where the gated start speeds up full participation
+DEFAULT_MOMENTUM = 0.9
+DEFAULT_STEADY = 0.9  # the gate: cos(d_k, d_{k-1}) >= 0.9 two rounds in a row
 DEFAULT_LINEARIZED_DUAL_STEP: DualStep = AdaptiveDualStep()  # 0.2 upward (`core.schedules`)
 
 
@@ -98,9 +103,16 @@ class Linearized:
 
     Parameters
     ----------
-    momentum : float
+    momentum : float or None
         beta in [0, 1) of the momentum start with restart: the clients start at
-        x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z.
+        x = z + beta (z - z_prev) (`flwr_admm.core.start_momentum`); 0: at z. None
+        (default): the strategy's, 0.9 with server-held duals (`FedADMM`), 0 with
+        client-held ones (`FedADMMClientDuals`, which cannot send a start per node).
+    steady : float or None
+        tau in (-1, 1) of the momentum's steady gate: the start moves only after two
+        rounds in a row in which every cached client replied (none a stock handler)
+        and the round's step kept its direction, cos(d_k, d_{k-1}) >= tau
+        (`flwr_admm.core.start_momentum`); None: no gate, the restart test alone.
     dual_step : float or AdaptiveDualStep
         gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step. An
         `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.schedules`; under
@@ -109,17 +121,20 @@ class Linearized:
 
     """
 
-    momentum: float = DEFAULT_MOMENTUM
+    momentum: float | None = None
     dual_step: DualStep = DEFAULT_LINEARIZED_DUAL_STEP
+    steady: float | None = DEFAULT_STEADY
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "momentum", check_momentum(self.momentum, "momentum"))
+        if self.momentum is not None:
+            object.__setattr__(self, "momentum", check_momentum(self.momentum, "momentum"))
         object.__setattr__(self, "dual_step", check_dual_step_spec(self.dual_step))
+        object.__setattr__(self, "steady", check_steady(self.steady, "steady"))
 
 
 SCAFFNEW = Linearized(momentum=0.0, dual_step=1.0)  # the textbook iteration
 # for full-batch convex clients: the fastest on the convex tasks, diverges on the CNN
-LINEARIZED_CONVEX = Linearized(momentum=0.7, dual_step=1.0)
+LINEARIZED_CONVEX = Linearized(momentum=0.7, dual_step=1.0, steady=None)
 FormSpec = Form | Linearized  # what a strategy's ``form`` takes
 # FedProx's mu sent to a stock handler under the linearized form, and its rho_i there:
 # such a handler replies without a step budget and runs FedProx around z
@@ -198,6 +213,7 @@ def strategy_settings(
                 f"uplink or local DP yet); leave it unset, got {value!r}"
             )
     steps = form if isinstance(form, Linearized) else Linearized()
+    beta = DEFAULT_MOMENTUM if steps.momentum is None else steps.momentum
     return ConsensusSettings(
         rho=1.0,
         rho_schedule=Constant(),
@@ -206,7 +222,8 @@ def strategy_settings(
         eps_rel=eps_rel,
         z_average=z_average,
         dual_step=steps.dual_step,
-        start_momentum=steps.momentum,
+        start_momentum=beta,
+        start_steady=steps.steady if beta > 0.0 else None,
     )
 
 
@@ -224,7 +241,8 @@ def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[Dual
     """Return (dual step, rho = 1) of client-held duals in the linearized form.
 
     rho_i = 1 / b_i is taken on the nodes, so the state's rho is 1. The momentum start
-    is refused: it needs each node's start, which client-held duals do not send.
+    is refused: it needs each node's start, which client-held duals do not send
+    (``Linearized(momentum=None)``, the default, is 0 here).
 
     Raises
     ------
@@ -234,7 +252,7 @@ def client_held_steps(form: FormSpec, given: Mapping[str, object]) -> tuple[Dual
 
     """
     steps = form if isinstance(form, Linearized) else Linearized()
-    if steps.momentum != 0.0:
+    if steps.momentum not in (None, 0.0):
         raise ValueError(
             f"momentum: the momentum start needs server-held duals (FedADMM); use "
             f"Linearized(momentum=0.0) with FedADMMClientDuals, got {steps.momentum!r}"

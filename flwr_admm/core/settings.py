@@ -55,8 +55,8 @@ class ConsensusSettings:
     """Settings of a `ConsensusADMM` server, validated together when built.
 
     The fields are `ConsensusADMM`'s parameters (``rho_schedule`` is its ``schedule``;
-    `schedule_of` turns a name or None into one). rho, relaxation, dual_step and
-    start_momentum are kept as floats.
+    `schedule_of` turns a name or None into one). rho, relaxation, dual_step,
+    start_momentum and start_steady (or None) are kept as floats.
 
     Raises
     ------
@@ -75,6 +75,7 @@ class ConsensusSettings:
     z_average: ZAverage = "cached"
     dual_step: DualStep = 1.0
     start_momentum: float = 0.0
+    start_steady: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rho_schedule, RhoSchedule):
@@ -91,6 +92,8 @@ class ConsensusSettings:
         object.__setattr__(self, "relaxation", float(self.relaxation))
         object.__setattr__(self, "dual_step", check_dual_step_spec(self.dual_step))
         object.__setattr__(self, "start_momentum", float(self.start_momentum))
+        if self.start_steady is not None:
+            object.__setattr__(self, "start_steady", float(self.start_steady))
 
     def new_admm(self, z: Arrays) -> ConsensusADMM:
         """Start a fresh numpy core at consensus `z` with these settings."""
@@ -106,6 +109,7 @@ class ConsensusSettings:
             z_average=self.z_average,
             dual_step=self.dual_step,
             start_momentum=self.start_momentum,
+            start_steady=self.start_steady,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -122,6 +126,7 @@ class ConsensusSettings:
             **({} if self.z_average == "cached" else {"z_average": self.z_average}),
             **({} if self.dual_step == 1.0 else {"dual_step": describe_step(self.dual_step)}),
             **({} if self.start_momentum == 0.0 else {"start_momentum": self.start_momentum}),
+            **({} if self.start_steady is None else {"start_steady": self.start_steady}),
         }
 
 

@@ -33,9 +33,13 @@ class FedADMM(RoundStrategy):
     SCAFFOLD option II) sends z and y_i and takes rho_i = 1 / b_i from each reply's
     step budget b_i = K_i lr_i (no penalty knob):
 
-        w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from z    (no prox term)
+        w_i  = K_i steps w <- w - lr_i (grad f_i(w) + y_i) from x    (no prox term)
         z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i         (stale w_i, y_i of
         y_i += gamma rho_i (w_i - z')                                  absent clients count)
+
+    with x = z, or x = z + beta (z - z_prev) once the momentum's gate is open (every
+    client replied and the last two rounds' steps z' - x kept their direction;
+    `flwr_admm.core.start_momentum`).
 
     The prox form (``form="prox"``, the seeds' iteration), with u_i = y_i / rho_i:
 
@@ -105,9 +109,10 @@ class FedADMM(RoundStrategy):
         proximal_mu, rho_schedule, regularizer, relaxation, dual_step, a compressor or
         local DP), so ``FedProx(proximal_mu=mu)`` -> ``FedADMM(proximal_mu=mu)`` keeps
         mu. The linearized form fixes those settings (given with it: ValueError).
-        ``form=LINEARIZED_CONVEX`` (`flwr_admm.core.linearized`) is the fastest setting
-        measured on full-batch convex clients and diverges on the CNN task
-        (docs/options.md).
+        ``Linearized()``: the adaptive dual step and the gated momentum start (beta 0.9,
+        gate 0.9). ``form=LINEARIZED_CONVEX`` (`flwr_admm.core.linearized`, no gate)
+        is the fastest setting measured on full-batch convex clients and diverges on
+        the CNN task (docs/options.md).
     convergence : Convergence
         Boyd's stopping thresholds (`flwr_admm.options.Convergence`).
     sampling_seed : int or None

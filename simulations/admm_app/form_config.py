@@ -4,10 +4,11 @@
 ``relaxation`` and ``dual-step``. The linearized forms take rho_i = 1 / b_i from each
 reply's step budget b_i = K_i lr_i and carry their own server steps
 (`flwr_admm.core.linearized`): ``linearized`` is `Linearized()` (the adaptive dual
-step from 0.2, no momentum start; chosen on the CNN task), ``linearized-convex`` is
-`LINEARIZED_CONVEX` (momentum start 0.7 with restart, dual step 1; for full-batch
-convex clients). Those four keys are then fixed by the form, so a value other than
-their default is refused rather than ignored. Only ``fedadmm`` and
+step from 0.2, the gated momentum start, none under client-held duals; chosen on the
+CNN task), ``linearized-convex`` is `LINEARIZED_CONVEX` (momentum start 0.7 with
+restart, no gate, dual step 1; for full-batch convex clients, server-held duals
+only). Those four keys are then fixed by the form, so a value other than their
+default is refused rather than ignored. Only ``fedadmm`` and
 ``fedadmm-client-duals`` have a form; the latter's prox form runs a constant rho > 0
 without over-relaxation.
 """
@@ -92,7 +93,7 @@ def form_settings(
             f"run config 'form': only strategies {list(FORM_STRATEGIES)} have a form; "
             f"leave it at 'prox' with strategy={strategy!r}"
         )
-    if strategy == "fedadmm-client-duals" and RECIPES[name].momentum != 0.0:
+    if strategy == "fedadmm-client-duals" and RECIPES[name].momentum not in (None, 0.0):
         raise ValueError(
             f"run config 'form': {name!r} starts with server momentum, which needs "
             "server-held duals (strategy=fedadmm); use form='linearized' with "

@@ -41,8 +41,10 @@ def _last(tmp_path, api, strategy, form):
 def test_the_linearized_form_is_one_iteration_per_strategy_on_both_apis(tmp_path):
     """Both adapt gamma from 0.2 (`AdaptiveDualStep`; client-held duals from the nodes'
     alignment reports): the same run on either API, and, with every node replying,
-    client-held duals where server-held ones are (before the reports, 4.1e-5 against
-    1.5e-7 at round 15)."""
+    client-held duals close to server-held ones (before the reports, 4.1e-5 against
+    1.5e-7 at round 15). They were equal to 1e-9 until server-held duals gained the
+    gated momentum start, which client-held ones cannot send: the gate opens late in
+    these 15 rounds (the identity without it: tests/serverapp/test_linearized.py)."""
     runs = {
         (api, strategy): _last(tmp_path, api, strategy, "linearized")
         for api in RUNS
@@ -53,8 +55,8 @@ def test_the_linearized_form_is_one_iteration_per_strategy_on_both_apis(tmp_path
         assert legacy == pytest.approx(message, rel=1e-9, abs=0)
     held = runs["message", "fedadmm-client-duals"]["relative_gap"]
     server = runs["message", "fedadmm"]["relative_gap"]
-    assert 0 < server < 1e-6  # measured 1.486e-7 at round 15
-    assert held == pytest.approx(server, rel=1e-6)  # measured 1e-9 apart
+    assert 0 < server < 1e-6  # measured 1.498e-7 at round 15
+    assert held == pytest.approx(server, rel=0.02)  # measured 1.486e-7, 0.8 % apart
     for (_, strategy), last in runs.items():
         assert last["num_results"] == 10 and last["rho"] == 1.0
         copies_down = 2 if strategy == "fedadmm" else 1  # z and y_i, or z

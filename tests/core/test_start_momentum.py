@@ -1,5 +1,5 @@
-"""The linearized form's momentum start with restart: hand-computed rounds, the restart
-test, checkpoints, and the settings that name it."""
+"""The linearized form's momentum start with restart and its steady gate: hand-computed
+rounds, the restart test, the gate, checkpoints, and the settings that name them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from flwr_admm.core import ConsensusADMM, Linearized
 from flwr_admm.core.linearized import SCAFFNEW, strategy_settings
-from flwr_admm.core.start_momentum import StartMomentum
+from flwr_admm.core.start_momentum import STEADY_ROUNDS, StartMomentum
 from flwr_admm.core.types import Reply
 
 
@@ -46,9 +46,49 @@ def test_a_non_finite_test_restarts() -> None:
     assert momentum.step([np.array([1.0])], [np.array([np.nan])]) is True
 
 
-def two_client_core(beta: float) -> ConsensusADMM:
+def test_the_gate_opens_after_two_steady_rounds_and_closes_on_a_turn() -> None:
+    """d_k = z_{k+1} - x_k; the start moves once two rounds in a row had cos >= tau."""
+    momentum = StartMomentum(0.5, steady=0.9)
+    z = [[np.array([float(k), 0.0])] for k in range(4)]  # steps (1, 0) each round
+    momentum.step(z[0], z[1])  # no d_{k-1} yet: not steady
+    assert momentum.streak == 0 and momentum.start(z[1]) is z[1]
+    momentum.step(z[1], z[2])  # cos 1: one steady round, the gate still shut
+    assert momentum.streak == 1 and momentum.start(z[2]) is z[2]
+    momentum.step(z[2], z[3])
+    assert momentum.streak == STEADY_ROUNDS == 2
+    np.testing.assert_array_equal(momentum.start(z[3])[0], [3.5, 0.0])  # 3 + 0.5 (3 - 2)
+    # x = (3.5, 0); z' = (4.5, 0.6): d = (1, 0.6), d_prev = (1, 0), cos 0.857 < 0.9
+    turn = [np.array([4.5, 0.6])]
+    assert momentum.step(z[3], turn) is False  # along the momentum: no restart
+    assert momentum.streak == 0 and momentum.start(turn) is turn
+
+
+def test_a_round_without_every_client_or_with_a_stock_reply_closes_the_gate() -> None:
+    momentum = StartMomentum(0.5, steady=0.9)
+    z = [[np.array([float(k)])] for k in range(6)]
+    for k in range(3):
+        momentum.step(z[k], z[k + 1])
+    assert momentum.open
+    momentum.step(z[3], z[4], every_client=False)  # 3 of 10 replied: not counted
+    assert momentum.streak == 0 and momentum.start(z[4]) is z[4]
+    momentum.step(z[4], z[5])  # cos 1 against the partial round's step: one round again
+    assert momentum.streak == 1
+    momentum.streak = STEADY_ROUNDS
+    momentum.pause()  # a stock FedProx handler replied (ConsensusADMM.reset_duals)
+    assert not momentum.open and momentum.start(z[5]) is z[5]
+
+
+def test_without_a_gate_it_is_the_restart_test_alone() -> None:
+    momentum = StartMomentum(0.5, steady=None)
+    z0, z1 = [np.array([0.0])], [np.array([2.0])]
+    momentum.step(z0, z1, every_client=False)
+    np.testing.assert_array_equal(momentum.start(z1)[0], [3.0])  # at once, partial or not
+    assert momentum.last_step is None and momentum.streak == 0  # nothing kept for a gate
+
+
+def two_client_core(beta: float, steady: float | None = 0.9) -> ConsensusADMM:
     settings = strategy_settings(
-        Linearized(momentum=beta),
+        Linearized(momentum=beta, steady=steady),
         {"rho": None, "proximal_mu": None, "rho_schedule": None},
         regularizer=None,
         eps_abs=1e-6,
@@ -86,22 +126,26 @@ def test_the_fixed_point_is_the_pooled_optimum_with_and_without_momentum() -> No
         np.testing.assert_allclose(zs[-1], [2.0, 0.0], atol=1e-10)  # the mean of the c_i
 
 
-def test_a_checkpoint_restores_the_momentum_bit_for_bit() -> None:
-    expected = run_quadratic(two_client_core(0.7), 10)
-    held = []
-    for split in range(2, 8):  # rounds right after a restart (no z_prev) and others
-        first = two_client_core(0.7)
+@pytest.mark.parametrize("steady", [None, 0.9])
+def test_a_checkpoint_restores_the_momentum_bit_for_bit(steady: float | None) -> None:
+    expected = run_quadratic(two_client_core(0.7, steady), 10)
+    held, streaks = [], []
+    for split in range(1, 8):  # rounds right after a restart (no z_prev) and others
+        first = two_client_core(0.7, steady)
         run_quadratic(first, split)
         arrays, meta = first.state_dict()
         assert meta["start_momentum"]["beta"] == 0.7
         held.append("momentum.previous.0" in arrays)
-        resumed = two_client_core(0.7)
+        streaks.append(meta["start_momentum"]["streak"])
+        resumed = two_client_core(0.7, steady)
         resumed.load_state_dict({k: np.array(v) for k, v in arrays.items()}, meta)
         np.testing.assert_array_equal(resumed.start_point()[0], first.start_point()[0])
         rest = run_quadratic(resumed, 10 - split)
         np.testing.assert_array_equal(np.array(rest), np.array(expected[split:]))
     assert any(held) and not all(held)  # both cases were checkpointed
-    assert two_client_core(0.7).momentum is not None
+    if steady is not None:  # a shut gate and an open one were checkpointed
+        assert min(streaks) < STEADY_ROUNDS <= max(streaks)
+    assert two_client_core(0.7, steady).momentum is not None
 
 
 def test_settings_name_the_field() -> None:
@@ -111,6 +155,11 @@ def test_settings_name_the_field() -> None:
         Linearized(dual_step=0.0)
     with pytest.raises(ValueError, match=r"^start_momentum: "):
         ConsensusADMM([np.zeros(1)], 1.0, start_momentum=-0.1)
+    with pytest.raises(ValueError, match=r"^steady: must be None or a number in \(-1, 1\), got 1"):
+        Linearized(steady=1)
+    with pytest.raises(ValueError, match=r"^start_steady: "):
+        ConsensusADMM([np.zeros(1)], 1.0, start_momentum=0.5, start_steady=True)
+    assert Linearized().momentum is None and Linearized().steady == 0.9  # the strategy's beta
     assert SCAFFNEW == Linearized(momentum=0.0, dual_step=1.0)
     described = two_client_core(0.7)
     assert described.momentum is not None and described.momentum.beta == 0.7

@@ -293,7 +293,7 @@ def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
 
 # ------------------------------------------------------------- the momentum start
 def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum():
-    strategy = FedADMM(form=Linearized(momentum=0.7, dual_step=1.0), **_every_node())
+    strategy = FedADMM(form=Linearized(momentum=0.7, dual_step=1.0, steady=None), **_every_node())
     app = make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
     grid = InProcessGrid(app, N)
     recorder = ZRecorder()
@@ -314,6 +314,35 @@ def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum
     assert moved >= 10  # the momentum reaches the clients (it was dropped every round once)
     assert 0 < strategy.admm.momentum.restarts < 28
     assert gaps(z[1:].astype(np.float64))[-1] < 1e-6  # float32 z: near the pooled optimum
+
+
+def _moved_starts(grid, z):
+    """Rounds whose train messages carried a start other than the previous round's z."""
+    sent = {
+        int(m.metadata.group_id): m.content["arrays"]["0"].numpy()
+        for m in grid.sent
+        if m.metadata.message_type == "train"
+    }
+    return [k for k in sorted(sent) if k > 1 and not np.array_equal(sent[k], z[k - 2])]
+
+
+def test_the_default_gate_opens_with_every_node_and_never_with_3_of_10():
+    """``FedADMM()``'s momentum start (beta 0.9, steady gate 0.9) on seed-logreg: with
+    every node replying the steps keep their direction and the gate opens (13 rounds to
+    1e-6 either way; the gain is on synthetic and digits, docs/tuning.md); with 3 of 10
+    no round counts, so every start is z, as without a momentum start."""
+    full = FedADMM(**_every_node())
+    z, grid = _run(full, 20)
+    moved = _moved_starts(grid, z)
+    assert len(moved) >= 5 and min(moved) >= 4  # two steady rounds first (rounds 2, 3)
+    used = [k for k, h in enumerate(full.history, 1) if h["start_momentum"] == 0.9]
+    assert used == moved  # the round metric says which starts moved
+    assert first_round_below(gaps(z), 1e-6) is not None
+    sampled = FedADMM(fraction_train=0.3, min_available_nodes=N)
+    z, grid = _run(sampled, 40)
+    plain, _ = _run(FedADMM(form=Linearized(momentum=0.0), fraction_train=0.3), 40)
+    assert _moved_starts(grid, z) == [] and sampled.admm.momentum.streak == 0
+    np.testing.assert_array_equal(z, plain)
 
 
 def test_both_apis_run_the_default_linearized_form_bit_for_bit():
@@ -343,7 +372,9 @@ def test_client_held_duals_default_linearized_is_the_server_held_one():
     the rule's floor 0.2 there (the server never sees y_i): 4x the rounds on seed-logreg."""
     strategy = FedADMMClientDuals(form="linearized", **_every_node())
     held, _ = _run(strategy, 40)
-    server_held = FedADMM(form="linearized", **_every_node())
+    # without the momentum start, which FedADMM's `Linearized()` has and client-held
+    # duals cannot send (the nodes start at z)
+    server_held = FedADMM(form=Linearized(momentum=0.0), **_every_node())
     server, _ = _run(server_held, 40)
     np.testing.assert_allclose(held, server, rtol=1e-9, atol=1e-12)
     sent = [h["dual_step"] for h in strategy.history]  # the gamma each round's config sent
@@ -407,7 +438,8 @@ def test_unequal_step_budgets_client_held_are_the_server_held_iteration(app, for
     server-held FedADMM's linearized form round for round, gamma 1 or adaptive. S / N
     weighed the nodes by n_i before: with K_i = 10 and 30 z settled at a 2.0e-3 gap,
     looking converged."""
-    held, _ = _run(FedADMM(form=form, **_every_node()), 60, app)
+    server_form = Linearized(momentum=0.0) if form == "linearized" else form  # no start
+    held, _ = _run(FedADMM(form=server_form, **_every_node()), 60, app)
     assert gaps(held)[-1] < (1e-12 if form == SCAFFNEW else 1e-6)
     strategy = FedADMMClientDuals(form=form, **_every_node())
     z, _ = _run(strategy, 60, app)
