@@ -7,8 +7,9 @@ step eta_g in {1, 1.6}) through the in-process driver
 reported. Untuned FedADMM runs on the task's default local settings: `FedADMM()` with
 its defaults ("FedADMM (defaults)": the Message API's default form, the linearized one,
 ``Linearized()``: rho_i = 1 / (K_i lr) from each reply, no penalty knob, the adaptive
-dual step from 0.2, no momentum; `flwr_admm.core.linearized`; "FedADMM (defaults),
-local tuned" runs them over the local grid only, lr x steps, no server argument),
+dual step from 0.2, the gated momentum start; `flwr_admm.core.linearized`; "FedADMM
+(defaults), local tuned" runs them over the local grid only, lr x steps, no server
+argument),
 plain ADMM at rho = 1 ("FedADMM-default (untuned)") and `ResidualBalancing` from rho0 =
 1. The grid rows and those two are the textbook iteration (alpha as the grid says,
 dual step 1). "FedADMM prox form" is ``FedADMM(form="prox")`` with its defaults

@@ -65,8 +65,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "linearized convex": {"form": LINEARIZED_CONVEX},
     # the defaults' momentum start (beta 0.9 behind the steady gate 0.9): without it,
     # and without its gate (the restart test alone)
-    "defaults, no momentum": {"form": Linearized(momentum=0.0)},
-    "defaults, ungated momentum": {"form": Linearized(steady=None)},
+    "defaults no momentum": {"form": Linearized(momentum=0.0)},
+    "defaults ungated momentum": {"form": Linearized(steady=None)},
     "defaults z-replies": {"form": None, "z_average": "replies"},
     "linearized convex z-replies": {"form": LINEARIZED_CONVEX, "z_average": "replies"},
 }
