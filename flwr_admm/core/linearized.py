@@ -298,12 +298,18 @@ def scale_of_budget(value: object, field_name: str) -> float:
     return scale
 
 
-def dual_tensors(admm: ConsensusADMM, split: TensorSplit, key: str | None) -> Arrays:
-    """Return y_i of client `key` as the full tensor list (zeros if new or not consensus)."""
+def dual_tensors(admm: ConsensusADMM, held: TensorSplit | None, key: str | None) -> Arrays:
+    """Return y_i of client `key` as the full tensor list (zeros if new or not consensus).
+
+    `held`: the split when some tensors are outside the consensus (they carry no dual),
+    None when every tensor is a consensus variable.
+    """
     record = admm.records.get(key) if key is not None else None
     y = [np.zeros_like(t) for t in admm.z] if record is None else record.y
-    full = list(split.merge(y))
-    for i in split.held:  # the tensors outside the consensus carry no dual
+    if held is None:
+        return list(y)
+    full = list(held.merge(y))
+    for i in held.held:
         full[i] = np.zeros(np.shape(full[i]))
     return full
 

@@ -195,11 +195,12 @@ class FedADMMRound:
 
         The linearized form's ``proximal-mu`` is for stock FedProx handlers (`STOCK_MU`).
         """
-        admm, split = self._core()
+        admm, _ = self._core()
         self.sent_key[node] = key if key in admm.records else None
         if self.form == "linearized":  # y_i goes down; rho_i = 1 / b_i comes back
             linear: dict[str, Scalar] = {FORM: FORM_LINEARIZED, PROXIMAL_MU: STOCK_MU}
-            return Instruction(self._start, linear, {DUAL_RECORD: dual_tensors(admm, split, key)})
+            y_i = dual_tensors(admm, self._held, key)
+            return Instruction(self._start, linear, {DUAL_RECORD: y_i})
         center, rho_i = admm.center(key), admm.rho_for(key)  # v_i = z - y_i / rho_i
         arrays = AS_RECEIVED if center is admm.z else self._merge(center)
         config: dict[str, Scalar] = {RHO: rho_i, PROXIMAL_MU: rho_i}
