@@ -64,7 +64,9 @@ METHODS: dict[str, Callable[[float], Strategy]] = {
     "`FedADMM(dual_step=0.2)` (prox form, fixed gamma 0.2)": lambda f: FedADMM(
         dual_step=0.2, **sampling(f)
     ),
-    "`FedADMM()` (defaults: `Linearized()`, adaptive gamma)": lambda f: FedADMM(**sampling(f)),
+    "`FedADMM()` (defaults: `Linearized()`, adaptive gamma, gated momentum)": lambda f: FedADMM(
+        **sampling(f)
+    ),
     "`FedADMM(form=Linearized(dual_step=0.2))`": lambda f: FedADMM(
         form=Linearized(dual_step=0.2), **sampling(f)
     ),
