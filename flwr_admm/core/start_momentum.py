@@ -123,12 +123,12 @@ class StartMomentum:
         `every_client`: whether every cached client replied (the gate counts no other round).
         """
         x = self.start(z)
+        d = [np.subtract(n, s, dtype=np.float64) for n, s in zip(z_next, x, strict=True)]
         along = sum(
-            float(np.vdot(n - s, n - t)) for n, s, t in zip(z_next, x, z, strict=True)
-        )  # (z_{k+1} - x_k) . (z_{k+1} - z_k)
+            float(np.vdot(e, n - t)) for e, n, t in zip(d, z_next, z, strict=True)
+        )  # d_k . (z_{k+1} - z_k), d_k = z_{k+1} - x_k
         restart = x is not z and not along >= 0.0  # NaN restarts too
         if self.steady is not None:
-            d = [np.subtract(n, s, dtype=np.float64) for n, s in zip(z_next, x, strict=True)]
             steady = (
                 every_client
                 and not restart

@@ -110,7 +110,6 @@ class FedADMMRound:
         self.marks = StartMarks()  # stock FedProx handlers: their duals are held at 0
         self.sent_key: dict[str, str | None] = {}  # node -> key whose center it got
         self._start: Arrays = AS_RECEIVED  # this round's start, the same for every node
-        self._beta = 0.0  # the momentum it was moved by
 
     @classmethod
     def of(
@@ -184,7 +183,6 @@ class FedADMMRound:
         admm, _ = self._core()
         x = admm.start_point()  # z, or the linearized form's momentum start
         self._start = AS_RECEIVED if x is admm.z else self._merge(x)
-        self._beta = 0.0 if x is admm.z or admm.momentum is None else admm.momentum.beta
         if self.uplink is None:
             return {}
         self.uplink.sampled(sampled, population)
@@ -305,8 +303,8 @@ class FedADMMRound:
         missing = STEP_BUDGET if self.form == "linearized" else START_MARK
         stock = self.marks.settle(admm, partial(log, WARNING, "FedADMM: %s"), missing)  # y_i = 0
         metrics = {**report_metrics(report), NUM_STOCK_REPLIES: stock}
-        if admm.momentum is not None:
-            metrics[START_MOMENTUM] = self._beta
+        if admm.momentum is not None:  # the beta this round's start was moved by
+            metrics[START_MOMENTUM] = 0.0 if self._start is AS_RECEIVED else admm.momentum.beta
         if self.uplink is not None:
             metrics.update(self.uplink.round_metrics(aggregated=True))
         return metrics, report.converged

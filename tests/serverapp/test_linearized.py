@@ -292,6 +292,15 @@ def test_the_legacy_strategy_runs_the_same_iteration_and_is_scaffold_too():
 
 
 # ------------------------------------------------------------- the momentum start
+def _sent_starts(grid):
+    """Round -> the start its train messages carried (the same for every node)."""
+    return {
+        int(m.metadata.group_id): m.content["arrays"]["0"].numpy()
+        for m in grid.sent
+        if m.metadata.message_type == "train"
+    }
+
+
 def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum():
     strategy = FedADMM(form=Linearized(momentum=0.7, dual_step=1.0, steady=None), **_every_node())
     app = make_client_app(admm_client_fn(local_steps=STEPS, learning_rate=LR))
@@ -300,11 +309,7 @@ def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum
     zeros = ArrayRecord([np.zeros(20, dtype=np.float32)])  # the broadcast comes back rounded
     run_strategy(strategy, grid, zeros, 30, evaluate_fn=recorder)
     z = recorder.matrix  # z^0 .. z^30
-    sent = {
-        int(m.metadata.group_id): m.content["arrays"]["0"].numpy()
-        for m in grid.sent
-        if m.metadata.message_type == "train"
-    }
+    sent = _sent_starts(grid)
     moved = 0
     for k in range(3, 31):  # round k starts at x = z^(k-1) + 0.7 (z^(k-1) - z^(k-2)), or z^(k-1)
         x = z[k - 1] + 0.7 * (z[k - 1] - z[k - 2])
@@ -318,11 +323,7 @@ def test_the_momentum_start_reaches_a_float32_model_and_keeps_the_pooled_optimum
 
 def _moved_starts(grid, z):
     """Rounds whose train messages carried a start other than the previous round's z."""
-    sent = {
-        int(m.metadata.group_id): m.content["arrays"]["0"].numpy()
-        for m in grid.sent
-        if m.metadata.message_type == "train"
-    }
+    sent = _sent_starts(grid)
     return [k for k in sorted(sent) if k > 1 and not np.array_equal(sent[k], z[k - 2])]
 
 
