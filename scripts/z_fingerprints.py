@@ -23,7 +23,7 @@ SHAPES = [(300_000,), (7, 3)]
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {"rho": 1.0},
     "relaxed-RB": {"rho": 1.0, "relaxation": 1.6, "schedule": ResidualBalancing()},
-    # FedADMM()'s: rho0 0.1, residual balancing, the adaptive dual step
+    # FedADMM(form="prox")'s: rho0 0.1, residual balancing, the adaptive dual step
     "defaults": {"rho": 0.1, "schedule": ResidualBalancing(), "dual_step": AdaptiveDualStep()},
 }
 
