@@ -159,11 +159,6 @@ class ConsensusADMM:
         self.sums.recompute(self.records)
 
     # ----------------------------------------------------------------- queries
-    @property
-    def num_parameters(self) -> int:
-        """Return the total number of scalars in the model."""
-        return int(sum(t.size for t in self.z))
-
     def rho_for(self, key: str | None) -> float:
         """Return rho_i = rho * s_i (s_i = 1 for an unseen client)."""
         record = self.records.get(key) if key is not None else None

@@ -20,6 +20,8 @@ from typing import Any
 from flwr_admm.data.base import FederatedData
 from flwr_admm.data.credit import FEATURES as CREDIT_FEATURES
 from flwr_admm.data.credit import credit_banks
+from flwr_admm.data.digits import NUM_CLASSES as DIGITS_CLASSES
+from flwr_admm.data.digits import NUM_FEATURES as DIGITS_FEATURES
 from flwr_admm.data.digits import digits_federated
 from flwr_admm.data.images import IMAGE_SETS, image_federated
 from flwr_admm.data.partition import PartitionSpec
@@ -118,7 +120,9 @@ def _digits(
     Defaults: lr 0.5 (softmax) / 0.2 (MLP), 1 local epoch of batches of 16.
     """
     spec = PartitionSpec(kind=partitioner, num_clients=num_clients, dirichlet_alpha=dirichlet_alpha)
-    make_model, convex = _classifier(model, 64, 10, l2=l2, hidden=32, seed=seed)
+    make_model, convex = _classifier(
+        model, DIGITS_FEATURES, DIGITS_CLASSES, l2=l2, hidden=32, seed=seed
+    )
     return Task(
         name="digits",
         data=digits_federated(spec, seed=seed, standardize=standardize),

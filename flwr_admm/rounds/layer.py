@@ -100,7 +100,6 @@ class RoundLayer:
         self.stop_on_convergence = bool(stop_on_convergence)
         self.settings_of_api = dict(settings or {})
         self.binding = KeyBinding(self.clients.key_binding)
-        self.health = health
         self.health_state = RunHealth.of(health, self.label, advice)
         self.layout: Layout | None = None
         self.history: list[dict[str, Any]] = []
