@@ -234,6 +234,8 @@ class FedADMM(RoundStrategy):
         log(INFO, "\t│\t├── regularizer: %s", s.regularizer)
         log(INFO, "\t│\t├── relaxation: %s", s.relaxation)
         log(INFO, "\t│\t├── form: %s", self.algorithm.form)
+        if s.start_momentum > 0:  # the linearized form's start: beta, and its gate
+            log(INFO, "\t│\t├── momentum start: %s (gate %s)", s.start_momentum, s.start_steady)
         log(INFO, "\t│\t└── dual_step: %s, sampling_seed: %s", s.dual_step, self.sampling_seed)
         super().summary()
 

@@ -346,6 +346,16 @@ def test_the_default_gate_opens_with_every_node_and_never_with_3_of_10():
     np.testing.assert_array_equal(z, plain)
 
 
+def test_the_summary_names_the_momentum_start_and_its_gate(caplog):
+    with caplog.at_level("INFO"):
+        FedADMM().summary()
+    assert "momentum start: 0.9 (gate 0.9)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        FedADMM(form=SCAFFNEW).summary()  # no momentum start: no line
+    assert "form: linearized" in caplog.text and "momentum start" not in caplog.text
+
+
 def test_both_apis_run_the_default_linearized_form_bit_for_bit():
     client = {"local_steps": STEPS, "learning_rate": LR}
     _, legacy, _ = run_seed(flwr_admm.server.FedADMM, 12, client_kwargs=client, form="linearized")
