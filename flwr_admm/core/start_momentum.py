@@ -15,16 +15,21 @@ and the dual step are the linearized form's (`flwr_admm.core.linearized`); only 
 start moves, so the fixed point is the same (at consensus z_k = z_{k-1}, x_k = z_k).
 The state is z_{k-1} (None after a restart or before the second round).
 
-**Steady gate.** With ``steady`` = tau the momentum is used only after
-`STEADY_ROUNDS` rounds in a row whose steps d_k = z_{k+1} - x_k kept their direction,
+**Steady gate.** With ``steady`` = tau the gate opens after `STEADY_ROUNDS` rounds in
+a row whose steps d_k = z_{k+1} - x_k kept their direction,
 
     cos(d_k, d_{k-1}) >= tau,   every cached client replied, none a stock handler,
 
-and is dropped (x_{k+1} = z_{k+1}) after any other round. Deterministic local solves
-keep the direction (cosines 0.92-1.0 on seed-logreg, synthetic and the digits MLP with
-every client), minibatch noise and partial participation do not (below 0.5 on most
-rounds of the CNN task, spikes to 0.9), where an ungated start collapses runs
-(docs/tuning.md). ``steady`` None: the restart test alone.
+and stays open, whatever the cosine, until a restart, a round in which not every cached
+client replied, or a stock reply (`pause`) shuts it (x_{k+1} = z_{k+1}); it then opens
+again only after `STEADY_ROUNDS` more steady rounds. Deterministic local solves and
+small local steps keep the direction while the momentum is off (cosines 0.92-1.0 on
+seed-logreg, synthetic and the digits MLP with every client); minibatch noise of large
+local steps and partial participation do not (below 0.5 on most rounds of the CNN task,
+spikes to 0.9), where an ungated start collapses runs (docs/tuning.md). Once the
+momentum runs, consecutive steps turn even on the convex tasks (the restart test keeps
+it in check), so the cosine decides only the opening. ``steady`` None: the restart test
+alone.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ class StartMomentum:
     last_step : list of ndarray or None
         d_{k-1} = z_k - x_{k-1}, kept with a gate.
     streak : int
-        Steady rounds in a row (with a gate).
+        Steady rounds in a row (with a gate); an open gate counts every round it holds.
 
     """
 
@@ -132,8 +137,12 @@ class StartMomentum:
             steady = (
                 every_client
                 and not restart
-                and self.last_step is not None
-                and _cosine(d, self.last_step) >= self.steady  # NaN: not steady
+                and (
+                    self.open  # an open gate holds until one of the tests above shuts it
+                    or (
+                        self.last_step is not None and _cosine(d, self.last_step) >= self.steady
+                    )  # NaN: not steady
+                )
             )
             self.streak = self.streak + 1 if steady else 0
             self.last_step = d

@@ -46,7 +46,9 @@ def test_a_non_finite_test_restarts() -> None:
     assert momentum.step([np.array([1.0])], [np.array([np.nan])]) is True
 
 
-def test_the_gate_opens_after_two_steady_rounds_and_closes_on_a_turn() -> None:
+def test_the_gate_opens_after_two_steady_rounds_holds_through_a_turn_and_shuts_on_a_restart() -> (
+    None
+):
     """d_k = z_{k+1} - x_k; the start moves once two rounds in a row had cos >= tau."""
     momentum = StartMomentum(0.5, steady=0.9)
     z = [[np.array([float(k), 0.0])] for k in range(4)]  # steps (1, 0) each round
@@ -60,7 +62,13 @@ def test_the_gate_opens_after_two_steady_rounds_and_closes_on_a_turn() -> None:
     # x = (3.5, 0); z' = (4.5, 0.6): d = (1, 0.6), d_prev = (1, 0), cos 0.857 < 0.9
     turn = [np.array([4.5, 0.6])]
     assert momentum.step(z[3], turn) is False  # along the momentum: no restart
-    assert momentum.streak == 0 and momentum.start(turn) is turn
+    assert momentum.streak == 3 and momentum.open  # the open gate holds
+    x = momentum.start(turn)[0]
+    np.testing.assert_allclose(x, [5.25, 0.9], rtol=0, atol=1e-15)  # turn + 0.5 (turn - z3)
+    # z'' = (4.6, 0.6): (z'' - x) . (z'' - turn) = (-0.65, -0.3) . (0.1, 0) < 0
+    back = [np.array([4.6, 0.6])]
+    assert momentum.step(turn, back) is True
+    assert momentum.streak == 0 and momentum.start(back) is back  # shut: two steady rounds again
 
 
 def test_a_round_without_every_client_or_with_a_stock_reply_closes_the_gate() -> None:
