@@ -29,8 +29,9 @@ Server steps (`Linearized`; ``form="linearized"`` is ``Linearized()``): the clie
 start at x = z + beta (z - z_prev) with a restart test and a steady gate
 (`flwr_admm.core.start_momentum`), and the dual step is damped,
 y_i += gamma rho_i (w_i - z'); neither moves the fixed point. ``Linearized()`` is
-beta 0.9 behind the gate (used only while every client replies and the rounds' steps
-keep their direction; 0 under client-held duals) with the adaptive gamma
+beta 0.9 behind the gate (opened by two rounds in a row whose steps kept their
+direction with every client replying, shut by a restart or a partial round; 0 under
+client-held duals) with the adaptive gamma
 (`flwr_admm.core.schedules`, from 0.2); `LINEARIZED_CONVEX` (beta 0.7 without the
 gate, gamma 1) is for full-batch convex clients; `SCAFFNEW` (beta 0, gamma 1) is the
 textbook iteration.
@@ -109,10 +110,11 @@ class Linearized:
         (default): the strategy's, 0.9 with server-held duals (`FedADMM`), 0 with
         client-held ones (`FedADMMClientDuals`, which cannot send a start per node).
     steady : float or None
-        tau in (-1, 1) of the momentum's steady gate: the start moves only after two
-        rounds in a row in which every cached client replied (none a stock handler)
-        and the round's step kept its direction, cos(d_k, d_{k-1}) >= tau
-        (`flwr_admm.core.start_momentum`); None: no gate, the restart test alone.
+        tau in (-1, 1) of the momentum's steady gate: it opens after two rounds in a
+        row in which every cached client replied (none a stock handler) and the
+        round's step kept its direction, cos(d_k, d_{k-1}) >= tau, and holds until a
+        restart, a partial round or a stock reply (`flwr_admm.core.start_momentum`);
+        None: no gate, the restart test alone.
     dual_step : float or AdaptiveDualStep
         gamma in (0, 1]: y_i += gamma rho_i (w_i - z'); 1 is the textbook step. An
         `AdaptiveDualStep` sets gamma each round (`flwr_admm.core.schedules`; under

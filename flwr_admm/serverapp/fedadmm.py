@@ -37,9 +37,9 @@ class FedADMM(RoundStrategy):
         z'   = sum_i p_i (rho_i w_i + y_i) / sum_i p_i rho_i         (stale w_i, y_i of
         y_i += gamma rho_i (w_i - z')                                  absent clients count)
 
-    with x = z, or x = z + beta (z - z_prev) once the momentum's gate is open (every
-    client replied and the last two rounds' steps z' - x kept their direction;
-    `flwr_admm.core.start_momentum`).
+    with x = z, or x = z + beta (z - z_prev) while the momentum's gate is open (opened
+    by two rounds in a row in which every client replied and the step z' - x kept its
+    direction, shut by a restart or a partial round; `flwr_admm.core.start_momentum`).
 
     The prox form (``form="prox"``, the seeds' iteration), with u_i = y_i / rho_i:
 
