@@ -89,18 +89,28 @@ class ClientPolicy:
         Evict a key not heard for more than this many rounds (its state leaves the sums).
     max_count : int, optional
         Keep at most this many keys, evicting the least recently heard.
+    identify : bool
+        Message API: before a seeded round samples a strict subset, ask each node
+        without a key which client it speaks for (once), so that the sample does not
+        depend on the random node ids Flower assigns and engine runs repeat. The
+        ClientApps must answer (`flwr_admm.clientapp.identity.identity_reply`;
+        `make_client_app` does); a node that does not keeps its node-id place and,
+        in Flower's engine, logs the error of its missing query handler. Default False.
 
     """
 
     key_binding: str = "node"
     max_age: int | None = None
     max_count: int | None = None
+    identify: bool = False
 
     def __post_init__(self) -> None:
         if self.key_binding not in KEY_BINDINGS:
             raise ValueError(
                 f"key_binding: must be one of {list(KEY_BINDINGS)}, got {self.key_binding!r}"
             )
+        if not isinstance(self.identify, bool):
+            raise ValueError(f"identify: must be True or False, got {self.identify!r}")
         object.__setattr__(self, "max_age", _count("max_age", self.max_age))
         object.__setattr__(self, "max_count", _count("max_count", self.max_count))
 

@@ -41,6 +41,7 @@ DUAL_RECORD = "admm-dual"
 # ------------------------------------------------------------- reply metrics
 CLIENT_KEY = "client-key"  # stable key of the client's server state (preferred)
 PARTITION_ID = "partition-id"  # else its partition (Flower's node-config name)
+IDENTITY_QUERY = "admm-identity"  # query message and reply record: the node's key metrics
 LOSS = "loss"  # f_i(w_i) at the returned w_i
 GRAD_NORM = "grad_norm"
 PREVIOUS_ROUND = "admm-previous-round"  # client-held duals: round of its last reply (0: none)

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
 from flwr_admm.clientapp import ADMMTrainStep
+from flwr_admm.clientapp.identity import identity_reply
 
 LOCAL_STEPS = 20
 LR = 1.0
@@ -79,6 +80,12 @@ def routed_train(msg: Message, context: Context) -> Message:
     """`warm_train` when the train config says ``test-handler = "warm"``, else `plain_train`."""
     warm = msg.content["config"].get(HANDLER_KEY) == "warm"
     return (warm_train if warm else plain_train)(msg, context)
+
+
+@routed_app.query()
+def routed_query(msg: Message, context: Context) -> Message:
+    """Answer the strategies' identity query (``ClientPolicy(identify=True)``)."""
+    return identity_reply(msg, context)
 
 
 def zeros() -> ArrayRecord:

@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
+from flwr_admm.clientapp.identity import identity_reply
 from flwr_admm.clientapp.peers import build_scaffold_reply
 from flwr_admm.clientapp.records import (
     build_reply,
@@ -40,6 +41,9 @@ def make_client_app(
     client_fn: ClientFn, *, arrayrecord_key: str = "arrays", configrecord_key: str = "config"
 ) -> ClientApp:
     """Return a ClientApp whose handlers run ``client_fn(context)`` (e.g. an `ADMMClient`).
+
+    Its query handler answers the strategies' identity query
+    (`flwr_admm.clientapp.identity`).
 
     Parameters
     ----------
@@ -86,6 +90,10 @@ def make_client_app(
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
         )
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        return identity_reply(message, context)  # the seeded sample's identity query
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:

@@ -158,9 +158,19 @@ class RoundLayer:
         self.binding.connected(str(n) for n in nodes)
         self.population = len(nodes)
 
-    def sample(self, nodes: Sequence[Any], size: int, server_round: int) -> list[Any]:
-        """Draw `size` of the connected `nodes` (all if fewer), ordered by client key."""
-        sampled = sample_ids(nodes, size, server_round, self.sampling_seed, self.binding.key_of)
+    def sample(
+        self,
+        nodes: Sequence[Any],
+        size: int,
+        server_round: int,
+        announced: Mapping[str, str] | None = None,
+    ) -> list[Any]:
+        """Draw `size` of the connected `nodes` (all if fewer), ordered by client key.
+
+        `announced`: keys nodes named before their first reply (order only; bound keys win).
+        """
+        key_of = {**announced, **self.binding.key_of} if announced else self.binding.key_of
+        sampled = sample_ids(nodes, size, server_round, self.sampling_seed, key_of)
         log(INFO, "%s: sampled %s nodes (out of %s)", self.label, len(sampled), len(nodes))
         return sampled
 

@@ -84,6 +84,10 @@ class RoundStrategy(RoundViews, FedAvg):
     ) -> None:
         super().__init__(**fedavg)
         check_flower_fields(self, sampling_seed)
+        if isinstance(clients, ClientPolicy) and clients.identify:  # the legacy API: no query
+            raise ValueError(
+                "clients.identify: the legacy API cannot ask nodes for their key; must be False"
+            )
         self.tensor_names = None if tensor_names is None else [str(n) for n in tensor_names]
         self.round = RoundLayer(
             algorithm,

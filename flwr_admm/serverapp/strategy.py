@@ -40,6 +40,7 @@ from flwr_admm.rounds.checks import check_sizes, unconfigured
 from flwr_admm.rounds.exchange import AS_RECEIVED, Algorithm, Instruction
 from flwr_admm.rounds.layer import RoundLayer
 from flwr_admm.rounds.views import RoundViews
+from flwr_admm.serverapp.identity import ask_keys
 from flwr_admm.serverapp.records import (
     check_overwritten,
     copy_config,
@@ -75,7 +76,9 @@ class RoundStrategy(RoundViews, FedAvg):
     Sampling waits for ``min_available_nodes`` first and sizes the sample from the
     nodes connected then (Flower's FedAvg sizes it before waiting, so it samples too
     few while nodes are still connecting); the draw is the layer's
-    (`flwr_admm.rounds.identity.sample_ids`).
+    (`flwr_admm.rounds.identity.sample_ids`); with ``ClientPolicy(identify=True)`` a
+    seeded round that samples a strict subset first asks the nodes without a key which
+    client they speak for (`flwr_admm.serverapp.identity`).
     """
 
     def __init__(
@@ -116,6 +119,8 @@ class RoundStrategy(RoundViews, FedAvg):
         )
         self._model_sent: ArrayRecord | None = None  # this round's z^k, as received
         self._returned: ArrayRecord | None = None  # the last z' we returned
+        self._announced: dict[str, str] = {}  # node id -> the key its identity reply named
+        self._asked: set[str] = set()  # node ids asked once (`flwr_admm.serverapp.identity`)
         self.round.resume()
 
     # ------------------------------------------------------------------ train
@@ -278,4 +283,10 @@ class RoundStrategy(RoundViews, FedAvg):
         size = max(int(len(node_ids) * fraction), minimum)
         if train:
             self.round.connect(node_ids)
-        return self.round.sample(node_ids, size, server_round)
+        layer = self.round
+        if layer.clients.identify and size < len(node_ids) and layer.sampling_seed is not None:
+            known = layer.binding.key_of.keys() | self._asked
+            unknown = [n for n in node_ids if str(n) not in known]
+            self._announced.update(ask_keys(grid, unknown))  # serverapp.identity
+            self._asked.update(str(n) for n in unknown)
+        return layer.sample(node_ids, size, server_round, self._announced)

@@ -11,6 +11,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from message_replies import metadata, named
 
 from flwr_admm.clientapp import make_client_app
+from flwr_admm.clientapp.identity import identity_reply
+from flwr_admm.protocol import IDENTITY_QUERY
+from flwr_admm.serverapp.testing import flower_task_identity
 
 CLIENT = {"local_steps": 20, "learning_rate": 1.0}
 
@@ -109,3 +112,22 @@ def test_a_text_client_key_is_refused_a_numeric_one_is_sent() -> None:
     text = make_client_app(admm_client_fn(**CLIENT, client_key="bank-a"))
     with pytest.raises(ValueError, match="client-key"):
         text(message(np.zeros(D), rho=0.1), context())
+
+
+def test_the_identity_reply_names_the_node_config_key_and_refuses_other_queries():
+    context = Context(
+        run_id=1, node_id=5, node_config={"partition-id": 4}, state=RecordDict(), run_config={}
+    )
+    with flower_task_identity(1):
+        asked = Message(
+            RecordDict({IDENTITY_QUERY: ConfigRecord()}),
+            dst_node_id=5,
+            message_type=MessageType.QUERY,
+        )
+        other = Message(
+            RecordDict({"mine": ConfigRecord()}), dst_node_id=5, message_type=MessageType.QUERY
+        )
+    reply = identity_reply(asked, context)
+    assert dict(reply.content.metric_records[IDENTITY_QUERY]) == {"partition-id": 4}
+    with pytest.raises(ValueError, match=r"^message: .*admm-identity"):
+        identity_reply(other, context)

@@ -12,7 +12,9 @@ defaults; ``FedADMM(rho=0)`` is Flower's FedAvg; the same handler under
 in 30 rounds. One ``run_simulation`` runs every strategy one after the other in one
 ServerApp; its ClientApp (`message_apps.routed_app`) runs the plain or our handler by a
 key of the strategy's train config.
-The in-process grid (`flwr_admm.serverapp.testing`) must give the engine's z sequence.
+The in-process grid (`flwr_admm.serverapp.testing`) must give the engine's z sequence,
+also for a seeded 3-of-10 run with ``ClientPolicy(identify=True)`` (the nodes name
+their partition-ids, so the engine's random node ids do not change the sample).
 The ServerApp ends with ``FedADMM(rho=10)`` under the plain handler: its gradient step on the
 penalty (lr rho = 10 > 2) blows up in round 1, and the divergence watchdog's
 `RunDivergedError` ends the ServerApp and comes out of ``run_simulation``.
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flower_run import NUM_CLIENTS
+from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, FedProx
 from flwr.simulation import run_simulation
@@ -40,6 +43,7 @@ from message_apps import (
 )
 from seed_task import first_round_below, gaps
 
+from flwr_admm import ClientPolicy
 from flwr_admm.core import RunDivergedError
 from flwr_admm.serverapp import FedADMM, FedADMMClientDuals
 from flwr_admm.serverapp.testing import InProcessGrid, run_strategy
@@ -54,6 +58,12 @@ COMMON: dict[str, Any] = {
     "min_available_nodes": NUM_CLIENTS,
 }
 WARM = {HANDLER_KEY: "warm"}  # message_apps.routed_app: run warm_train
+PARTIAL: dict[str, Any] = {
+    "fraction_train": 0.3,
+    "fraction_evaluate": 0.0,
+    "min_available_nodes": NUM_CLIENTS,
+    "clients": ClientPolicy(identify=True),
+}
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "include_dashboard": False},
@@ -89,6 +99,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             # The same ADMMTrainStep handler, now in client-held-dual mode (its state
             # keys differ from the warm start's: it starts fresh).
             "duals_warm": Run(FedADMMClientDuals(rho=0.1, **COMMON), 30, train_config=WARM),
+            # 3 of 10 nodes a round, the sample ordered by the partition-ids the nodes
+            # name in answer to the identity query (the engine's node ids are random)
+            "identify": Run(FedADMM(rho=0.1, **PARTIAL), 8, train_config=WARM),
         }
         # last, under the plain handler: it ends the ServerApp
         diverging = {"diverging": Run(FedADMM(rho=10.0, **COMMON), 10)}
@@ -159,6 +172,19 @@ def test_in_process_grid_gives_the_engines_z(
     error = np.linalg.norm(ours - ray, axis=1) / np.linalg.norm(ray, axis=1)
     assert error.max() <= 1e-12, error
     print(f"{name}: in-process grid vs engine, max relative difference {error.max():.1e}")
+
+
+def test_with_identify_a_partial_engine_run_is_the_in_process_one(engine: Any) -> None:
+    """Seeded sampling of 3 of 10 nodes: with ``ClientPolicy(identify=True)`` the engine,
+    whose node ids are random, draws the partitions the in-process grid draws."""
+    rounds, recorder = engine["identify"].rounds, ZRecorder()
+    grid = InProcessGrid(routed_app, NUM_CLIENTS)
+    warm = ConfigRecord(WARM)
+    strategy = FedADMM(rho=0.1, **PARTIAL)  # the prox form: what warm_train runs
+    run_strategy(strategy, grid, zeros(), rounds, train_config=warm, evaluate_fn=recorder)
+    ours, ray = recorder.matrix[1:], z_of(engine, "identify")[1:]
+    error = np.linalg.norm(ours - ray, axis=1) / np.linalg.norm(ray, axis=1)
+    assert error.max() <= 1e-12, error  # other partitions would differ from round 1 on
 
 
 def test_a_diverging_run_ends_the_engine_run_with_the_watchdogs_message(engine: Any) -> None:
