@@ -167,18 +167,23 @@ def test_every_strategy_trains_with_its_own_handler(tmp_path: Path) -> None:
 def test_a_fraction_of_the_nodes_trains_under_client_held_linearized_duals(
     tmp_path: Path,
 ) -> None:
-    """fraction-train 0.3: 3 of 10 nodes a round, each keeping its own y_i."""
+    """fraction-train 0.3: 3 of 10 nodes a round, each keeping its own y_i; with
+    identify-nodes each node names its partition-id once, before the first sample."""
     recording = Recording()
     document, grid = run_app(
         tmp_path,
         app=recording,
         strategy="fedadmm-client-duals-linearized",
-        **{"fraction-train": 0.3},
+        **{"fraction-train": 0.3, "identify-nodes": True},
     )
     assert document["status"] == "completed", document["reason"]
     rounds: dict[str, list[int]] = {}
     for partition, calls in recording.calls.items():
-        for message, reply in calls:
+        query, answer = calls[0]
+        assert query.metadata.message_type == "query"
+        assert dict(answer.content.metric_records["admm-identity"]) == {"partition-id": partition}
+        assert all(m.metadata.message_type != "query" for m, _ in calls[1:])
+        for message, reply in calls[1:]:
             if message.metadata.message_type == "train":
                 assert message.content.config_records["config"]["admm-form"] == "linearized"
                 assert "admm-step-budget" in reply.content.metric_records["metrics"]
@@ -193,6 +198,8 @@ def test_a_fraction_of_the_nodes_trains_under_client_held_linearized_duals(
     for bad in (0.0, 1.5, True):
         with pytest.raises(ValueError, match="fraction-train: must be"):
             Settings.from_run_config({**CONFIG, "fraction-train": bad})
+    with pytest.raises(ValueError, match="identify-nodes: must be true or false"):
+        Settings.from_run_config({**CONFIG, "identify-nodes": "yes"})
 
 
 def test_scaffold_control_is_option_two_under_plain_sgd(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 
 from flwr_admm.clientapp import build_reply, build_scaffold_reply, received_arrays, received_control
+from flwr_admm.clientapp.identity import identity_reply
 from flwr_admm.torch import TorchADMM, state_arrays
 from quickstart_admm.task import (
     Net,
@@ -236,6 +237,12 @@ def feddyn_train(node: Node) -> Message:
     new_grad = {n: grad_i[n] - alpha * (np.asarray(w[n], np.float64) - x[n]) for n in x}
     node.keep(FEDDYN_GRAD, new_grad)  # last: a failure above leaves grad_i as it was
     return reply
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Name this node's partition-id to a strategy with ``ClientPolicy(identify=True)``."""
+    return identity_reply(msg, context)
 
 
 @app.evaluate()

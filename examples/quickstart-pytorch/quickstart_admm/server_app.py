@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from flwr.supercore.run import Run
 
+from flwr_admm import ClientPolicy
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, Linearized
 from flwr_admm.serverapp import SCAFFOLD, FedADMM, FedADMMClientDuals, FedDyn
 from quickstart_admm.task import Net, Settings, central_test_loader, initial_model, test
@@ -51,6 +52,8 @@ def make_strategy(settings: Settings) -> Strategy:
         return FedAvg(**common)
     if settings.strategy == "fedprox":
         return FedProx(proximal_mu=settings.proximal_mu, **common)
+    # ours: with identify-nodes the nodes name their partition-id before a partial sample
+    common["clients"] = ClientPolicy(identify=settings.identify_nodes)
     # "adaptive": FedADMM's default, AdaptiveDualStep(); a number: a fixed dual step
     dual_step = None if settings.dual_step == "adaptive" else float(settings.dual_step)
     if settings.strategy == "fedadmm":  # the linearized form, or prox if dual_step is set

@@ -96,6 +96,7 @@ class Settings:
     dual_step: str | float
     num_partitions: int
     fraction_train: float
+    identify_nodes: bool
     dirichlet_alpha: float
     seed: int
     output_dir: str
@@ -146,8 +147,10 @@ class Settings:
             raise ValueError(
                 f'dual-step: must be "adaptive" or a number in (0, 1], got {self.dual_step!r}'
             )
-        if not isinstance(self.batch_norm, bool):
-            raise ValueError(f"batch-norm: must be true or false, got {self.batch_norm!r}")
+        for key in ("batch_norm", "identify_nodes"):
+            if not isinstance(getattr(self, key), bool):
+                name = key.replace("_", "-")
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, key)!r}")
         if self.batch_norm and self.strategy in REFUSE_BATCH_NORM:
             raise ValueError(
                 f"batch-norm: not supported with strategy {self.strategy!r} (it would treat "
