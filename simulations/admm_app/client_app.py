@@ -8,18 +8,17 @@
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, MessageType, RecordDict
-from flwr.app.typing import ConfigRecordValues
+from flwr.app import MessageType
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context, Message, Scalar
 
 from flwr_admm.client import ADMMClient
 from flwr_admm.clientapp import make_client_app
-from flwr_admm.protocol import PARTITION_ID
+from flwr_admm.clientapp.identity import identity_reply
+from flwr_admm.protocol import IDENTITY_QUERY
 
 from .evaluation import get_task
-from .message_sampling import PARTITION_QUERY
 from .run_config import api_of, framework_of, parse_run_config, secure_aggregation_of
 
 
@@ -79,20 +78,11 @@ secure_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])  # secure-agg
 message_app = make_client_app(numpy_client_fn)
 
 
-def partition_reply(message: Message, context: Context) -> Message:
-    """Answer the server's partition-id query: ``{"partition-id": i}`` (or ``{}``)."""
-    value = context.node_config.get(PARTITION_ID)
-    known: dict[str, ConfigRecordValues] = (
-        {PARTITION_ID: int(value)} if isinstance(value, int | str) else {}
-    )
-    return Message(RecordDict({PARTITION_QUERY: ConfigRecord(known)}), reply_to=message)
-
-
-def is_partition_query(message: Message) -> bool:
-    """Return whether `message` is the Message-API server's partition-id query."""
+def is_identity_query(message: Message) -> bool:
+    """Return whether `message` is the strategies' identity query (partition-id)."""
     return (
         message.metadata.message_type == MessageType.QUERY
-        and PARTITION_QUERY in message.content.config_records
+        and IDENTITY_QUERY in message.content.config_records
     )
 
 
@@ -100,9 +90,9 @@ class ApiClientApp(ClientApp):
     """A ClientApp that hands each message to the legacy or the Message-API app."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Answer a partition-id query; else dispatch on secure-aggregation, api, framework."""
-        if is_partition_query(message):
-            return partition_reply(message, context)
+        """Answer the identity query; else dispatch on secure-aggregation, api, framework."""
+        if is_identity_query(message):
+            return identity_reply(message, context)
         if secure_aggregation_of(context.run_config):
             return secure_app(message, context)
         message_api = api_of(context.run_config) == "message"

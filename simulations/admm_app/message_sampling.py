@@ -8,8 +8,9 @@ sample from those connected (after waiting: Flower's FedAvg sizes it before), an
 for a strict subset, order the nodes by partition-id (then node id) and pick
 ``np.sort(default_rng([seed, k]).choice(len(nodes), size, replace=False))`` in
 round k (`flwr_admm.rounds.identity.sample_ids`). A node's partition-id is asked
-once with a ``query`` message (`PARTITION_QUERY`), as the legacy manager asks once
-with ``get_properties``; full participation asks nothing.
+once with the library's identity query (`flwr_admm.serverapp.identity.ask_keys`, which
+the ClientApp answers with `flwr_admm.clientapp.identity.identity_reply`), as the
+legacy manager asks once with ``get_properties``; full participation asks nothing.
 
 `SeededFedAvg` / `SeededFedProx` are Flower's strategies with only the node sample
 replaced (same messages, same aggregation code); the package's strategies take it
@@ -29,29 +30,16 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 
 from flwr_admm.protocol import MESSAGE_SERVER_ROUND, PARTITION_ID
 from flwr_admm.rounds.identity import sample_ids
+from flwr_admm.serverapp.identity import ask_keys
 
 __all__ = [
-    "PARTITION_QUERY",
     "PartitionSampler",
     "SeededFedAvg",
     "SeededFedProx",
 ]
 
-PARTITION_QUERY = "partition-query"  # the ConfigRecord of the query message
-QUERY_TIMEOUT = 120.0  # seconds the partition-id query waits for replies
 WAIT_INTERVAL = 0.5
-
-
-def partition_of(message: Message) -> int | None:
-    """Return the ``partition-id`` a query reply carries (any record), or None."""
-    if message.has_error():
-        return None
-    for records in (message.content.config_records, message.content.metric_records):
-        for record in records.values():
-            value = record.get(PARTITION_ID)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-    return None
+KEY_PREFIX = f"{PARTITION_ID}:"  # the identity query's key of a partition
 
 
 class PartitionSampler:
@@ -92,14 +80,10 @@ class PartitionSampler:
         if not node_ids:
             return
         self.queries += 1
-        content = RecordDict({PARTITION_QUERY: ConfigRecord()})
-        messages = [
-            Message(content, dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids
-        ]
-        replies = grid.send_and_receive(messages, timeout=QUERY_TIMEOUT)
-        self.partitions.update(dict.fromkeys(node_ids))
-        for reply in replies:
-            self.partitions[int(reply.metadata.src_node_id)] = partition_of(reply)
+        keys = ask_keys(grid, node_ids)
+        for n in node_ids:
+            key = keys.get(str(n), "")
+            self.partitions[n] = int(key[len(KEY_PREFIX) :]) if key.startswith(KEY_PREFIX) else None
 
 
 class SeededFedAvg(FedAvg):

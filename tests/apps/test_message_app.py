@@ -16,9 +16,9 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context, RecordDict
 from message_replies import metadata
 
+from flwr_admm.protocol import IDENTITY_QUERY
 from flwr_admm.serverapp.testing import flower_task_identity
 from simulations.admm_app import client_app
-from simulations.admm_app.message_sampling import PARTITION_QUERY, partition_of
 from simulations.admm_app.run_config import DEFAULTS
 from simulations.admm_app.server_app import main
 from simulations.launcher import APP_DIR
@@ -165,14 +165,14 @@ def test_fedadmm_on_the_message_api_reaches_1e9_within_40_rounds(tmp_path):
     assert all(r["num_rejected"] == 0 for r in document["rounds"][1:])
 
 
-def test_the_client_app_answers_the_partition_query_itself():
+def test_the_client_app_answers_the_identity_query_itself():
     query = Message(
-        content=RecordDict({PARTITION_QUERY: ConfigRecord()}),
+        content=RecordDict({IDENTITY_QUERY: ConfigRecord()}),
         metadata=metadata(1, MessageType.QUERY),
     )
     with flower_task_identity():
         answer = client_app.app(query, Context(0, 5, {"partition-id": 3}, RecordDict(), {}))
-    assert partition_of(answer) == 3
+    assert dict(answer.content.metric_records[IDENTITY_QUERY]) == {"partition-id": 3}
     with flower_task_identity():
         unknown = client_app.app(query, Context(0, 5, {}, RecordDict(), {}))
-    assert partition_of(unknown) is None
+    assert dict(unknown.content.metric_records[IDENTITY_QUERY]) == {}
