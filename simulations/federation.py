@@ -21,6 +21,9 @@ deployment tests the code under test. Options:
   SuperNode in their own network namespace, bridged by veth pairs, `simulations.netns`;
   an error if impossible) or ``"auto"`` (netns where possible, else loopback; the
   reason is in `network_note`).
+- ``poll_seconds=s`` (the tests' deployments): Flower's fixed 3 s polls (the
+  ServerApp's grid, an idle SuperNode) last `s` seconds instead, through
+  `simulations/fast_polls/sitecustomize.py`; the same messages, pulled sooner.
 
 `submit` / `run` call ``flwr run <app> <connection> --stream``; `kill_supernode` ends
 one SuperNode's process group by PID; `restart_supernode` starts it again with the same
@@ -66,6 +69,7 @@ from .launcher import (
 )
 
 NETWORKS = ("loopback", "netns", "auto")
+FAST_POLLS = Path(__file__).resolve().parent / "fast_polls"  # its sitecustomize.py
 
 
 def checkout_of(package: str) -> Path | None:
@@ -100,6 +104,7 @@ class LoopbackDeployment(ProcessGroups, StopOnExit):
         auth: bool = False,
         unregistered: int = 0,
         network: str = "loopback",
+        poll_seconds: float | None = None,
     ) -> None:
         if type(num_supernodes) is not int or num_supernodes < 1:
             raise ValueError(f"num_supernodes: must be an integer >= 1, got {num_supernodes!r}")
@@ -112,7 +117,13 @@ class LoopbackDeployment(ProcessGroups, StopOnExit):
                 f"unregistered: must be an integer >= 0, and 0 unless auth=True; "
                 f"got {unregistered!r} with auth={auth}"
             )
+        if poll_seconds is not None and (
+            isinstance(poll_seconds, bool)
+            or not (isinstance(poll_seconds, int | float) and 0 < poll_seconds <= 3)
+        ):
+            raise ValueError(f"poll_seconds: must be None or in (0, 3], got {poll_seconds!r}")
         self.num_supernodes = num_supernodes
+        self.poll_seconds = poll_seconds
         self.tls, self.auth, self.unregistered = tls, auth, unregistered
         self.network, self.network_used, self.network_note = network, "loopback", ""
         self._own_home = home is None
@@ -152,10 +163,14 @@ class LoopbackDeployment(ProcessGroups, StopOnExit):
         # The SuperLink, its ServerApps and the SuperNodes' ClientApps import the
         # flwr_admm this process imports (a checkout under test, not the installed one)
         source = checkout_of("flwr_admm")
-        if source is None:
-            env.pop("PYTHONPATH", None)
+        paths = [] if source is None else [str(source)]
+        if self.poll_seconds is not None:  # Flower's 3 s polls shortened (fast_polls)
+            paths.insert(0, str(FAST_POLLS))
+            env["FLWR_ADMM_POLL_SECONDS"] = repr(float(self.poll_seconds))
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
         else:
-            env["PYTHONPATH"] = str(source)
+            env.pop("PYTHONPATH", None)
         return env
 
     def start(self) -> None:

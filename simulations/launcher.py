@@ -132,6 +132,8 @@ class LocalFlower(StopOnExit):
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                 "FLWR_TELEMETRY_ENABLED": "0",
                 "FLWR_DISABLE_UPDATE_CHECK": "1",
+                # the SuperExec starts a run's process 0.2 s after it is submitted, not 1 s
+                "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
                 "RAY_USAGE_STATS_ENABLED": "0",
                 "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                 TOKEN_VAR: self.token,

@@ -56,6 +56,7 @@ CONFIG = {
     # long enough for a restarted SuperNode to register before the next round
     "client-wait-seconds": 30.0,
 }
+POLL_SECONDS = 0.2  # Flower's 3 s polls, shortened (simulations/fast_polls)
 COMPARED = (
     "objective",
     "gap",
@@ -74,7 +75,7 @@ COMPARED = (
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     home = tmp_path_factory.mktemp("loopback") / "flwr-home"
-    with LoopbackDeployment(NUM_NODES, home=home) as running:
+    with LoopbackDeployment(NUM_NODES, home=home, poll_seconds=POLL_SECONDS) as running:
         yield running
     # __exit__ stopped everything by PID (it raises otherwise); double-check
     leftover = [pid for pid, (_, _, token) in process_table().items() if token == running.token]

@@ -44,11 +44,20 @@ CONFIG = {
 }
 
 
+POLL_SECONDS = 0.2  # Flower's 3 s polls, shortened (simulations/fast_polls)
+
+
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     home = tmp_path_factory.mktemp("secure") / "flwr-home"
     deployment = LoopbackDeployment(
-        NUM_NODES, home=home, tls=True, auth=True, unregistered=1, network="auto"
+        NUM_NODES,
+        home=home,
+        tls=True,
+        auth=True,
+        unregistered=1,
+        network="auto",
+        poll_seconds=POLL_SECONDS,
     )
     with deployment as running:
         yield running
