@@ -68,6 +68,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "defaults no momentum": {"form": Linearized(momentum=0.0)},
     "defaults ungated momentum": {"form": Linearized(steady=None)},
     "defaults z-replies": {"form": None, "z_average": "replies"},
+    "defaults ungated momentum z-replies": {
+        "form": Linearized(steady=None),
+        "z_average": "replies",
+    },
+    "defaults gamma 1 z-replies": {"form": Linearized(dual_step=1.0), "z_average": "replies"},
     "linearized convex z-replies": {"form": LINEARIZED_CONVEX, "z_average": "replies"},
 }
 # The candidates a plain run compares (the z_average rows: --candidates).

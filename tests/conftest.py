@@ -25,7 +25,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:  # one BLAS / torch thread per worker (a
 
 TESTS = Path(__file__).parent
 LOCAL_SUPERLINK = "local-superlink"
-# The deployments: minutes each, mostly waiting on Flower's 3 s polls. One scope, run
+# The deployments: minutes each, mostly waiting on Flower's processes. One scope, run
 # first by one worker, one module after the other, while the others take the CPU-bound
 # tests.
 WAITING = ("tests/apps/test_deployment.py", "tests/apps/test_secure_deployment.py")

@@ -113,7 +113,7 @@ def _assert_same_rounds(deployed, in_process, rounds):
 
 def test_deployed_message_api_run_matches_the_in_process_run(deployment, tmp_path):
     """The Message-API app deployed (the default api) equals it on an in-process grid."""
-    rounds = 2  # each deployed round costs ~10 s (3 s polls on both sides, fresh processes)
+    rounds = 2  # each deployed round costs ~4 s (fresh processes; polls shortened)
     config = {**CONFIG, "num-server-rounds": rounds}
     outcome = deployment.run(
         {**config, "output-dir": str(tmp_path / "deployed")}, tmp_path / "run.log", timeout=300

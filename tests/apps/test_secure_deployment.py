@@ -133,8 +133,8 @@ def test_a_killed_authenticated_supernode_rejoins_under_its_node_id(secure, tmp_
 
     ``round-timeout`` bounds round 3: the SuperLink fails the killed node's message only
     while the node is offline, so a restart that is let in before the ServerApp's next
-    poll (every 3 s) leaves that message pending for its 12 h TTL. That race hung this
-    test once, with a second pytest worker loading the machine
+    poll (every 3 s in Flower, 0.2 s here) leaves that message pending for its 12 h
+    TTL. That race hung this test once, with a second pytest worker loading the machine
     (`simulations.deployment.restart_may_hang`).
     """
     rounds, kill_round, restart_after = 8, 3, 3.0
