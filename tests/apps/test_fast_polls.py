@@ -67,3 +67,14 @@ def test_the_deployment_sets_it_up_only_when_asked(tmp_path):
 def test_a_bad_poll_interval_is_refused_by_name(tmp_path, bad):
     with pytest.raises(ValueError, match="poll_seconds"):
         LoopbackDeployment(1, home=tmp_path, poll_seconds=bad)
+
+
+def test_flowers_polling_modules_still_sleep_3_s():
+    """The shim matches Flower 1.42's literal ``time.sleep(3)``: a Flower whose polls
+    change must fail here, not leave the deployments silently on the slow polls."""
+    shim = _shim()
+    for name in sorted(shim.POLLING_MODULES):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        with open(spec.origin, encoding="utf-8") as source:
+            assert f"time.sleep({shim.FLOWER_POLL})" in source.read(), name
