@@ -8,13 +8,20 @@ sampled runs with twice the round budget. The candidate that `FedADMM()` (Messag
 API) uses is labelled "defaults" (the linearized form, ``Linearized()``); "prox
 defaults" is ``FedADMM(form="prox")``.
 
-    python -m benchmarks.defaults [--tasks seed-logreg,synthetic,digits] [--fraction 0.3]
-                                  [--candidates LABEL,...]
+The CNN tasks (``cnn-sgd``: every node, 30 rounds; ``cnn-sgd-partial``: 3 of 10 nodes,
+60 rounds) run `benchmarks.cnn`'s momentum-SGD task (Flower's PyTorch quickstart with
+`TorchADMM`) with the Message API's ``FedADMM(**candidate)`` in place of the example's
+strategy, on ``--cnn-seeds``; their column is the mean final accuracy.
+
+    python -m benchmarks.defaults [--tasks seed-logreg,synthetic,digits,cnn-sgd,cnn-sgd-partial]
+                                  [--fraction 0.3] [--candidates LABEL,...] [--cnn-seeds 0,1,2]
 """
 
 from __future__ import annotations
 
+import math
 import random
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,9 +32,11 @@ from flwr.common import Context, Scalar, ndarrays_to_parameters
 from flwr.server.strategy import Strategy
 from threadpoolctl import threadpool_limits
 
+from benchmarks import cnn
 from benchmarks.common import BLAS_THREADS, base_parser, format_table, quiet_flower, write_json
 from benchmarks.convergence import Tracker, _StopRunError, client_fn_for
 from benchmarks.problems import Problem, build_problems
+from flwr_admm import FedADMM as MessageFedADMM
 from flwr_admm import RunDivergedError
 from flwr_admm.core import ResidualBalancing
 from flwr_admm.core.linearized import LINEARIZED_CONVEX, Linearized
@@ -77,6 +86,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 # The candidates a plain run compares (the z_average rows: --candidates).
 CHOSEN = ",".join(label for label in CANDIDATES if "z-replies" not in label)
+CNN_TASKS = ("cnn-sgd", "cnn-sgd-partial")  # benchmarks.cnn's momentum-SGD tasks
 
 
 def run_candidate(problem: Problem, kwargs: dict[str, Any], fraction: float) -> dict[str, Any]:
@@ -138,19 +148,87 @@ def tracked_run(
     }
 
 
+def cnn_strategy(kwargs: dict[str, Any]) -> Callable[[Any], MessageFedADMM]:
+    """Return the example's `make_strategy` with ``FedADMM(**kwargs)`` as its strategy.
+
+    The sampling keywords are the example's for its FedADMM (`quickstart_admm.server_app`).
+    """
+    cnn.example_on_path()
+    from quickstart_admm.server_app import FRACTION_EVALUATE
+
+    def make_strategy(settings: Any) -> MessageFedADMM:
+        n = settings.num_partitions
+        return MessageFedADMM(
+            **kwargs,
+            fraction_train=settings.fraction_train,
+            fraction_evaluate=FRACTION_EVALUATE,
+            min_evaluate_nodes=min(2, n),
+            min_train_nodes=max(1, int(n * settings.fraction_train)),
+            min_available_nodes=n,
+        )
+
+    return make_strategy
+
+
+def run_cnn(task: str, kwargs: dict[str, Any], seed: int, rounds: int = 30) -> dict[str, Any]:
+    """Run FedADMM(**kwargs) on the CNN task `task` (`benchmarks.cnn`) for one seed.
+
+    `rounds` with every node; the partial task runs `cnn.ROUNDS_FACTOR` times as many.
+    """
+    cnn.example_on_path()
+    import quickstart_admm.server_app as server_app
+
+    rounds *= cnn.ROUNDS_FACTOR.get(task, 1)
+    example_strategy = server_app.make_strategy
+    server_app.make_strategy = cnn_strategy(kwargs)  # type: ignore[assignment]
+    started = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            overrides = {"strategy": "fedadmm", "seed": seed, "num-server-rounds": rounds}
+            config = cnn.run_config({**cnn.TASKS[task], **overrides, "output-dir": out})
+            accuracies, _ = cnn.run_one(config)
+    finally:
+        server_app.make_strategy = example_strategy  # type: ignore[assignment]
+    return cnn.run_record(seed, accuracies, rounds, started)
+
+
+def cnn_rows(
+    tasks: list[str], chosen: list[str], seeds: list[int], rounds: int
+) -> list[dict[str, Any]]:
+    """Run every candidate on the CNN tasks; print a table per task; return the runs."""
+    results: list[dict[str, Any]] = []
+    for task in tasks:
+        rows = []
+        for label in chosen:
+            runs = [run_cnn(task, CANDIDATES[label], seed, rounds) for seed in seeds]
+            mean = cnn.summary(runs)["mean_final"]
+            results.append({"task": task, "label": label, "mean_final": mean, "runs": runs})
+            finals = " ".join(f"{r['final']:.3f}" for r in runs)
+            rows.append([label, finals, "diverged" if math.isnan(mean) else f"{mean:.3f}"])
+        print(f"\n## {task} (seeds {','.join(map(str, seeds))}; final accuracy)")
+        print(format_table(["candidate", "per seed", "mean"], rows))
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run every candidate on every task, full and partial participation; print, write JSON."""
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="seed-logreg,synthetic,digits")
+    parser.add_argument("--tasks", default=f"seed-logreg,synthetic,digits,{','.join(CNN_TASKS)}")
     parser.add_argument("--fraction", type=float, default=0.3)
     parser.add_argument("--candidates", default=CHOSEN)
+    parser.add_argument("--cnn-seeds", default="0,1,2")
     args = parser.parse_args(argv)
     quiet_flower()
     chosen = args.candidates.split(",")
+    unknown = [label for label in chosen if label not in CANDIDATES]
+    if unknown:
+        raise SystemExit(f"--candidates: unknown {unknown}; known: {list(CANDIDATES)}")
+    tasks = args.tasks.split(",")
+    convex = [task for task in tasks if task not in CNN_TASKS]
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     with threadpool_limits(BLAS_THREADS):
-        for problem in build_problems(args.tasks.split(","), args.quick):
+        for problem in build_problems(convex, args.quick):
             task_fraction = float(problem.task.defaults.get("fraction_fit", 1.0))
             partial = task_fraction if task_fraction < 1.0 else args.fraction
             for fraction in (1.0, partial):
@@ -178,10 +256,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "stop",
                 ]
                 print(format_table(headers, rows))
+    seeds = [int(seed) for seed in args.cnn_seeds.split(",")]
+    cnn_tasks = [task for task in tasks if task in CNN_TASKS]
+    cnn_runs = cnn_rows(cnn_tasks, chosen, seeds, 2 if args.quick else 30)
     payload = {
         "seconds": time.perf_counter() - started,
         "defaults": FedADMM(form=None).admm_settings.describe(),
         "runs": results,
+        "cnn_runs": cnn_runs,
     }
     path = write_json("defaults", payload, args.output)
     print(f"\nwrote {path} ({payload['seconds']:.0f} s)")

@@ -277,3 +277,36 @@ def test_bytes_on_the_wire_are_counted_per_strategy() -> None:
     rounds = run["rounds_to"]["0.001"]
     assert rounds is not None, run
     assert run["bytes_to"]["0.001"] == rounds * 10 * 3 * block
+
+
+def test_defaults_runs_each_candidate_on_the_cnn_task(tmp_path: Path) -> None:
+    """`benchmarks.defaults`' CNN columns run the candidate's FedADMM, not the example's
+    strategy: the prox form and the linearized defaults give different curves."""
+    pytest.importorskip("torch")
+    from benchmarks.cnn import example_on_path
+    from benchmarks.defaults import cnn_strategy
+
+    example_on_path()
+    from quickstart_admm.task import Settings
+
+    from benchmarks import cnn
+    from flwr_admm import FedADMM
+
+    settings = Settings.from_run_config(cnn.run_config({"fraction-train": 0.3}))
+    strategy = cnn_strategy({"form": "prox"})(settings)
+    assert strategy.admm_settings.describe() == FedADMM(form="prox").admm_settings.describe()
+    assert strategy.fraction_train == 0.3 and strategy.min_available_nodes == 10
+    out_file = tmp_path / "defaults.json"
+    args = ("--quick", "--tasks", "cnn-sgd-partial", "--candidates", "defaults,prox defaults")
+    run_module("benchmarks.defaults", *args, "--cnn-seeds", "0", "--output", str(out_file))
+    document = load(out_file)
+    assert document["runs"] == []  # no convex task asked
+    rows = {row["label"]: row for row in document["cnn_runs"]}
+    assert sorted(rows) == ["defaults", "prox defaults"]
+    curves = []
+    for row in rows.values():
+        (run,) = row["runs"]
+        assert len(run["accuracies"]) == 5 and all(0 <= a <= 1 for a in run["accuracies"])
+        assert row["mean_final"] == run["final"] == run["accuracies"][-1]
+        curves.append(run["accuracies"])
+    assert curves[0] != curves[1]
