@@ -98,7 +98,8 @@ def centralized_optimum(
     Runs to gradient norm ~1e-12 or `max_seconds`; `Optimum.grad_norm` tells how
     exact it is (a problem without a finite minimizer never gets there).
     """
-    from scipy.optimize import minimize  # here: every ClientApp process imports this module
+    # imported here, not at the top: every ClientApp process imports this module
+    from scipy.optimize import minimize
 
     shapes = model.shapes
     path = None
@@ -199,7 +200,8 @@ class Evaluator:
     def _aucs(
         self, params: Params, score: NDArray[np.float64], y_eval: NDArray[np.int64]
     ) -> dict[str, Any]:
-        from sklearn.metrics import roc_auc_score  # here: 0.8 s a ClientApp process saves
+        # imported here, not at the top: 0.8 s less for every ClientApp process
+        from sklearn.metrics import roc_auc_score
 
         out: dict[str, Any] = {}
         if np.unique(y_eval).size == 2:

@@ -7,7 +7,8 @@ about half its time there. `simulations.federation.LoopbackDeployment(poll_secon
 puts this directory first on the PYTHONPATH of every process it starts and sets
 ``FLWR_ADMM_POLL_SECONDS``: Python imports this module at start-up, and the 3 s sleeps
 of those two modules (and only theirs) then last `s` seconds. Nothing else changes: the
-same messages, in the same order, are pulled sooner.
+same messages, in the same order, are pulled sooner. In those processes this module
+takes the place of any other ``sitecustomize`` (the test environments have none).
 """
 
 from __future__ import annotations
