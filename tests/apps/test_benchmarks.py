@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,3 +311,44 @@ def test_defaults_runs_each_candidate_on_the_cnn_task(tmp_path: Path) -> None:
         assert row["mean_final"] == run["final"] == run["accuracies"][-1]
         curves.append(run["accuracies"])
     assert curves[0] != curves[1]
+
+
+def _track(gaps: list[float]) -> tuple[int, str]:
+    """Feed `gaps` round by round to the benchmarks' tracker; return rounds seen, stop."""
+    from benchmarks.convergence import Tracker, _StopRunError
+    from benchmarks.problems import Problem
+
+    values = iter(gaps)
+    problem = Problem(
+        name="sequence",
+        task=None,  # type: ignore[arg-type]
+        grid=None,  # type: ignore[arg-type]
+        max_rounds=len(gaps),
+        steps_key="local_steps",
+        batch_size=None,
+        defaults={},
+        targets=(1e-6,),
+        metric="gap",
+        evaluate=lambda z: next(values),
+    )
+    tracker = Tracker(problem)
+    try:
+        for server_round in range(1, len(gaps) + 1):
+            tracker(server_round, [np.full(2, float(server_round))], {})
+    except _StopRunError:
+        pass
+    return len(tracker.values), tracker.stop_reason
+
+
+def test_the_plateau_stop_waits_out_a_flat_stretch_that_ends():
+    """A run whose best gap stays at 6.5e-5 for 30 rounds and then falls to 1e-6 (seed-
+    logreg with 3 of 10 clients and a damped dual step did) is not a plateau; a best
+    gap flat for good (FedAvg's bias) is, well inside a 200-round budget."""
+    falling = [1e-2 / 2**k for k in range(8)]  # to 7.8e-5
+    stretch = [6.5e-5 * (1.5 if k % 2 else 1.0) for k in range(30)]
+    on_its_way = falling + stretch + [6e-5 / 2**k for k in range(1, 12)]
+    seen, reason = _track(on_its_way)
+    assert reason == "all_targets" and seen == len(falling) + len(stretch) + 6  # 9.4e-7
+    biased = falling + [7.8e-5] * 192
+    seen, reason = _track(biased)
+    assert reason == "plateau" and seen < 100
