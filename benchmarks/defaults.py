@@ -151,21 +151,13 @@ def tracked_run(
 def cnn_strategy(kwargs: dict[str, Any]) -> Callable[[Any], MessageFedADMM]:
     """Return the example's `make_strategy` with ``FedADMM(**kwargs)`` as its strategy.
 
-    The sampling keywords are the example's for its FedADMM (`quickstart_admm.server_app`).
+    The sampling keywords are the example's (`quickstart_admm.server_app.sampling`).
     """
     cnn.example_on_path()
-    from quickstart_admm.server_app import FRACTION_EVALUATE
+    from quickstart_admm.server_app import sampling
 
     def make_strategy(settings: Any) -> MessageFedADMM:
-        n = settings.num_partitions
-        return MessageFedADMM(
-            **kwargs,
-            fraction_train=settings.fraction_train,
-            fraction_evaluate=FRACTION_EVALUATE,
-            min_evaluate_nodes=min(2, n),
-            min_train_nodes=max(1, int(n * settings.fraction_train)),
-            min_available_nodes=n,
-        )
+        return MessageFedADMM(**kwargs, **sampling(settings))
 
     return make_strategy
 

@@ -284,14 +284,12 @@ def test_defaults_runs_each_candidate_on_the_cnn_task(tmp_path: Path) -> None:
     """`benchmarks.defaults`' CNN columns run the candidate's FedADMM, not the example's
     strategy: the prox form and the linearized defaults give different curves."""
     pytest.importorskip("torch")
-    from benchmarks.cnn import example_on_path
-    from benchmarks.defaults import cnn_strategy
-
-    example_on_path()
-    from quickstart_admm.task import Settings
-
     from benchmarks import cnn
+    from benchmarks.defaults import cnn_strategy
     from flwr_admm import FedADMM
+
+    cnn.example_on_path()
+    from quickstart_admm.task import Settings
 
     settings = Settings.from_run_config(cnn.run_config({"fraction-train": 0.3}))
     strategy = cnn_strategy({"form": "prox"})(settings)

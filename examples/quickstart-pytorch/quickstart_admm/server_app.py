@@ -37,10 +37,10 @@ app = ServerApp()
 FRACTION_EVALUATE = 0.2  # 2 of 10 nodes validate locally; the central test set decides
 
 
-def make_strategy(settings: Settings) -> Strategy:
-    """Return the run config's strategy; `fraction_train` of the nodes train a round."""
+def sampling(settings: Settings) -> dict[str, Any]:
+    """Return the sampling keywords every strategy here takes (Flower's FedAvg's)."""
     n = settings.num_partitions
-    common: dict[str, Any] = {
+    return {
         "fraction_train": settings.fraction_train,
         "fraction_evaluate": FRACTION_EVALUATE,
         "min_evaluate_nodes": min(2, n),
@@ -48,6 +48,11 @@ def make_strategy(settings: Settings) -> Strategy:
         "min_train_nodes": max(1, int(n * settings.fraction_train)),
         "min_available_nodes": n,
     }
+
+
+def make_strategy(settings: Settings) -> Strategy:
+    """Return the run config's strategy; `fraction_train` of the nodes train a round."""
+    common = sampling(settings)
     if settings.strategy == "fedavg":
         return FedAvg(**common)
     if settings.strategy == "fedprox":
